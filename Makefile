@@ -1,0 +1,61 @@
+# candidate_scheduler: two commands do all set-up on a fresh machine: `make run` and `make test`.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.setup-$(shell cat requirements/lock.txt pyproject.toml | sha256sum | cut -c1-12)
+CHECKPOINT ?= .cache/tiny-cosmos3
+CKPT_STAMP := $(CHECKPOINT)/tiny_checkpoint.json
+
+export HF_HUB_OFFLINE := 1
+export SGLANG_DISABLE_COSMOS3_GUARDRAILS := 1
+export PYTHONUNBUFFERED := 1
+
+.PHONY: setup system-deps checkpoint run test test-unit test-integration bench reliability dashboards-check clean
+
+setup: $(STAMP) $(CKPT_STAMP)
+
+# The venv is rebuilt only when the lock or pyproject changes (the stamp name carries their hash).
+$(STAMP): requirements/lock.txt pyproject.toml
+	@echo ">> creating $(VENV) (torch comes from this machine's local wheel store; ~2-4 min the first time)"
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -r requirements/lock.txt
+	$(BIN)/pip install -q --no-deps sglang==0.5.23
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
+	rm -f $(VENV)/.setup-*
+	touch $@
+
+$(CKPT_STAMP): $(STAMP) workers/tiny_checkpoint.py
+	@echo ">> writing the tiny Cosmos3 checkpoint to $(CHECKPOINT) (random weights, fixed seed, no download)"
+	$(BIN)/candidate-scheduler make-checkpoint $(CHECKPOINT)
+
+checkpoint: $(CKPT_STAMP)
+
+# Debian packages the tests need (Prometheus for the metrics test). Root on CI; sudo elsewhere if present.
+system-deps:
+	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then \
+	  echo ">> installing Debian's prometheus (metrics integration test)"; \
+	  SUDO=$$( [ $$(id -u) = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	fi
+
+run: setup
+	$(BIN)/candidate-scheduler demo --model $(CHECKPOINT)
+
+test: setup system-deps
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
+
+bench: setup
+	$(BIN)/candidate-scheduler bench --model $(CHECKPOINT)
+
+reliability: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/reliability --reliability-long
+
+dashboards-check: $(STAMP)
+	$(BIN)/python -m candidate_scheduler.dashboards_check grafana
+
+clean:
+	rm -rf $(VENV) .cache

@@ -1,0 +1,139 @@
+"""What a worker is asked to run and what it gives back: plain dataclasses, no IO.
+
+The scheduler builds `GroupWork` items from admitted groups; a worker runs a list of compatible
+items as one physical batch and answers one `GroupOutput` per item plus one `BatchReport`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+ACTION_MODES = ("policy",)
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """Sampling parameters of one group. Everything here except domain_id must match for two
+    groups to share a physical batch (see `batch_key`)."""
+
+    height: int = 64
+    width: int = 64
+    steps: int = 4
+    horizon: int = 16
+    guidance_scale: float = 1.0
+    action_mode: str = "policy"
+    domain_id: int = 0
+    raw_action_dim: int = 7
+    fps: int = 5
+    negative_prompt: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("height", "width"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0 or value % 16:
+                raise ValueError(f"{name} must be a positive multiple of 16, got {value!r}")
+        if not isinstance(self.steps, int) or not 1 <= self.steps <= 1000:
+            raise ValueError(f"steps must be an int in [1, 1000], got {self.steps!r}")
+        if not isinstance(self.horizon, int) or self.horizon <= 0 or self.horizon % 4:
+            # Cosmos3 needs num_frames = horizon + 1 with (num_frames - 1) % 4 == 0 (temporal VAE).
+            raise ValueError(f"horizon must be a positive multiple of 4, got {self.horizon!r}")
+        if not isinstance(self.guidance_scale, (int, float)) or not 0.0 <= self.guidance_scale <= 100.0:
+            raise ValueError(f"guidance_scale must be a number in [0, 100], got {self.guidance_scale!r}")
+        if self.action_mode not in ACTION_MODES:
+            raise ValueError(f"action_mode must be one of {ACTION_MODES}, got {self.action_mode!r}")
+        if not isinstance(self.domain_id, int) or self.domain_id < 0:
+            raise ValueError(f"domain_id must be a non-negative int, got {self.domain_id!r}")
+        if not isinstance(self.raw_action_dim, int) or self.raw_action_dim <= 0:
+            raise ValueError(f"raw_action_dim must be a positive int, got {self.raw_action_dim!r}")
+        if not isinstance(self.fps, int) or self.fps <= 0:
+            raise ValueError(f"fps must be a positive int, got {self.fps!r}")
+
+    def batch_key(self) -> tuple:
+        # domain_id is a per-row tensor in the model, so groups of different domains can share.
+        return (
+            self.height,
+            self.width,
+            self.steps,
+            self.horizon,
+            float(self.guidance_scale),
+            self.action_mode,
+            self.raw_action_dim,
+            self.fps,
+            self.negative_prompt,
+        )
+
+    def to_dict(self) -> dict:
+        return {
+            "height": self.height,
+            "width": self.width,
+            "steps": self.steps,
+            "horizon": self.horizon,
+            "guidance_scale": float(self.guidance_scale),
+            "action_mode": self.action_mode,
+            "domain_id": self.domain_id,
+            "raw_action_dim": self.raw_action_dim,
+            "fps": self.fps,
+            "negative_prompt": self.negative_prompt,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "SamplingSpec":
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        unknown = set(data) - set(known)
+        if unknown:
+            raise ValueError(f"unknown sampling parameter(s): {sorted(unknown)}")
+        return cls(**known)
+
+
+@dataclass(frozen=True)
+class CandidateWork:
+    """One candidate to run: its identity and where its randomness starts.
+
+    `snapshot` (generator state bytes from `rng.snapshot`) wins over `seed` when present; a retry
+    always starts from one of the two, never from a generator that has already drawn."""
+
+    candidate_id: int
+    seed: int
+    snapshot: bytes | None = None
+
+
+@dataclass
+class GroupWork:
+    """A slice (or all) of one candidate group, with the group's conditioning.
+
+    images: uint8 [B, H, W, 3] observations; prompts: one per observation."""
+
+    request_id: str
+    images: np.ndarray
+    prompts: list[str]
+    sampling: SamplingSpec
+    candidates: list[CandidateWork]
+
+
+@dataclass
+class GroupOutput:
+    request_id: str
+    status: str  # "ok" | "cancelled" | "error"
+    candidate_ids: list[int] = field(default_factory=list)
+    # float32 [n_candidates, B, horizon, raw_action_dim], denormalised actions, row order = candidate_ids
+    actions: np.ndarray | None = None
+    error: str | None = None
+    error_code: str | None = None
+
+
+@dataclass
+class BatchReport:
+    rows: int = 0
+    condition_s: float = 0.0
+    denoise_s: float = 0.0
+    postprocess_s: float = 0.0
+    transformer_forwards: int = 0
+    text_encodes: int = 0
+    vae_encodes: int = 0
+    steps_run: int = 0
+    peak_memory_bytes: int = 0
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)

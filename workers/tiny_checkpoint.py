@@ -1,0 +1,269 @@
+"""Write a tiny, random-weight Cosmos3 checkpoint that sglang 0.5.23 loads as Cosmos3Pipeline.
+
+Nothing is downloaded: every weight comes from a fixed torch seed, the tokenizer is a WordLevel
+vocabulary built here, and the files are written in a fixed order so the same command twice gives
+byte-identical weights. The shapes follow a config that sglang's loader is known to accept
+(see shared/reference/sglang-0.5.23-notes.md section 5).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+DEFAULT_DIR = Path(".cache/tiny-cosmos3")
+SEED = 20261130
+VOCAB_SIZE = 1024
+HORIZON_DIM = 7  # raw action dimension of the tiny embodiment (DROID-like: 6 joints + gripper)
+STATS_FILE = "action_stats.json"
+MANIFEST_FILE = "tiny_checkpoint.json"
+FORMAT_VERSION = 1
+
+TRANSFORMER_CONFIG = {
+    "head_dim": 16,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "latent_channel": 48,
+    "latent_patch_size": 2,
+    "patch_latent_dim": 192,
+    "rope_scaling": {"mrope_section": [4, 2, 2]},
+    "rope_theta": 5000000.0,
+    "vocab_size": VOCAB_SIZE,
+    "action_gen": True,
+    "action_dim": 64,
+    "num_embodiment_domains": 32,
+    "sound_gen": False,
+}
+
+VAE_CONFIG = {
+    "base_dim": 16,
+    "z_dim": 48,
+    "dim_mult": [1, 2, 4, 4],
+    "num_res_blocks": 1,
+    "attn_scales": [],
+    "temperal_downsample": [False, True, True],
+    "is_residual": True,
+    "in_channels": 12,
+    "out_channels": 12,
+    "patch_size": 2,
+    "scale_factor_temporal": 4,
+    "scale_factor_spatial": 16,
+    "latents_mean": [0.0] * 48,
+    "latents_std": [1.0] * 48,
+}
+
+SCHEDULER_CONFIG = {
+    "_class_name": "UniPCMultistepScheduler",
+    "_diffusers_version": "0.42.1",
+    "num_train_timesteps": 1000,
+    "prediction_type": "flow_prediction",
+    "use_flow_sigmas": True,
+    "flow_shift": 10.0,
+    "solver_order": 2,
+    "solver_type": "bh2",
+    "predict_x0": True,
+    "lower_order_final": True,
+    "final_sigmas_type": "zero",
+    "timestep_spacing": "linspace",
+}
+
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<unk>",
+]
+
+# Qwen-style chat template: enough structure for sglang's apply_chat_template call.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _action_stats() -> dict:
+    # Ranges differ per dimension so a wrong denormalisation is visible in tests.
+    q01 = [-1.0 - 0.25 * i for i in range(HORIZON_DIM)]
+    q99 = [1.0 + 0.5 * i for i in range(HORIZON_DIM)]
+    return {
+        "global": {
+            "q01": q01,
+            "q99": q99,
+            "min": [v - 0.1 for v in q01],
+            "max": [v + 0.1 for v in q99],
+            "mean": [0.05 * i for i in range(HORIZON_DIM)],
+            "std": [1.0 + 0.1 * i for i in range(HORIZON_DIM)],
+        }
+    }
+
+
+def _vocabulary() -> list[str]:
+    words = list(SPECIAL_TOKENS)
+    # ASCII printable characters and a few frequent JSON fragments the action prompt uses.
+    words += [chr(c) for c in range(33, 127)]
+    words += ["Ġ", "Ċ", "user", "assistant", "system"]
+    i = 0
+    while len(words) < VOCAB_SIZE:
+        words.append(f"<extra_{i}>")
+        i += 1
+    return words
+
+
+def _write_tokenizer(out: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(_vocabulary())}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    # Split into single characters so any prompt tokenizes without unknown-heavy output.
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="<unk>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", "<|vision_start|>", "<|vision_end|>"],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(out))
+
+
+def _init_weights(module, generator) -> None:
+    import torch
+
+    with torch.no_grad():
+        for name, param in sorted(module.named_parameters(), key=lambda kv: kv[0]):
+            if param.ndim <= 1 and ("norm" in name or name.endswith("gamma")):
+                param.fill_(1.0)
+            elif param.ndim <= 1:
+                param.zero_()
+            else:
+                noise = torch.randn(param.shape, generator=generator, dtype=torch.float32)
+                param.copy_((noise * 0.02).to(param.dtype))
+
+
+def _save_safetensors(module, path: Path, dtype) -> None:
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().to(dtype).contiguous() for k, v in sorted(module.state_dict().items())}
+    save_file(state, str(path), metadata={"format": "pt"})
+
+
+def write_checkpoint(out_dir: str | os.PathLike = DEFAULT_DIR) -> Path:
+    """Write the checkpoint into out_dir atomically (a temp dir renamed into place)."""
+    import torch
+    from diffusers import AutoencoderKLWan, Cosmos3OmniTransformer
+
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tiny-cosmos3-", dir=out_dir.parent))
+    try:
+        gen = torch.Generator().manual_seed(SEED)
+
+        (tmp / "transformer").mkdir()
+        transformer = Cosmos3OmniTransformer(**TRANSFORMER_CONFIG)
+        _init_weights(transformer, gen)
+        cfg = dict(transformer.config)
+        cfg["_class_name"] = "Cosmos3OmniTransformer"
+        cfg["_diffusers_version"] = "0.42.1"
+        _dump_json(tmp / "transformer" / "config.json", cfg)
+        _save_safetensors(
+            transformer, tmp / "transformer" / "diffusion_pytorch_model.safetensors", torch.bfloat16
+        )
+
+        (tmp / "vae").mkdir()
+        vae = AutoencoderKLWan(**VAE_CONFIG)
+        _init_weights(vae, gen)
+        cfg = dict(vae.config)
+        cfg["_class_name"] = "AutoencoderKLWan"
+        cfg["_diffusers_version"] = "0.42.1"
+        _dump_json(tmp / "vae" / "config.json", cfg)
+        _save_safetensors(vae, tmp / "vae" / "diffusion_pytorch_model.safetensors", torch.float32)
+
+        (tmp / "scheduler").mkdir()
+        _dump_json(tmp / "scheduler" / "scheduler_config.json", SCHEDULER_CONFIG)
+
+        _write_tokenizer(tmp / "text_tokenizer")
+
+        _dump_json(
+            tmp / "model_index.json",
+            {
+                "_class_name": "Cosmos3OmniPipeline",
+                "_diffusers_version": "0.42.1",
+                "transformer": ["diffusers", "Cosmos3OmniTransformer"],
+                "vae": ["diffusers", "AutoencoderKLWan"],
+                "scheduler": ["diffusers", "UniPCMultistepScheduler"],
+                "text_tokenizer": ["transformers", "PreTrainedTokenizerFast"],
+            },
+        )
+        _dump_json(tmp / STATS_FILE, _action_stats())
+        _dump_json(
+            tmp / MANIFEST_FILE,
+            {
+                "format_version": FORMAT_VERSION,
+                "seed": SEED,
+                "raw_action_dim": HORIZON_DIM,
+                "weights_sha256": weights_digest(tmp),
+            },
+        )
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def weights_digest(model_dir: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    for path in sorted(Path(model_dir).rglob("*.safetensors")):
+        h.update(path.relative_to(model_dir).as_posix().encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def is_complete(model_dir: str | os.PathLike) -> bool:
+    manifest = Path(model_dir) / MANIFEST_FILE
+    if not manifest.exists():
+        return False
+    try:
+        meta = json.loads(manifest.read_text())
+    except ValueError:
+        return False
+    return meta.get("format_version") == FORMAT_VERSION
+
+
+def ensure_checkpoint(model_dir: str | os.PathLike = DEFAULT_DIR) -> Path:
+    """Return model_dir, writing the checkpoint first if it is missing or from an older format."""
+    if not is_complete(model_dir):
+        write_checkpoint(model_dir)
+    return Path(model_dir)
+
+
+def _dump_json(path: Path, obj) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
+
+
+def _json_default(value):
+    if isinstance(value, tuple):
+        return list(value)
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+if __name__ == "__main__":  # pragma: no cover - the CLI's make-checkpoint is the entry point
+    import sys
+
+    print(write_checkpoint(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_DIR))
