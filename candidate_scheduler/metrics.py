@@ -1,0 +1,371 @@
+"""Every Prometheus metric of the service, in one place.
+
+The scheduler process exports everything on one /metrics port. Workers do not run their own exporter:
+they send per-batch timings (conditioning encode, denoise, action postprocess) back to the scheduler
+with each batch result over the worker link, and the scheduler records them here. One scrape target
+then sees the whole service, and a worker that dies mid-batch cannot take its last numbers with it.
+
+Naming follows Prometheus practice: one prefix, base units (seconds), `_total` counters, histograms
+rather than summaries (they aggregate across restarts and replicas), no ids as labels. Every label
+takes its value from a closed tuple below; anything else is recorded as "other", so a bug or a hostile
+client cannot blow up cardinality. The pure rooms (admission, group_state) own the meaning of these
+values; the unit tests check that their sets stay inside ours.
+"""
+
+from __future__ import annotations
+
+import enum
+import platform
+import threading
+from collections.abc import Iterable
+from wsgiref.simple_server import WSGIServer
+
+import prometheus_client
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from candidate_scheduler import __version__
+
+PREFIX = "candidate_scheduler_"
+
+# Loopback by default: /metrics is unauthenticated. 9464 is the port OpenTelemetry's Prometheus
+# exporter conventionally uses, so it is unlikely to collide with sglang's HTTP port.
+DEFAULT_METRICS_HOST = "127.0.0.1"
+DEFAULT_METRICS_PORT = 9464
+
+OTHER = "other"
+
+# --- Closed label sets ("other" is always allowed and catches everything unknown) ---------------------
+APIS = ("native", "compat", OTHER)
+# done/failed/cancelled/expired are group_state's terminal reasons; rejected/overloaded/invalid are
+# answers given before a group ever gets a GroupState (admission reject, full queue, undecodable spec).
+OUTCOMES = ("done", "failed", "cancelled", "expired", "rejected", "overloaded", "invalid", OTHER)
+ADMISSION_MODES = ("atomic", "microbatch", "sequential", "rejected", OTHER)
+ADMITTED_MODES = ("atomic", "microbatch", "sequential", OTHER)
+ADMISSION_REASONS = (
+    "fits",
+    "over_capacity",
+    "does_not_fit",
+    "unknown_reducer",
+    "count_over_limit",
+    "unsupported_action_mode",
+    "bad_request",
+    OTHER,
+)
+# "done" means the cancel found the group already finished (any terminal state); "unknown" means no
+# such group (never existed, or already forgotten).
+CANCEL_STATES = ("queued", "admitted", "running", "reducing", "done", "unknown", OTHER)
+_FINISHED_STATES = frozenset({"done", "failed", "cancelled", "expired"})
+RETRY_REASONS = ("worker_died", "heartbeat_timeout", "worker_error", OTHER)
+# died: the process or its socket went away; heartbeat_timeout: silent too long; error: it reported an
+# exception for a batch; oom: it reported an out-of-memory; protocol: it sent something we could not read.
+WORKER_FAILURE_KINDS = ("died", "heartbeat_timeout", "error", "oom", "protocol", OTHER)
+SOCKETS = ("request", "control", "worker", "compat", OTHER)
+PROTOCOL_ERROR_KINDS = (
+    "bad_frames",
+    "bad_msgpack",
+    "bad_type",
+    "oversize",
+    "pickle_refused",
+    "unknown_kind",
+    "version",
+    OTHER,
+)
+COMPAT_REQUEST_TYPES = ("req", "req_list", "ping", "shutdown", "warmup", "control", "unknown", OTHER)
+
+# --- Buckets -------------------------------------------------------------------------------------------
+# 1 ms (a cached CPU reducer) to 60 s (a long denoise on a busy GPU); roughly 1-2.5-5 per decade.
+SECONDS_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0,
+)
+# Powers of two: candidate counts and batch capacities are usually powers of two, so a bucket edge
+# lands exactly on the common values (le is inclusive).
+COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+MICROBATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128, 256)
+OCCUPANCY_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+def clip_label(value: object, allowed: Iterable[str]) -> str:
+    """The label value for `value`, or "other" when it is outside the closed set.
+
+    Accepts plain strings and enums: a str-valued enum by its value (AdmissionMode.ATOMIC -> "atomic"),
+    an int enum by its lower-cased name (GroupStatus.RUNNING -> "running").
+    """
+    if isinstance(value, enum.Enum):
+        value = value.value if isinstance(value.value, str) else value.name.lower()
+    text = str(value)
+    return text if text in allowed else OTHER
+
+
+class SchedulerMetrics:
+    """All metrics of the service, created against one registry.
+
+    With no registry a fresh one is made (never the global default: a second instance in the same
+    process, as in tests, must not collide) and the process/platform/GC collectors are added to it.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        if registry is None:
+            registry = CollectorRegistry()
+            prometheus_client.ProcessCollector(registry=registry)
+            prometheus_client.PlatformCollector(registry=registry)
+            prometheus_client.GCCollector(registry=registry)
+        self.registry = registry
+        r = registry
+        p = PREFIX
+
+        self.build_info = Gauge(
+            p + "build_info", "Always 1; labels carry the build.", ["version", "python_version"],
+            registry=r,
+        )
+        self.build_info.labels(__version__, platform.python_version()).set(1)
+
+        # Groups through their life.
+        self.groups_received = Counter(
+            p + "groups_received_total", "Candidate groups received, by client API.", ["api"],
+            registry=r,
+        )
+        self.groups_admitted = Counter(
+            p + "groups_admitted_total", "Candidate groups admitted, by admission mode.", ["mode"],
+            registry=r,
+        )
+        self.groups_completed = Counter(
+            p + "groups_completed_total", "Candidate groups answered, by outcome.", ["outcome"],
+            registry=r,
+        )
+        self.admission_decisions = Counter(
+            p + "admission_decisions_total", "Admission decisions, by mode and reason.",
+            ["mode", "reason"], registry=r,
+        )
+        self.candidates_per_group = Histogram(
+            p + "candidates_per_group", "Candidates requested per admitted group.",
+            buckets=COUNT_BUCKETS, registry=r,
+        )
+        self.microbatches_per_group = Histogram(
+            p + "microbatches_per_group",
+            "Physical slices an admitted group was split into (1 = atomic).",
+            buckets=MICROBATCH_BUCKETS, registry=r,
+        )
+        self.group_latency_seconds = Histogram(
+            p + "group_latency_seconds", "Receipt to answer, per group, by outcome.", ["outcome"],
+            buckets=SECONDS_BUCKETS, registry=r,
+        )
+
+        # Queue.
+        self.queued_groups = Gauge(
+            p + "queued_groups", "Groups waiting for a worker.", registry=r,
+        )
+        self.queued_candidates = Gauge(
+            p + "queued_candidates", "Candidates in the groups waiting for a worker.", registry=r,
+        )
+        self.groups_in_flight = Gauge(
+            p + "groups_in_flight", "Groups dispatched and not yet answered.", registry=r,
+        )
+        self.queue_wait_seconds = Histogram(
+            p + "queue_wait_seconds", "Receipt to first dispatch, per group.",
+            buckets=SECONDS_BUCKETS, registry=r,
+        )
+
+        # Physical batches (reported by workers, recorded here).
+        self.physical_batches = Counter(
+            p + "physical_batches_total", "Physical batches run on workers.", registry=r,
+        )
+        self.transformer_forwards = Counter(
+            p + "transformer_forwards_total",
+            "Transformer forward passes (one per denoise step per physical batch).", registry=r,
+        )
+        self.batch_rows = Histogram(
+            p + "batch_rows", "Candidate rows per physical batch.", buckets=COUNT_BUCKETS, registry=r,
+        )
+        self.batch_occupancy = Histogram(
+            p + "batch_occupancy_ratio", "Candidate rows per physical batch over worker capacity.",
+            buckets=OCCUPANCY_BUCKETS, registry=r,
+        )
+        self.conditioning_encode_seconds = Histogram(
+            p + "conditioning_encode_seconds", "Conditioning encode time per physical batch.",
+            buckets=SECONDS_BUCKETS, registry=r,
+        )
+        self.denoise_seconds = Histogram(
+            p + "denoise_seconds", "Denoise loop time per physical batch.",
+            buckets=SECONDS_BUCKETS, registry=r,
+        )
+        self.action_postprocess_seconds = Histogram(
+            p + "action_postprocess_seconds", "Action postprocess time per physical batch.",
+            buckets=SECONDS_BUCKETS, registry=r,
+        )
+        self.reducer_seconds = Histogram(
+            p + "reducer_seconds", "Reducer time per group (all partial updates plus finalize).",
+            buckets=SECONDS_BUCKETS, registry=r,
+        )
+
+        # Cancellation and failure.
+        self.cancellations = Counter(
+            p + "cancellations_total", "Cancel requests, by the group state they found.", ["state"],
+            registry=r,
+        )
+        self.retries = Counter(
+            p + "retries_total", "Slices re-dispatched after a worker failure, by reason.", ["reason"],
+            registry=r,
+        )
+        self.worker_failures = Counter(
+            p + "worker_failures_total", "Worker failures seen by the scheduler, by kind.", ["kind"],
+            registry=r,
+        )
+        self.live_workers = Gauge(
+            p + "live_workers", "Workers registered and within their heartbeat deadline.", registry=r,
+        )
+        self.worker_heartbeats = Counter(
+            p + "worker_heartbeats_total", "Heartbeats received from workers.", registry=r,
+        )
+
+        # Wire.
+        self.protocol_errors = Counter(
+            p + "protocol_errors_total", "Messages refused, by socket and kind.", ["socket", "kind"],
+            registry=r,
+        )
+        self.compat_requests = Counter(
+            p + "compat_requests_total", "sglang-compat messages, by type.", ["type"], registry=r,
+        )
+
+        self._initialise_children()
+
+    def _initialise_children(self) -> None:
+        # Create every labelled child at 0 so each series exists from the first scrape: rate() and
+        # dashboards then show 0 rather than "no data", and a counter's first increment is not lost.
+        for api in APIS:
+            self.groups_received.labels(api)
+        for mode in ADMITTED_MODES:
+            self.groups_admitted.labels(mode)
+        for outcome in OUTCOMES:
+            self.groups_completed.labels(outcome)
+            self.group_latency_seconds.labels(outcome)
+        for mode in ADMISSION_MODES:
+            for reason in ADMISSION_REASONS:
+                self.admission_decisions.labels(mode, reason)
+        for state in CANCEL_STATES:
+            self.cancellations.labels(state)
+        for reason in RETRY_REASONS:
+            self.retries.labels(reason)
+        for kind in WORKER_FAILURE_KINDS:
+            self.worker_failures.labels(kind)
+        for socket in SOCKETS:
+            for kind in PROTOCOL_ERROR_KINDS:
+                self.protocol_errors.labels(socket, kind)
+        for kind in COMPAT_REQUEST_TYPES:
+            self.compat_requests.labels(kind)
+
+    # --- Recording methods: the only calls the server, dispatcher and compat layer need. -------------
+
+    def group_received(self, api: str = "native") -> None:
+        self.groups_received.labels(clip_label(api, APIS)).inc()
+
+    def admission_decided(
+        self, mode: object, reason: object, candidates: int = 0, microbatches: int = 0
+    ) -> None:
+        """One admission decision; an admitted group also records its size and split."""
+        mode_label = clip_label(mode, ADMISSION_MODES)
+        self.admission_decisions.labels(mode_label, clip_label(reason, ADMISSION_REASONS)).inc()
+        if mode_label == "rejected":
+            return
+        self.groups_admitted.labels(clip_label(mode_label, ADMITTED_MODES)).inc()
+        if candidates > 0:
+            self.candidates_per_group.observe(candidates)
+        if microbatches > 0:
+            self.microbatches_per_group.observe(microbatches)
+
+    def group_completed(self, outcome: object, latency_seconds: float | None = None) -> None:
+        label = clip_label(outcome, OUTCOMES)
+        self.groups_completed.labels(label).inc()
+        if latency_seconds is not None:
+            self.group_latency_seconds.labels(label).observe(latency_seconds)
+
+    def set_queue_depth(self, groups: int, candidates: int) -> None:
+        self.queued_groups.set(groups)
+        self.queued_candidates.set(candidates)
+
+    def set_groups_in_flight(self, groups: int) -> None:
+        self.groups_in_flight.set(groups)
+
+    def queue_waited(self, seconds: float) -> None:
+        self.queue_wait_seconds.observe(seconds)
+
+    def batch_completed(
+        self,
+        rows: int,
+        capacity: int,
+        forwards: int,
+        conditioning_encode_seconds: float | None = None,
+        denoise_seconds: float | None = None,
+        action_postprocess_seconds: float | None = None,
+    ) -> None:
+        """One physical batch finished on a worker, with the timings the worker reported."""
+        self.physical_batches.inc()
+        self.transformer_forwards.inc(max(forwards, 0))
+        self.batch_rows.observe(rows)
+        if capacity > 0:
+            # Not clipped to 1.0: a ratio above 1 lands in +Inf, which is exactly the bug to notice.
+            self.batch_occupancy.observe(rows / capacity)
+        if conditioning_encode_seconds is not None:
+            self.conditioning_encode_seconds.observe(conditioning_encode_seconds)
+        if denoise_seconds is not None:
+            self.denoise_seconds.observe(denoise_seconds)
+        if action_postprocess_seconds is not None:
+            self.action_postprocess_seconds.observe(action_postprocess_seconds)
+
+    def reducer_ran(self, seconds: float) -> None:
+        self.reducer_seconds.observe(seconds)
+
+    def cancel_requested(self, state: object) -> None:
+        """A cancel request arrived; `state` is the group state it found (or "unknown")."""
+        label = clip_label(state, CANCEL_STATES + tuple(_FINISHED_STATES))
+        self.cancellations.labels("done" if label in _FINISHED_STATES else label).inc()
+
+    def slice_retried(self, reason: str) -> None:
+        self.retries.labels(clip_label(reason, RETRY_REASONS)).inc()
+
+    def worker_failed(self, kind: str) -> None:
+        self.worker_failures.labels(clip_label(kind, WORKER_FAILURE_KINDS)).inc()
+
+    def set_live_workers(self, count: int) -> None:
+        self.live_workers.set(count)
+
+    def heartbeat_received(self) -> None:
+        self.worker_heartbeats.inc()
+
+    def protocol_error(self, socket: str, kind: str) -> None:
+        self.protocol_errors.labels(
+            clip_label(socket, SOCKETS), clip_label(kind, PROTOCOL_ERROR_KINDS)
+        ).inc()
+
+    def compat_request(self, kind: str) -> None:
+        self.compat_requests.labels(clip_label(kind, COMPAT_REQUEST_TYPES)).inc()
+
+
+def render(metrics: SchedulerMetrics) -> bytes:
+    """The text exposition of `metrics`' registry (what GET /metrics returns)."""
+    return generate_latest(metrics.registry)
+
+
+def start_http_server(
+    metrics: SchedulerMetrics,
+    host: str = DEFAULT_METRICS_HOST,
+    port: int = DEFAULT_METRICS_PORT,
+) -> tuple[WSGIServer, threading.Thread, int]:
+    """Serve /metrics of `metrics`' registry from a daemon thread.
+
+    Returns (server, thread, bound_port); port 0 binds a free port and bound_port says which. Stop it
+    with `stop_http_server(server, thread)`.
+    """
+    server, thread = prometheus_client.start_http_server(port, addr=host, registry=metrics.registry)
+    return server, thread, server.server_port
+
+
+def stop_http_server(server: WSGIServer, thread: threading.Thread, timeout: float = 5.0) -> None:
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout)

@@ -1,0 +1,340 @@
+"""Wire types of the native sockets: typed msgpack (msgspec), a header frame, size limits. No pickle.
+
+Every native message is two frames after the ZMQ routing envelope:
+
+    [header, payload]    header = bytes([PROTOCOL_VERSION, kind]); payload = msgpack of the kind's struct
+
+A REQ client adds an empty delimiter frame; the server accepts both shapes. Each kind has exactly one
+typed decoder, so a payload that does not match its kind is a typed error, never a guess.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import msgspec
+import numpy as np
+
+PROTOCOL_VERSION = 1
+
+# Size limits. The ZMQ socket option MAXMSGSIZE enforces the first before any byte is decoded.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+MAX_OBSERVATION_BYTES = 32 * 1024 * 1024
+MAX_CANDIDATES = 256
+MAX_REQUEST_ID_LEN = 256
+MAX_PROMPT_CHARS = 4096
+
+
+class Kind(enum.IntEnum):
+    # client -> scheduler, request socket
+    SUBMIT = 0x01
+    PING = 0x02
+    # client -> scheduler, control socket
+    CANCEL = 0x10
+    STATUS = 0x11
+    STATS = 0x12
+    DRAIN = 0x13
+    SHUTDOWN = 0x14
+    # worker <-> scheduler, worker link
+    REGISTER = 0x20
+    HEARTBEAT = 0x21
+    BATCH = 0x22
+    BATCH_RESULT = 0x23
+    CANCEL_ROWS = 0x24
+    REGISTERED = 0x25
+    WORKER_STOP = 0x26
+    # scheduler -> client
+    RESULT = 0x80
+    ERROR = 0x81
+    CONTROL_REPLY = 0x82
+    PONG = 0x83
+
+
+class ProtocolError(ValueError):
+    """A frame or payload that cannot be decoded. `kind` is a bounded metrics label."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+class Array(msgspec.Struct, frozen=True):
+    """A tensor on the wire: dtype name, shape, raw little-endian bytes."""
+
+    dtype: str
+    shape: list[int]
+    data: bytes
+
+
+ALLOWED_DTYPES = ("uint8", "float32", "float64", "int64", "int32", "float16")
+
+
+def array_to_wire(arr: np.ndarray) -> Array:
+    arr = np.ascontiguousarray(arr)
+    if arr.dtype.name not in ALLOWED_DTYPES:
+        raise ProtocolError("bad_type", f"dtype {arr.dtype} cannot travel; allowed: {ALLOWED_DTYPES}")
+    return Array(arr.dtype.name, list(arr.shape), arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes())
+
+
+def array_from_wire(a: Array, *, max_bytes: int = MAX_MESSAGE_BYTES) -> np.ndarray:
+    if a.dtype not in ALLOWED_DTYPES:
+        raise ProtocolError("bad_type", f"dtype {a.dtype!r} not allowed; allowed: {ALLOWED_DTYPES}")
+    if len(a.shape) > 8 or any((not isinstance(d, int)) or d < 0 for d in a.shape):
+        raise ProtocolError("bad_type", f"bad array shape {a.shape!r}")
+    dtype = np.dtype(a.dtype).newbyteorder("<")
+    expected = int(np.prod(a.shape, dtype=np.int64)) * dtype.itemsize
+    if expected > max_bytes:
+        raise ProtocolError("oversize", f"array of {expected} bytes is over the {max_bytes}-byte limit")
+    if expected != len(a.data):
+        raise ProtocolError("bad_type", f"array data has {len(a.data)} bytes, shape {a.shape} needs {expected}")
+    return np.frombuffer(a.data, dtype=dtype).reshape(a.shape).astype(dtype.newbyteorder("="), copy=False)
+
+
+# ---- client <-> scheduler -------------------------------------------------------------------------
+
+
+class CandidateSpecMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    count: int = 1
+    reducer: str = "mean"
+    return_candidates: bool = False
+    seed_policy: str = "per_candidate"
+    seeds: list[int] | None = None
+
+
+class SamplingMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    height: int = 64
+    width: int = 64
+    steps: int = 4
+    horizon: int = 16
+    guidance_scale: float = 1.0
+    action_mode: str = "policy"
+    domain_id: int = 0
+    raw_action_dim: int = 7
+    fps: int = 5
+    negative_prompt: str | None = None
+
+
+class SubmitRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """One logical request: a candidate group over one observation (or a batch of B observations).
+
+    images: one Array [H, W, 3] uint8, or [B, H, W, 3] when `batched` is true (one reduced action
+    per observation). deadline_s: seconds from arrival after which the group expires."""
+
+    request_id: str
+    images: Array
+    prompt: str | list[str] = ""
+    candidates: CandidateSpecMsg = CandidateSpecMsg()
+    seed: int = 42
+    sampling: SamplingMsg = SamplingMsg()
+    batched: bool = False
+    deadline_s: float | None = None
+
+
+class GroupResult(msgspec.Struct, frozen=True):
+    """The one reply a group gets. status: done | failed | cancelled | expired | rejected |
+    overloaded | invalid. `action` is the reduced action ([H, D], or [B, H, D] when batched); it is
+    None unless status is done and the reducer is not "none". `candidates` holds every candidate
+    ([N, H, D] or [N, B, H, D]) when asked for or when the reducer is "none"."""
+
+    request_id: str
+    status: str
+    action: Array | None = None
+    candidates: Array | None = None
+    candidate_seeds: list[int] = []
+    chosen_candidate: int | None = None
+    error: str | None = None
+    error_code: str | None = None
+    metrics: dict[str, Any] = {}
+
+
+class Ping(msgspec.Struct, frozen=True):
+    nonce: int = 0
+
+
+class Pong(msgspec.Struct, frozen=True):
+    nonce: int = 0
+    protocol_version: int = PROTOCOL_VERSION
+
+
+class ErrorReply(msgspec.Struct, frozen=True):
+    """A message that could not be taken at all (bad frames, bad msgpack, wrong kind)."""
+
+    error: str
+    error_code: str
+    request_id: str | None = None
+
+
+# ---- control socket -----------------------------------------------------------------------------
+
+
+class CancelRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    request_id: str
+
+
+class StatusRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    request_id: str
+
+
+class Empty(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    pass
+
+
+class ControlReply(msgspec.Struct, frozen=True):
+    ok: bool
+    changed: bool = False
+    state: str | None = None
+    detail: dict[str, Any] = {}
+    error: str | None = None
+
+
+# ---- worker link ----------------------------------------------------------------------------------
+
+
+class RegisterMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    worker_id: str
+    capability: dict[str, Any]
+    capacity: int
+    memory_budget_bytes: int = 0
+    device: str = "cpu"
+    pid: int = 0
+
+
+class RegisteredMsg(msgspec.Struct, frozen=True):
+    worker_id: str
+    heartbeat_interval_s: float
+
+
+class HeartbeatMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    worker_id: str
+    busy_batch: int | None = None
+    step: int | None = None
+
+
+class CandidateMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    candidate_id: int
+    seed: int
+    snapshot: bytes | None = None
+
+
+class GroupWorkMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    request_id: str
+    images: Array  # [B, H, W, 3] uint8
+    prompts: list[str]
+    sampling: SamplingMsg
+    candidates: list[CandidateMsg]
+
+
+class BatchMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    batch_id: int
+    groups: list[GroupWorkMsg]
+
+
+class GroupOutputMsg(msgspec.Struct, frozen=True):
+    request_id: str
+    status: str
+    candidate_ids: list[int] = []
+    actions: Array | None = None
+    error: str | None = None
+    error_code: str | None = None
+
+
+class BatchResultMsg(msgspec.Struct, frozen=True):
+    worker_id: str
+    batch_id: int
+    outputs: list[GroupOutputMsg]
+    report: dict[str, Any] = {}
+
+
+class CancelRowsMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    batch_id: int
+    request_ids: list[str]
+
+
+class WorkerStopMsg(msgspec.Struct, frozen=True):
+    reason: str = ""
+
+
+PAYLOAD_TYPES: dict[Kind, type] = {
+    Kind.SUBMIT: SubmitRequest,
+    Kind.PING: Ping,
+    Kind.CANCEL: CancelRequest,
+    Kind.STATUS: StatusRequest,
+    Kind.STATS: Empty,
+    Kind.DRAIN: Empty,
+    Kind.SHUTDOWN: Empty,
+    Kind.REGISTER: RegisterMsg,
+    Kind.HEARTBEAT: HeartbeatMsg,
+    Kind.BATCH: BatchMsg,
+    Kind.BATCH_RESULT: BatchResultMsg,
+    Kind.CANCEL_ROWS: CancelRowsMsg,
+    Kind.REGISTERED: RegisteredMsg,
+    Kind.WORKER_STOP: WorkerStopMsg,
+    Kind.RESULT: GroupResult,
+    Kind.ERROR: ErrorReply,
+    Kind.CONTROL_REPLY: ControlReply,
+    Kind.PONG: Pong,
+}
+_DECODERS = {kind: msgspec.msgpack.Decoder(t) for kind, t in PAYLOAD_TYPES.items()}
+_ENCODER = msgspec.msgpack.Encoder()
+
+
+def header(kind: Kind) -> bytes:
+    return bytes([PROTOCOL_VERSION, int(kind)])
+
+
+def encode(kind: Kind, payload: msgspec.Struct) -> list[bytes]:
+    """The two frames of one message."""
+    if not isinstance(payload, PAYLOAD_TYPES[kind]):
+        raise TypeError(f"{kind.name} carries {PAYLOAD_TYPES[kind].__name__}, not {type(payload).__name__}")
+    return [header(kind), _ENCODER.encode(payload)]
+
+
+def parse_header(frame: bytes, allowed: frozenset[Kind] | set[Kind]) -> Kind:
+    if len(frame) != 2:
+        raise ProtocolError("bad_frames", f"header frame must be 2 bytes, got {len(frame)}")
+    version, raw_kind = frame[0], frame[1]
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError("version", f"protocol version {version} is not supported (this is {PROTOCOL_VERSION})")
+    try:
+        kind = Kind(raw_kind)
+    except ValueError:
+        raise ProtocolError("unknown_kind", f"unknown message kind 0x{raw_kind:02x}") from None
+    if kind not in allowed:
+        raise ProtocolError("unknown_kind", f"message kind {kind.name} is not accepted on this socket")
+    return kind
+
+
+def decode(kind: Kind, payload: bytes) -> Any:
+    if len(payload) > MAX_MESSAGE_BYTES:
+        raise ProtocolError("oversize", f"payload of {len(payload)} bytes is over {MAX_MESSAGE_BYTES}")
+    try:
+        return _DECODERS[kind].decode(payload)
+    except msgspec.ValidationError as exc:
+        raise ProtocolError("bad_type", f"{kind.name} payload does not match its schema: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise ProtocolError("bad_msgpack", f"{kind.name} payload is not valid msgpack: {exc}") from None
+
+
+def split_envelope(frames: list[bytes], allowed) -> tuple[bytes, bool, Kind, bytes]:
+    """ROUTER frames -> (identity, had_delimiter, kind, payload). Raises ProtocolError with the
+    identity already known, so the caller can still answer."""
+    if len(frames) < 2:
+        raise ProtocolError("bad_frames", f"expected [identity, header, payload], got {len(frames)} frame(s)")
+    body = frames[1:]
+    delimited = bool(body) and body[0] == b""
+    if delimited:
+        body = body[1:]
+    if len(body) != 2:
+        raise ProtocolError("bad_frames", f"expected [header, payload] after the envelope, got {len(body)} frame(s)")
+    kind = parse_header(body[0], allowed)
+    return frames[0], delimited, kind, body[1]
+
+
+def reply_frames(identity: bytes, delimited: bool, kind: Kind, payload: msgspec.Struct) -> list[bytes]:
+    return [identity] + ([b""] if delimited else []) + encode(kind, payload)
+
+
+REQUEST_KINDS = frozenset({Kind.SUBMIT, Kind.PING})
+CONTROL_KINDS = frozenset({Kind.CANCEL, Kind.STATUS, Kind.STATS, Kind.DRAIN, Kind.SHUTDOWN, Kind.PING})
+WORKER_KINDS = frozenset({Kind.REGISTER, Kind.HEARTBEAT, Kind.BATCH_RESULT})
