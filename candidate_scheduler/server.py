@@ -159,11 +159,11 @@ class Scheduler:
                     "pass --curve-dir (see `candidate-scheduler keys`)"
                 )
             return
-        import zmq.auth
+        from zmq.auth import load_certificate
         from zmq.auth.asyncio import AsyncioAuthenticator
 
         keys = os.path.join(self.config.curve_dir, "server.key_secret")
-        public, secret = zmq.auth.load_certificate(keys)
+        public, secret = load_certificate(keys)
         auth = AsyncioAuthenticator(self.ctx)
         auth.start()
         auth.configure_curve(domain="*", location=os.path.join(self.config.curve_dir, "authorized_clients"))

@@ -1,0 +1,270 @@
+"""Python clients for the native protocol: `Client` (blocking) and `AsyncClient` (asyncio).
+
+Both speak over a DEALER socket, so many groups can be in flight on one connection; replies are
+matched to requests by request_id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from candidate_scheduler import protocol as P
+
+
+@dataclass
+class Result:
+    """A group's reply with arrays decoded."""
+
+    request_id: str
+    status: str
+    action: np.ndarray | None = None
+    candidates: np.ndarray | None = None
+    candidate_seeds: list[int] = field(default_factory=list)
+    chosen_candidate: int | None = None
+    error: str | None = None
+    error_code: str | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "done"
+
+    @classmethod
+    def from_wire(cls, r: P.GroupResult) -> "Result":
+        return cls(
+            request_id=r.request_id,
+            status=r.status,
+            action=None if r.action is None else P.array_from_wire(r.action),
+            candidates=None if r.candidates is None else P.array_from_wire(r.candidates),
+            candidate_seeds=list(r.candidate_seeds),
+            chosen_candidate=r.chosen_candidate,
+            error=r.error,
+            error_code=r.error_code,
+            metrics=dict(r.metrics),
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "request_id": self.request_id,
+            "status": self.status,
+            "action": None if self.action is None else self.action.tolist(),
+            "candidates": None if self.candidates is None else self.candidates.tolist(),
+            "candidate_seeds": self.candidate_seeds,
+            "chosen_candidate": self.chosen_candidate,
+            "error": self.error,
+            "error_code": self.error_code,
+            "metrics": self.metrics,
+        }
+
+
+class ServiceError(RuntimeError):
+    """The scheduler could not read a message at all (ErrorReply)."""
+
+    def __init__(self, reply: P.ErrorReply):
+        super().__init__(f"{reply.error_code}: {reply.error}")
+        self.reply = reply
+
+
+def make_request(
+    image: np.ndarray,
+    prompt: str | list[str] = "",
+    *,
+    request_id: str | None = None,
+    count: int = 1,
+    reducer: str = "mean",
+    return_candidates: bool = False,
+    seed: int = 42,
+    seed_policy: str = "per_candidate",
+    seeds: list[int] | None = None,
+    deadline_s: float | None = None,
+    **sampling: Any,
+) -> P.SubmitRequest:
+    """Build a SUBMIT payload. `image`: uint8 [H, W, 3], or [B, H, W, 3] for B observations (one
+    reduced action each). Sampling keywords: height, width, steps, horizon, guidance_scale,
+    action_mode, domain_id, raw_action_dim, fps, negative_prompt."""
+    image = np.asarray(image)
+    return P.SubmitRequest(
+        request_id=request_id or uuid.uuid4().hex,
+        images=P.array_to_wire(image),
+        prompt=prompt,
+        candidates=P.CandidateSpecMsg(count, reducer, return_candidates, seed_policy, seeds),
+        seed=seed,
+        sampling=P.SamplingMsg(**sampling),
+        batched=image.ndim == 4,
+        deadline_s=deadline_s,
+    )
+
+
+def synthetic_image(height: int = 64, width: int = 64, seed: int = 0) -> np.ndarray:
+    """A deterministic test observation (no files, no downloads)."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+
+
+class Client:
+    """Blocking client. One instance per thread."""
+
+    def __init__(self, endpoint: str, control_endpoint: str | None = None, timeout_s: float = 600.0):
+        self.ctx = zmq.Context.instance()
+        self.endpoint = endpoint
+        self.control_endpoint = control_endpoint
+        self.timeout_s = timeout_s
+        self._sock = self._dealer(endpoint)
+        self._ctl = None
+        self._pending: dict[str, P.GroupResult] = {}
+
+    def _dealer(self, endpoint: str) -> zmq.Socket:
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, P.MAX_MESSAGE_BYTES)
+        sock.connect(endpoint)
+        return sock
+
+    def send(self, request: P.SubmitRequest) -> str:
+        self._sock.send_multipart(P.encode(P.Kind.SUBMIT, request))
+        return request.request_id
+
+    def wait(self, request_id: str, timeout_s: float | None = None) -> Result:
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        while request_id not in self._pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._sock.poll(int(remaining * 1000)):
+                raise TimeoutError(f"no reply for {request_id!r}")
+            frames = self._sock.recv_multipart()
+            kind = P.parse_header(frames[0], {P.Kind.RESULT, P.Kind.ERROR})
+            msg = P.decode(kind, frames[1])
+            if kind is P.Kind.ERROR:
+                raise ServiceError(msg)
+            self._pending[msg.request_id] = msg
+        return Result.from_wire(self._pending.pop(request_id))
+
+    def submit(self, image: np.ndarray, prompt: str | list[str] = "", timeout_s: float | None = None, **kwargs: Any) -> Result:
+        return self.wait(self.send(make_request(image, prompt, **kwargs)), timeout_s)
+
+    def ping(self, timeout_s: float = 2.0) -> bool:
+        self._sock.send_multipart(P.encode(P.Kind.PING, P.Ping(1)))
+        if not self._sock.poll(int(timeout_s * 1000)):
+            return False
+        frames = self._sock.recv_multipart()
+        return P.parse_header(frames[0], {P.Kind.PONG, P.Kind.RESULT}) is P.Kind.PONG
+
+    # ---- control ------------------------------------------------------------------------------------
+    def control(self, kind: P.Kind, payload, timeout_s: float = 10.0) -> P.ControlReply:
+        if self.control_endpoint is None:
+            raise ValueError("this client has no control endpoint")
+        if self._ctl is None:
+            self._ctl = self._dealer(self.control_endpoint)
+        self._ctl.send_multipart(P.encode(kind, payload))
+        if not self._ctl.poll(int(timeout_s * 1000)):
+            raise TimeoutError(f"no control reply to {kind.name}")
+        frames = self._ctl.recv_multipart()
+        reply_kind = P.parse_header(frames[0], {P.Kind.CONTROL_REPLY, P.Kind.ERROR})
+        msg = P.decode(reply_kind, frames[1])
+        if reply_kind is P.Kind.ERROR:
+            raise ServiceError(msg)
+        return msg
+
+    def cancel(self, request_id: str) -> P.ControlReply:
+        return self.control(P.Kind.CANCEL, P.CancelRequest(request_id))
+
+    def status(self, request_id: str) -> P.ControlReply:
+        return self.control(P.Kind.STATUS, P.StatusRequest(request_id))
+
+    def stats(self) -> dict:
+        return dict(self.control(P.Kind.STATS, P.Empty()).detail)
+
+    def drain(self) -> P.ControlReply:
+        return self.control(P.Kind.DRAIN, P.Empty())
+
+    def shutdown(self) -> P.ControlReply:
+        return self.control(P.Kind.SHUTDOWN, P.Empty())
+
+    def close(self) -> None:
+        self._sock.close(0)
+        if self._ctl is not None:
+            self._ctl.close(0)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class AsyncClient:
+    """asyncio client: `await client.submit(...)`; many groups in flight on one socket."""
+
+    def __init__(self, endpoint: str):
+        self.ctx = zmq.asyncio.Context.instance()
+        self._sock = self.ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, P.MAX_MESSAGE_BYTES)
+        self._sock.connect(endpoint)
+        self._futures: dict[str, asyncio.Future] = {}
+        self._pongs: dict[int, asyncio.Future] = {}
+        self._nonce = itertools.count(1)
+        self._reader: asyncio.Task | None = None
+
+    def _ensure_reader(self) -> None:
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def _read(self) -> None:
+        while self._futures or self._pongs:
+            frames = await self._sock.recv_multipart()
+            try:
+                kind = P.parse_header(frames[0], {P.Kind.RESULT, P.Kind.ERROR, P.Kind.PONG})
+                msg = P.decode(kind, frames[1])
+            except P.ProtocolError:
+                continue
+            if kind is P.Kind.PONG:
+                fut = self._pongs.pop(msg.nonce, None)
+            elif kind is P.Kind.ERROR:
+                # An unreadable message has no request id to match; fail the oldest waiter.
+                fut = self._futures.pop(msg.request_id, None) if msg.request_id else None
+                if fut is None and self._futures:
+                    fut = self._futures.pop(next(iter(self._futures)))
+                if fut is not None and not fut.done():
+                    fut.set_exception(ServiceError(msg))
+                continue
+            else:
+                fut = self._futures.pop(msg.request_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+
+    async def submit_request(self, request: P.SubmitRequest) -> Result:
+        fut = asyncio.get_running_loop().create_future()
+        self._futures[request.request_id] = fut
+        await self._sock.send_multipart(P.encode(P.Kind.SUBMIT, request))
+        self._ensure_reader()
+        return Result.from_wire(await fut)
+
+    async def submit(self, image: np.ndarray, prompt: str | list[str] = "", **kwargs: Any) -> Result:
+        return await self.submit_request(make_request(image, prompt, **kwargs))
+
+    async def ping(self, timeout_s: float = 2.0) -> bool:
+        nonce = next(self._nonce)
+        fut = asyncio.get_running_loop().create_future()
+        self._pongs[nonce] = fut
+        await self._sock.send_multipart(P.encode(P.Kind.PING, P.Ping(nonce)))
+        self._ensure_reader()
+        try:
+            await asyncio.wait_for(fut, timeout_s)
+            return True
+        except asyncio.TimeoutError:
+            self._pongs.pop(nonce, None)
+            return False
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+        self._sock.close(0)
