@@ -148,9 +148,9 @@ def cmd_worker(args) -> int:
     from workers.worker import Worker, build_adapter
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
-    adapter = build_adapter(args.adapter, args.model, args.device, args.capacity, args.step_delay)
+    adapter = build_adapter(args.adapter, args.model, args.device, args.capacity)
     worker = Worker(args.scheduler, adapter, capacity=args.capacity, device=args.device,
-                    worker_id=args.worker_id, curve_dir=args.curve_dir)
+                    worker_id=args.worker_id, curve_dir=args.curve_dir, step_delay_s=args.step_delay)
     signal.signal(signal.SIGTERM, lambda *_: worker.stop())
     print(f"candidate-scheduler worker {worker.worker_id}: connecting to {args.scheduler}", flush=True)
     worker.serve()
@@ -330,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--scheduler", default=_endpoint(S.DEFAULT_HOST, S.DEFAULT_WORKER_PORT),
                            help="the scheduler's worker link (default tcp://127.0.0.1:5557)")
             p.add_argument("--worker-id", default=None)
-            p.add_argument("--step-delay", type=float, default=0.0, help="null adapter only: seconds per step")
+            p.add_argument("--step-delay", type=float, default=0.0, help="test knob: sleep this long before each denoise step")
         p.add_argument("--model", default=DEFAULT_MODEL, help="Cosmos3 checkpoint directory")
         p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
         p.add_argument("--capacity", type=int, default=None, help="candidates per physical batch (default: the model's)")

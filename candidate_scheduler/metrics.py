@@ -17,7 +17,8 @@ from __future__ import annotations
 import enum
 import platform
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 import prometheus_client
@@ -61,10 +62,9 @@ ADMISSION_REASONS = (
 # such group (never existed, or already forgotten).
 CANCEL_STATES = ("queued", "admitted", "running", "reducing", "done", "unknown", OTHER)
 _FINISHED_STATES = frozenset({"done", "failed", "cancelled", "expired"})
-RETRY_REASONS = ("worker_died", "heartbeat_timeout", "worker_error", OTHER)
-# died: the process or its socket went away; heartbeat_timeout: silent too long; error: it reported an
-# exception for a batch; oom: it reported an out-of-memory; protocol: it sent something we could not read.
-WORKER_FAILURE_KINDS = ("died", "heartbeat_timeout", "error", "oom", "protocol", OTHER)
+# reregistered: a worker registered again under its id (it restarted), so its old work is lost.
+RETRY_REASONS = ("worker_died", "heartbeat_timeout", "worker_error", "reregistered", OTHER)
+WORKER_FAILURE_KINDS = ("worker_died", "heartbeat_timeout", "worker_error", "reregistered", OTHER)
 SOCKETS = ("request", "control", "worker", "compat", OTHER)
 PROTOCOL_ERROR_KINDS = (
     "bad_frames",
@@ -105,6 +105,9 @@ def clip_label(value: object, allowed: Iterable[str]) -> str:
 class SchedulerMetrics:
     """All metrics of the service, created against one registry.
 
+    Metric objects are attributes named like their exported series without the prefix (counters keep
+    `_total`). The recording methods are what server.py calls; keep them thin.
+
     With no registry a fresh one is made (never the global default: a second instance in the same
     process, as in tests, must not collide) and the process/platform/GC collectors are added to it.
     """
@@ -126,29 +129,26 @@ class SchedulerMetrics:
         self.build_info.labels(__version__, platform.python_version()).set(1)
 
         # Groups through their life.
-        self.groups_received = Counter(
-            p + "groups_received_total", "Candidate groups received, by client API.", ["api"],
+        self.groups_received_total = Counter(
+            p + "groups_received", "Candidate groups received, by client API.", ["api"], registry=r,
+        )
+        self.groups_admitted_total = Counter(
+            p + "groups_admitted", "Candidate groups admitted, by admission mode.", ["mode"],
             registry=r,
         )
-        self.groups_admitted = Counter(
-            p + "groups_admitted_total", "Candidate groups admitted, by admission mode.", ["mode"],
+        self.groups_completed_total = Counter(
+            p + "groups_completed", "Candidate groups answered, by outcome.", ["outcome"], registry=r,
+        )
+        self.admission_decisions_total = Counter(
+            p + "admission_decisions", "Admission decisions, by mode and reason.", ["mode", "reason"],
             registry=r,
         )
-        self.groups_completed = Counter(
-            p + "groups_completed_total", "Candidate groups answered, by outcome.", ["outcome"],
-            registry=r,
-        )
-        self.admission_decisions = Counter(
-            p + "admission_decisions_total", "Admission decisions, by mode and reason.",
-            ["mode", "reason"], registry=r,
-        )
-        self.candidates_per_group = Histogram(
-            p + "candidates_per_group", "Candidates requested per admitted group.",
+        self.group_candidates = Histogram(
+            p + "group_candidates", "Candidates requested per well-formed group.",
             buckets=COUNT_BUCKETS, registry=r,
         )
-        self.microbatches_per_group = Histogram(
-            p + "microbatches_per_group",
-            "Physical slices an admitted group was split into (1 = atomic).",
+        self.group_microbatches = Histogram(
+            p + "group_microbatches", "Physical slices an admitted group was split into (1 = atomic).",
             buckets=MICROBATCH_BUCKETS, registry=r,
         )
         self.group_latency_seconds = Histogram(
@@ -158,31 +158,30 @@ class SchedulerMetrics:
 
         # Queue.
         self.queued_groups = Gauge(
-            p + "queued_groups", "Groups waiting for a worker.", registry=r,
+            p + "queued_groups", "Groups admitted or waiting for a worker, not yet answered.",
+            registry=r,
         )
         self.queued_candidates = Gauge(
-            p + "queued_candidates", "Candidates in the groups waiting for a worker.", registry=r,
-        )
-        self.groups_in_flight = Gauge(
-            p + "groups_in_flight", "Groups dispatched and not yet answered.", registry=r,
+            p + "queued_candidates", "Candidates in slices not yet dispatched.", registry=r,
         )
         self.queue_wait_seconds = Histogram(
             p + "queue_wait_seconds", "Receipt to first dispatch, per group.",
             buckets=SECONDS_BUCKETS, registry=r,
         )
 
-        # Physical batches (reported by workers, recorded here).
-        self.physical_batches = Counter(
-            p + "physical_batches_total", "Physical batches run on workers.", registry=r,
+        # Physical batches: counted at dispatch; stage timings arrive with the worker's result.
+        self.physical_batches_total = Counter(
+            p + "physical_batches", "Physical batches dispatched to workers.", registry=r,
         )
-        self.transformer_forwards = Counter(
-            p + "transformer_forwards_total",
-            "Transformer forward passes (one per denoise step per physical batch).", registry=r,
+        self.transformer_forwards_total = Counter(
+            p + "transformer_forwards",
+            "Transformer forward passes reported by workers (one per denoise step per batch).",
+            registry=r,
         )
         self.batch_rows = Histogram(
             p + "batch_rows", "Candidate rows per physical batch.", buckets=COUNT_BUCKETS, registry=r,
         )
-        self.batch_occupancy = Histogram(
+        self.batch_occupancy_ratio = Histogram(
             p + "batch_occupancy_ratio", "Candidate rows per physical batch over worker capacity.",
             buckets=OCCUPANCY_BUCKETS, registry=r,
         )
@@ -204,32 +203,36 @@ class SchedulerMetrics:
         )
 
         # Cancellation and failure.
-        self.cancellations = Counter(
-            p + "cancellations_total", "Cancel requests, by the group state they found.", ["state"],
+        self.cancellations_total = Counter(
+            p + "cancellations", "Cancel requests, by the group state they found.", ["state"],
             registry=r,
         )
-        self.retries = Counter(
-            p + "retries_total", "Slices re-dispatched after a worker failure, by reason.", ["reason"],
+        self.retries_total = Counter(
+            p + "retries", "Slices sent back for retry after a worker failure, by reason.", ["reason"],
             registry=r,
         )
-        self.worker_failures = Counter(
-            p + "worker_failures_total", "Worker failures seen by the scheduler, by kind.", ["kind"],
+        self.worker_failures_total = Counter(
+            p + "worker_failures", "Workers lost, by kind.", ["kind"], registry=r,
+        )
+        self.late_results_total = Counter(
+            p + "late_results",
+            "Batch results discarded because the batch was no longer that worker's (lost, retried).",
             registry=r,
         )
-        self.live_workers = Gauge(
-            p + "live_workers", "Workers registered and within their heartbeat deadline.", registry=r,
+        self.workers_live = Gauge(
+            p + "workers_live", "Workers registered and within their heartbeat deadline.", registry=r,
         )
-        self.worker_heartbeats = Counter(
-            p + "worker_heartbeats_total", "Heartbeats received from workers.", registry=r,
+        self.worker_heartbeats_total = Counter(
+            p + "worker_heartbeats", "Heartbeats received from workers.", registry=r,
         )
 
         # Wire.
-        self.protocol_errors = Counter(
-            p + "protocol_errors_total", "Messages refused, by socket and kind.", ["socket", "kind"],
+        self.protocol_errors_total = Counter(
+            p + "protocol_errors", "Messages refused, by socket and kind.", ["socket", "kind"],
             registry=r,
         )
-        self.compat_requests = Counter(
-            p + "compat_requests_total", "sglang-compat messages, by type.", ["type"], registry=r,
+        self.compat_requests_total = Counter(
+            p + "compat_requests", "sglang-compat messages, by type.", ["type"], registry=r,
         )
 
         self._initialise_children()
@@ -238,112 +241,110 @@ class SchedulerMetrics:
         # Create every labelled child at 0 so each series exists from the first scrape: rate() and
         # dashboards then show 0 rather than "no data", and a counter's first increment is not lost.
         for api in APIS:
-            self.groups_received.labels(api)
+            self.groups_received_total.labels(api)
         for mode in ADMITTED_MODES:
-            self.groups_admitted.labels(mode)
+            self.groups_admitted_total.labels(mode)
         for outcome in OUTCOMES:
-            self.groups_completed.labels(outcome)
+            self.groups_completed_total.labels(outcome)
             self.group_latency_seconds.labels(outcome)
         for mode in ADMISSION_MODES:
             for reason in ADMISSION_REASONS:
-                self.admission_decisions.labels(mode, reason)
+                self.admission_decisions_total.labels(mode, reason)
         for state in CANCEL_STATES:
-            self.cancellations.labels(state)
+            self.cancellations_total.labels(state)
         for reason in RETRY_REASONS:
-            self.retries.labels(reason)
+            self.retries_total.labels(reason)
         for kind in WORKER_FAILURE_KINDS:
-            self.worker_failures.labels(kind)
+            self.worker_failures_total.labels(kind)
         for socket in SOCKETS:
             for kind in PROTOCOL_ERROR_KINDS:
-                self.protocol_errors.labels(socket, kind)
+                self.protocol_errors_total.labels(socket, kind)
         for kind in COMPAT_REQUEST_TYPES:
-            self.compat_requests.labels(kind)
+            self.compat_requests_total.labels(kind)
 
-    # --- Recording methods: the only calls the server, dispatcher and compat layer need. -------------
+    # --- Recording methods (the calls server.py makes). ----------------------------------------------
 
-    def group_received(self, api: str = "native") -> None:
-        self.groups_received.labels(clip_label(api, APIS)).inc()
+    def group_received(self, api: object = "native") -> None:
+        self.groups_received_total.labels(clip_label(api, APIS)).inc()
 
-    def admission_decided(
-        self, mode: object, reason: object, candidates: int = 0, microbatches: int = 0
-    ) -> None:
-        """One admission decision; an admitted group also records its size and split."""
+    def candidates_per_group(self, count: int) -> None:
+        self.group_candidates.observe(count)
+
+    def admission(self, mode: object, reason: object) -> None:
+        """One admission decision; anything but a rejection also counts as an admitted group."""
         mode_label = clip_label(mode, ADMISSION_MODES)
-        self.admission_decisions.labels(mode_label, clip_label(reason, ADMISSION_REASONS)).inc()
-        if mode_label == "rejected":
-            return
-        self.groups_admitted.labels(clip_label(mode_label, ADMITTED_MODES)).inc()
-        if candidates > 0:
-            self.candidates_per_group.observe(candidates)
-        if microbatches > 0:
-            self.microbatches_per_group.observe(microbatches)
+        self.admission_decisions_total.labels(mode_label, clip_label(reason, ADMISSION_REASONS)).inc()
+        if mode_label != "rejected":
+            self.groups_admitted_total.labels(clip_label(mode_label, ADMITTED_MODES)).inc()
+
+    def microbatches_per_group(self, count: int) -> None:
+        self.group_microbatches.observe(count)
 
     def group_completed(self, outcome: object, latency_seconds: float | None = None) -> None:
         label = clip_label(outcome, OUTCOMES)
-        self.groups_completed.labels(label).inc()
+        self.groups_completed_total.labels(label).inc()
         if latency_seconds is not None:
             self.group_latency_seconds.labels(label).observe(latency_seconds)
 
-    def set_queue_depth(self, groups: int, candidates: int) -> None:
+    def queue_depth(self, groups: int, candidates: int) -> None:
         self.queued_groups.set(groups)
         self.queued_candidates.set(candidates)
 
-    def set_groups_in_flight(self, groups: int) -> None:
-        self.groups_in_flight.set(groups)
-
-    def queue_waited(self, seconds: float) -> None:
+    def queue_wait(self, seconds: float) -> None:
         self.queue_wait_seconds.observe(seconds)
 
-    def batch_completed(
-        self,
-        rows: int,
-        capacity: int,
-        forwards: int,
-        conditioning_encode_seconds: float | None = None,
-        denoise_seconds: float | None = None,
-        action_postprocess_seconds: float | None = None,
-    ) -> None:
-        """One physical batch finished on a worker, with the timings the worker reported."""
-        self.physical_batches.inc()
-        self.transformer_forwards.inc(max(forwards, 0))
+    def physical_batch(self, rows: int, capacity: int) -> None:
+        """A physical batch was dispatched to a worker of `capacity` rows."""
+        self.physical_batches_total.inc()
         self.batch_rows.observe(rows)
         if capacity > 0:
             # Not clipped to 1.0: a ratio above 1 lands in +Inf, which is exactly the bug to notice.
-            self.batch_occupancy.observe(rows / capacity)
-        if conditioning_encode_seconds is not None:
-            self.conditioning_encode_seconds.observe(conditioning_encode_seconds)
-        if denoise_seconds is not None:
-            self.denoise_seconds.observe(denoise_seconds)
-        if action_postprocess_seconds is not None:
-            self.action_postprocess_seconds.observe(action_postprocess_seconds)
+            self.batch_occupancy_ratio.observe(rows / capacity)
 
-    def reducer_ran(self, seconds: float) -> None:
+    def worker_report(self, report: Mapping[str, Any]) -> None:
+        """The per-batch report a worker sends with its result (work.BatchReport.to_dict())."""
+        self.transformer_forwards_total.inc(max(int(report.get("transformer_forwards", 0) or 0), 0))
+        # A stage that did not run reports 0.0 (e.g. the whole batch was cancelled before it); only a
+        # stage that ran is a sample, or aborted batches would drag the quantiles to zero.
+        for key, histogram in (
+            ("condition_s", self.conditioning_encode_seconds),
+            ("denoise_s", self.denoise_seconds),
+            ("postprocess_s", self.action_postprocess_seconds),
+        ):
+            seconds = report.get(key)
+            if seconds:
+                histogram.observe(float(seconds))
+
+    def reducer_time(self, seconds: float) -> None:
         self.reducer_seconds.observe(seconds)
 
-    def cancel_requested(self, state: object) -> None:
+    def cancellation(self, state: object) -> None:
         """A cancel request arrived; `state` is the group state it found (or "unknown")."""
         label = clip_label(state, CANCEL_STATES + tuple(_FINISHED_STATES))
-        self.cancellations.labels("done" if label in _FINISHED_STATES else label).inc()
+        self.cancellations_total.labels("done" if label in _FINISHED_STATES else label).inc()
 
-    def slice_retried(self, reason: str) -> None:
-        self.retries.labels(clip_label(reason, RETRY_REASONS)).inc()
+    def retry(self, reason: object) -> None:
+        self.retries_total.labels(clip_label(reason, RETRY_REASONS)).inc()
 
-    def worker_failed(self, kind: str) -> None:
-        self.worker_failures.labels(clip_label(kind, WORKER_FAILURE_KINDS)).inc()
+    def worker_failure(self, kind: object) -> None:
+        self.worker_failures_total.labels(clip_label(kind, WORKER_FAILURE_KINDS)).inc()
 
-    def set_live_workers(self, count: int) -> None:
-        self.live_workers.set(count)
+    def late_result(self) -> None:
+        self.late_results_total.inc()
 
-    def heartbeat_received(self) -> None:
-        self.worker_heartbeats.inc()
+    def live_workers(self, count: int) -> None:
+        self.workers_live.set(count)
 
-    def protocol_error(self, socket: str, kind: str) -> None:
-        self.protocol_errors.labels(
+    def heartbeat(self) -> None:
+        self.worker_heartbeats_total.inc()
+
+    def protocol_error(self, socket: object, kind: object) -> None:
+        self.protocol_errors_total.labels(
             clip_label(socket, SOCKETS), clip_label(kind, PROTOCOL_ERROR_KINDS)
         ).inc()
 
-    def compat_request(self, kind: str) -> None:
-        self.compat_requests.labels(clip_label(kind, COMPAT_REQUEST_TYPES)).inc()
+    def compat_request(self, kind: object) -> None:
+        self.compat_requests_total.labels(clip_label(kind, COMPAT_REQUEST_TYPES)).inc()
 
 
 def render(metrics: SchedulerMetrics) -> bytes:

@@ -76,6 +76,7 @@ class _Group:
     received_at: float
     forwards: int = 0
     physical_batches: int = 0
+    co_batched: int = 0  # physical batches shared with other groups
     condition_s: float = 0.0
     denoise_s: float = 0.0
     postprocess_s: float = 0.0
@@ -342,12 +343,14 @@ class Scheduler:
         batch_id = self._next_batch
         self._next_batch += 1
         groups_msg = []
+        shared = len({e.request_id for e in plan.entries}) > 1
         for entry in plan.entries:
             g = self.groups[entry.request_id]
             d = g.state.start_slice(entry.slice_index, worker.worker_id)
             if g.physical_batches == 0:
                 self.metrics.queue_wait(time.monotonic() - g.received_at)
             g.physical_batches += 1
+            g.co_batched += int(shared)
             groups_msg.append(
                 P.GroupWorkMsg(
                     request_id=entry.request_id,
@@ -536,6 +539,7 @@ class Scheduler:
         metrics.update(
             physical_forwards=g.forwards,
             physical_batches=g.physical_batches,
+            co_batched_batches=g.co_batched,
             condition_s=g.condition_s,
             denoise_s=g.denoise_s,
             postprocess_s=g.postprocess_s,
@@ -624,7 +628,9 @@ class Scheduler:
     def stats(self) -> dict:
         return {
             "groups_in_flight": len(self.groups),
-            "queued_groups": len(self.queue) + len(self.waiting),
+            # queued = admitted or waiting for a worker, not yet started; running groups are not queued
+            "queued_groups": len(self.waiting)
+            + sum(1 for rid in self.queue if self.groups[rid].state.status is GroupStatus.ADMITTED),
             "queued_candidates": sum(len(c) for rid in self.queue for _i, c in self.groups[rid].state.pending_slices()),
             "workers": {
                 w.worker_id: {"capacity": w.capacity, "device": w.device, "busy": w.batch_id is not None, "step": w.step}

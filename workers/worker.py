@@ -49,6 +49,7 @@ class Worker:
         worker_id: str | None = None,
         curve_dir: str | None = None,
         register_timeout_s: float = 2.0,
+        step_delay_s: float = 0.0,
     ):
         self.endpoint = scheduler_endpoint
         self.adapter = adapter
@@ -58,6 +59,9 @@ class Worker:
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.curve_dir = curve_dir
         self.register_timeout_s = register_timeout_s
+        # A test/benchmark knob: stretch each denoise step so a fault or a cancel can be placed at a
+        # chosen step of a real model run. 0 in production.
+        self.step_delay_s = step_delay_s
         self.heartbeat_interval_s = 0.5
         self.ctx = zmq.Context()
         self._inbox: queue.Queue = queue.Queue()
@@ -110,6 +114,8 @@ class Worker:
 
         def on_step(i: int) -> None:
             self._current = (batch.batch_id, i)
+            if self.step_delay_s:
+                time.sleep(self.step_delay_s)
 
         t0 = time.perf_counter()
         try:
@@ -243,10 +249,8 @@ class NullAdapter:
     function of (seed, observation mean), so results are checkable; optional per-step delay and a
     per-step hook let tests place a cancel or a kill at a chosen step. Never the product."""
 
-    def __init__(self, max_candidates_per_batch: int = 8, horizon: int = 16, step_delay_s: float = 0.0):
+    def __init__(self, max_candidates_per_batch: int = 8):
         self.max_candidates_per_batch = max_candidates_per_batch
-        self.step_delay_s = step_delay_s
-        self.horizon = horizon
 
     def capability_dict(self) -> dict:
         return {
@@ -279,8 +283,8 @@ class NullAdapter:
                 on_step(i)
             if should_drop is not None:
                 dropped |= set(should_drop() or ())
-            if self.step_delay_s:
-                time.sleep(self.step_delay_s)
+                if dropped >= {it.request_id for it in items}:
+                    break  # every group left: the batch slot is free now
             report.transformer_forwards += 1
             report.steps_run += 1
         for it in items:
@@ -296,9 +300,9 @@ class NullAdapter:
         return outputs, report
 
 
-def build_adapter(kind: str, model_dir: str | None, device: str, capacity: int | None, step_delay_s: float = 0.0):
+def build_adapter(kind: str, model_dir: str | None, device: str, capacity: int | None):
     if kind == "null":
-        return NullAdapter(capacity or 8, step_delay_s=step_delay_s)
+        return NullAdapter(capacity or 8)
     if kind == "cosmos3":
         from workers.cosmos3 import Cosmos3CandidateAdapter
 

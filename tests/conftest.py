@@ -1,0 +1,185 @@
+"""Shared fixtures: real scheduler and worker processes on real sockets.
+
+Processes are started with `python -m candidate_scheduler.cli ...` and every port is picked by the
+OS (port 0), read back from the endpoint lines `serve` prints. Everything started by a test is
+killed at teardown, even when the test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL_DIR = ROOT / ".cache" / "tiny-cosmos3"
+ENV = dict(os.environ, HF_HUB_OFFLINE="1", SGLANG_DISABLE_COSMOS3_GUARDRAILS="1", PYTHONUNBUFFERED="1")
+
+_LINE = re.compile(r"candidate-scheduler: (request endpoint|control endpoint|worker link|metrics|sglang compat)\s+(\S+)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.05):
+    """Poll a condition of another process (a status, a registration) until it holds."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+class Proc:
+    """A child process whose output is drained to a log file (so a full pipe never blocks it)."""
+
+    def __init__(self, cmd: list[str], log_path: Path, watch: bool = False):
+        self.cmd = cmd
+        self.log_path = log_path
+        self.lines: list[str] = []
+        self._cond = threading.Condition()
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT)
+        self._thread = threading.Thread(target=self._drain, daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        with open(self.log_path, "a") as log:
+            for line in self.proc.stdout:
+                log.write(line)
+                log.flush()
+                with self._cond:
+                    self.lines.append(line)
+                    self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
+
+    def wait_line(self, pattern: re.Pattern, timeout_s: float) -> re.Match:
+        deadline = time.monotonic() + timeout_s
+        seen = 0
+        with self._cond:
+            while True:
+                for line in self.lines[seen:]:
+                    m = pattern.search(line)
+                    if m:
+                        return m
+                seen = len(self.lines)
+                if self.proc.poll() is not None and seen == len(self.lines):
+                    raise RuntimeError(f"{self.cmd[3:5]} exited ({self.proc.returncode}); log: {self.log_path}")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"no line {pattern.pattern!r} from {self.cmd[3:5]}; log: {self.log_path}")
+                self._cond.wait(min(remaining, 0.5))
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.alive():
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self.alive():
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+@dataclass
+class SchedulerHandle:
+    proc: Proc
+    request: str
+    control: str
+    worker: str
+    metrics: str
+    compat: str
+    workers: list[Proc] = field(default_factory=list)
+
+    def client(self, **kw):
+        from candidate_scheduler.client import Client
+
+        return Client(self.request, self.control, **kw)
+
+    def wait_workers(self, n: int, timeout_s: float = 120.0) -> dict:
+        with self.client() as c:
+            def enough():
+                stats = c.stats()
+                return stats if len(stats["workers"]) >= n else None
+
+            return wait_for(enough, timeout_s, f"{n} worker(s)")
+
+
+class Services:
+    """Factory for scheduler/worker processes; tears everything down at the end of the test."""
+
+    def __init__(self, tmp_path: Path):
+        self.tmp_path = tmp_path
+        self.procs: list[Proc] = []
+        self._n = 0
+
+    def _log(self, name: str) -> Path:
+        self._n += 1
+        return self.tmp_path / f"{self._n:02d}-{name}.log"
+
+    def scheduler(self, *extra: str, compat: bool = False, metrics: bool = False) -> SchedulerHandle:
+        cmd = [sys.executable, "-m", "candidate_scheduler.cli", "serve", "--request-port", "0", "--control-port", "0",
+               "--worker-port", "0", "--metrics-port", "0" if metrics else "-1",
+               "--heartbeat-interval", "0.2", "--heartbeat-timeout", "1.5"]
+        if compat:
+            cmd += ["--compat-port", str(free_port())]
+        else:
+            cmd.append("--no-compat")
+        proc = Proc(cmd + list(extra), self._log("scheduler"))
+        self.procs.append(proc)
+        proc.wait_line(re.compile(r"candidate-scheduler: sglang compat"), 60)  # printed last
+        found = {m.group(1): m.group(2) for line in proc.lines if (m := _LINE.search(line))}
+        return SchedulerHandle(proc, found["request endpoint"], found["control endpoint"], found["worker link"],
+                               found["metrics"], found["sglang compat"])
+
+    def worker(self, handle: SchedulerHandle, adapter: str = "null", capacity: int = 8, step_delay: float = 0.0,
+               *extra: str) -> Proc:
+        cmd = [sys.executable, "-m", "candidate_scheduler.cli", "worker", "--scheduler", handle.worker,
+               "--adapter", adapter, "--capacity", str(capacity), "--step-delay", str(step_delay),
+               "--model", str(MODEL_DIR), *extra]
+        proc = Proc(cmd, self._log(f"worker-{adapter}"))
+        self.procs.append(proc)
+        handle.workers.append(proc)
+        return proc
+
+    def close(self) -> None:
+        for p in reversed(self.procs):
+            p.stop(timeout_s=5)
+
+
+@pytest.fixture
+def services(tmp_path):
+    s = Services(tmp_path)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    from workers.tiny_checkpoint import ensure_checkpoint
+
+    return ensure_checkpoint(MODEL_DIR)
