@@ -183,3 +183,45 @@ def model_dir() -> Path:
     from workers.tiny_checkpoint import ensure_checkpoint
 
     return ensure_checkpoint(MODEL_DIR)
+
+
+@pytest.fixture(scope="session")
+def sglang_reference(model_dir):
+    """sglang's own Cosmos3Pipeline in this process (one ~15 s import per test session):
+    reference(image, prompt, sampling: SamplingSpec | dict, seed) -> float32 [horizon, raw_dim]."""
+    from candidate_scheduler.work import SamplingSpec
+    from workers.cosmos3 import load_sglang_pipeline, sglang_reference_actions
+
+    pipeline, server_args = load_sglang_pipeline(model_dir)
+
+    def reference(image, prompt, sampling, seed):
+        if isinstance(sampling, dict):
+            sampling = SamplingSpec.from_dict(sampling)
+        return sglang_reference_actions(pipeline, server_args, image, prompt, sampling, seed)
+
+    return reference
+
+
+@dataclass
+class Service:
+    request_endpoint: str
+    control_endpoint: str
+    compat_endpoint: str
+    metrics_url: str
+    model_dir: Path
+    reference: object
+    handle: SchedulerHandle
+
+
+@pytest.fixture(scope="session")
+def service(tmp_path_factory, model_dir, sglang_reference):
+    """One scheduler (with the sglang compat bridge and metrics) and one Cosmos3 worker of capacity 8,
+    shared by the tests that only need a working service."""
+    services = Services(tmp_path_factory.mktemp("service"))
+    try:
+        handle = services.scheduler(compat=True, metrics=True)
+        services.worker(handle, "cosmos3", 8)
+        handle.wait_workers(1, timeout_s=180)
+        yield Service(handle.request, handle.control, handle.compat, handle.metrics, model_dir, sglang_reference, handle)
+    finally:
+        services.close()

@@ -1,0 +1,97 @@
+"""The scheduler with real Cosmos3 workers (sglang's model code on the tiny checkpoint): results
+through the whole service equal sglang's own pipeline, whatever the split or the faults."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from candidate_scheduler import rng
+from candidate_scheduler.client import make_request, synthetic_image
+from candidate_scheduler.reducers import reduce
+from candidate_scheduler.work import SamplingSpec
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.sglang
+
+IMAGE = synthetic_image(64, 64, seed=12)
+PROMPT = "put the cup in the sink"
+SAMPLING = SamplingSpec()
+
+
+def references(reference, seed: int, count: int, policy: str = "per_candidate") -> np.ndarray:
+    return np.stack([reference(IMAGE, PROMPT, SAMPLING, s) for s in rng.candidate_seeds(seed, count, policy)])
+
+
+def test_count_one_through_the_service_is_sglangs_output(service):
+    with service.handle.client() as c:
+        r = c.submit(IMAGE, PROMPT, count=1, seed=123, timeout_s=60)
+    assert r.status == "done", r.error
+    want = service.reference(IMAGE, PROMPT, SAMPLING, 123)
+    assert r.action.tobytes() == want.tobytes()  # mean of one candidate is that candidate, bitwise
+
+
+def test_microbatched_on_capacity_4_equals_atomic_on_capacity_8_and_sglang(services, sglang_reference):
+    small = services.scheduler()
+    services.worker(small, "cosmos3", 4)
+    big = services.scheduler()
+    services.worker(big, "cosmos3", 8)
+    small.wait_workers(1, timeout_s=180)
+    big.wait_workers(1, timeout_s=180)
+    with small.client() as a, big.client() as b:
+        split = a.submit(IMAGE, PROMPT, count=8, seed=2024, return_candidates=True, timeout_s=60)
+        whole = b.submit(IMAGE, PROMPT, count=8, seed=2024, return_candidates=True, timeout_s=60)
+    assert (split.metrics["admission_mode"], split.metrics["microbatches"]) == ("microbatch", 2)
+    assert whole.metrics["admission_mode"] == "atomic"
+    assert split.candidates.tobytes() == whole.candidates.tobytes()
+    assert split.action.tobytes() == whole.action.tobytes()
+    want = references(sglang_reference, 2024, 8)
+    assert split.candidates.tobytes() == want.tobytes()
+    assert split.action.tobytes() == reduce("mean", want).tobytes()
+    # one transformer forward per step per physical batch, not per candidate
+    assert whole.metrics["physical_forwards"] == SAMPLING.steps
+    assert split.metrics["physical_forwards"] == 2 * SAMPLING.steps
+
+
+def test_sigkill_mid_group_on_cosmos3_equals_the_fault_free_result(services, sglang_reference):
+    sched = services.scheduler()
+    victim = services.worker(sched, "cosmos3", 4, 0.3)
+    services.worker(sched, "cosmos3", 4, 0.3)
+    sched.wait_workers(2, timeout_s=180)
+    with sched.client() as c:
+        rid = c.send(make_request(IMAGE, PROMPT, count=8, seed=99, return_candidates=True))
+        victim_id = None
+
+        def victim_mid_denoise():
+            for wid, w in c.stats()["workers"].items():
+                if str(victim.pid) in wid and w["step"] is not None and w["step"] >= 1:
+                    return wid
+            return None
+
+        victim_id = wait_for(victim_mid_denoise, 30, "the victim worker mid-denoise")
+        os.kill(victim.pid, signal.SIGKILL)
+        r = c.wait(rid, timeout_s=60)
+    assert victim_id
+    assert r.status == "done", r.error
+    assert r.metrics["retries"] == 1
+    want = references(sglang_reference, 99, 8)
+    assert r.candidates.tobytes() == want.tobytes()
+    assert r.action.tobytes() == reduce("mean", want).tobytes()
+
+
+def test_co_batched_groups_equal_their_references(service):
+    with service.handle.client() as c:
+        blocker = c.send(make_request(IMAGE, PROMPT, count=1, seed=1, steps=40))
+        wait_for(lambda: c.status(blocker).state == "running", 20, "the blocker to run")
+        a = c.send(make_request(IMAGE, PROMPT, count=3, seed=31, return_candidates=True, request_id="co-A"))
+        b = c.send(make_request(IMAGE, PROMPT, count=4, seed=57, return_candidates=True, request_id="co-B"))
+        ra, rb = c.wait(a, timeout_s=60), c.wait(b, timeout_s=60)
+        c.wait(blocker, timeout_s=60)
+    if ra.metrics["co_batched_batches"] == 0:
+        pytest.skip("the blocker finished before both groups queued; nothing was co-batched")
+    assert rb.metrics["co_batched_batches"] == 1
+    assert ra.candidates.tobytes() == references(service.reference, 31, 3).tobytes()
+    assert rb.candidates.tobytes() == references(service.reference, 57, 4).tobytes()
