@@ -113,6 +113,9 @@ class SamplingMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     raw_action_dim: int = 7
     fps: int = 5
     negative_prompt: str | None = None
+    rollout: bool = False
+    noise_level: float = 0.7
+    return_step_indices: list[int] | None = None
 
 
 class SubmitRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -129,6 +132,25 @@ class SubmitRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     sampling: SamplingMsg = SamplingMsg()
     batched: bool = False
     deadline_s: float | None = None
+    # rollout mode: caller-provided initial action noise x_T, [count, horizon, raw_action_dim]
+    initial_noise: Array | None = None
+
+
+class RolloutResult(msgspec.Struct, frozen=True):
+    """Per-candidate rollout data (candidate axis first; S = returned steps) plus group-level
+    metadata that is never sliced per candidate. Align per-step data by absolute step index:
+    entry s belongs to step `step_indices[s]`, whose sigma is `sigmas[step_indices[s]]` and whose
+    target sigma is `sigmas[step_indices[s] + 1]`."""
+
+    log_probs: Array  # [N, S] float32: log N(x_next; mean, std^2) summed over the active action dims
+    latents: Array  # [N, S, H, D] x_t entering each returned step (normalised action space)
+    next_latents: Array  # [N, S, H, D] x after the step
+    means: Array  # [N, S, H, D] the Gaussian mean of each transition
+    stds: Array  # [N, S] the Gaussian std of each transition
+    final_latents: Array  # [N, H, D] x_0
+    sigmas: Array  # [T+1] float32, the scheduler's own sigmas (post-shift, final 0)
+    timesteps: Array  # [T]
+    step_indices: list[int]
 
 
 class GroupResult(msgspec.Struct, frozen=True):
@@ -146,6 +168,7 @@ class GroupResult(msgspec.Struct, frozen=True):
     error: str | None = None
     error_code: str | None = None
     metrics: dict[str, Any] = {}
+    rollout: RolloutResult | None = None
 
 
 class Ping(msgspec.Struct, frozen=True):
@@ -215,6 +238,7 @@ class CandidateMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     candidate_id: int
     seed: int
     snapshot: bytes | None = None
+    initial_noise: Array | None = None
 
 
 class GroupWorkMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -237,6 +261,8 @@ class GroupOutputMsg(msgspec.Struct, frozen=True):
     actions: Array | None = None
     error: str | None = None
     error_code: str | None = None
+    rollout: dict[str, Array] | None = None
+    rollout_meta: dict[str, Array] | None = None
 
 
 class BatchResultMsg(msgspec.Struct, frozen=True):

@@ -77,6 +77,9 @@ class _Group:
     forwards: int = 0
     physical_batches: int = 0
     co_batched: int = 0  # physical batches shared with other groups
+    initial_noise: np.ndarray | None = None  # rollout: caller-provided x_T, [count, H, D]
+    rollout_parts: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)  # candidate id -> arrays
+    rollout_meta: dict[str, np.ndarray] | None = None
     condition_s: float = 0.0
     denoise_s: float = 0.0
     postprocess_s: float = 0.0
@@ -280,6 +283,11 @@ class Scheduler:
             sampling = SamplingSpec(**{k: getattr(req.sampling, k) for k in req.sampling.__struct_fields__})
             images = _observations(req)
             prompts = _prompts(req.prompt, images.shape[0])
+            initial_noise = _initial_noise(req, spec, sampling)
+            if sampling.rollout and spec.reducer != "none":
+                raise CandidateContractError(
+                    "reducer", "invalid_value", "a rollout returns every candidate; set reducer 'none'", spec.reducer
+                )
             state = GroupState.from_request(
                 rid, spec, req.seed,
                 deadline=None if req.deadline_s is None else now + max(0.0, float(req.deadline_s)),
@@ -290,7 +298,8 @@ class Scheduler:
         except (ValueError, TypeError, P.ProtocolError) as exc:
             await refuse("invalid", getattr(exc, "kind", "bad_request"), str(exc))
             return
-        group = _Group(state, identity, delimited, req, images, prompts, sampling, req.batched, now)
+        group = _Group(state, identity, delimited, req, images, prompts, sampling, req.batched, now,
+                       initial_noise=initial_noise)
         self.groups[rid] = group
         self.metrics.candidates_per_group(spec.count)
         if self._capability() is None:
@@ -358,7 +367,11 @@ class Scheduler:
                     prompts=g.prompts,
                     sampling=P.SamplingMsg(**g.sampling.to_dict()),
                     candidates=[
-                        P.CandidateMsg(cid, seed, snap) for cid, seed, snap in zip(d.candidate_ids, d.seeds, d.snapshots)
+                        P.CandidateMsg(
+                            cid, seed, snap,
+                            None if g.initial_noise is None else P.array_to_wire(g.initial_noise[cid]),
+                        )
+                        for cid, seed, snap in zip(d.candidate_ids, d.seeds, d.snapshots)
                     ],
                 )
             )
@@ -474,7 +487,13 @@ class Scheduler:
                     if actions is None or actions.ndim != 4 or actions.shape[1] != g.images.shape[0]:
                         raise CandidateContractError("actions", "shape_mismatch", "expected [n, B, H, D]",
                                                      None if actions is None else list(actions.shape))
-                    g.state.complete_slice(entry.slice_index, worker.worker_id, out.candidate_ids, actions)
+                    parts = _rollout_parts(g, out, len(out.candidate_ids))
+                    if g.state.complete_slice(entry.slice_index, worker.worker_id, out.candidate_ids, actions):
+                        for k, cid in enumerate(out.candidate_ids):
+                            if parts is not None:
+                                g.rollout_parts[int(cid)] = {name: arr[k] for name, arr in parts.items()}
+                        if out.rollout_meta is not None and g.rollout_meta is None:
+                            g.rollout_meta = {k: P.array_from_wire(v) for k, v in out.rollout_meta.items()}
                 except (CandidateContractError, P.ProtocolError) as exc:
                     await self._slice_failed(entry, worker, "worker_error", f"malformed result: {exc}")
                     continue
@@ -545,6 +564,7 @@ class Scheduler:
             postprocess_s=g.postprocess_s,
         )
         return P.GroupResult(
+            rollout=self._rollout_result(g) if reply.status is GroupStatus.DONE else None,
             request_id=reply.request_id,
             status=_public_status(reply),
             action=shaped(reply.action, False),
@@ -554,6 +574,28 @@ class Scheduler:
             error=reply.error_message,
             error_code=reply.error_code,
             metrics={k: v for k, v in metrics.items() if v is not None},
+        )
+
+    def _rollout_result(self, g: _Group) -> P.RolloutResult | None:
+        if not g.sampling.rollout or not g.rollout_parts or g.rollout_meta is None:
+            return None
+        ids = range(g.state.spec.count)
+
+        def stacked(name: str):
+            arr = np.stack([g.rollout_parts[c][name] for c in ids]).astype(np.float32, copy=False)
+            return P.array_to_wire(arr if g.batched else arr[:, 0])
+
+        meta = g.rollout_meta
+        return P.RolloutResult(
+            log_probs=stacked("log_probs"),
+            latents=stacked("latents"),
+            next_latents=stacked("next_latents"),
+            means=stacked("means"),
+            stds=stacked("stds"),
+            final_latents=stacked("final_latents"),
+            sigmas=P.array_to_wire(meta["sigmas"].astype(np.float32, copy=False)),
+            timesteps=P.array_to_wire(meta["timesteps"].astype(np.float32, copy=False)),
+            step_indices=[int(i) for i in meta["step_indices"]],
         )
 
     async def _shutdown_replies(self) -> None:
@@ -672,6 +714,37 @@ def _observations(req: P.SubmitRequest) -> np.ndarray:
     if images.shape[0] < 1 or images.shape[-1] != 3:
         raise ValueError(f"images must have 3 channels and at least one observation, got shape {list(images.shape)}")
     return images
+
+
+ROLLOUT_PARTS = ("log_probs", "latents", "next_latents", "means", "stds", "final_latents")
+
+
+def _rollout_parts(g: _Group, out: P.GroupOutputMsg, n: int) -> dict[str, np.ndarray] | None:
+    """A slice's rollout arrays ([n, B, ...] each), checked before anything is folded."""
+    if not g.sampling.rollout:
+        return None
+    if out.rollout is None or set(out.rollout) != set(ROLLOUT_PARTS) or out.rollout_meta is None:
+        raise CandidateContractError("rollout", "shape_mismatch", f"a rollout slice must carry {ROLLOUT_PARTS}", None)
+    parts = {k: P.array_from_wire(v) for k, v in out.rollout.items()}
+    for name, arr in parts.items():
+        if arr.ndim < 2 or arr.shape[0] != n or arr.shape[1] != g.images.shape[0]:
+            raise CandidateContractError("rollout", "shape_mismatch", f"{name} must be [n, B, ...]", list(arr.shape))
+    return parts
+
+
+def _initial_noise(req: P.SubmitRequest, spec: CandidateTrajectorySpec, sampling: SamplingSpec) -> np.ndarray | None:
+    if req.initial_noise is None:
+        return None
+    noise = P.array_from_wire(req.initial_noise)
+    want = (spec.count, sampling.horizon)
+    if noise.dtype not in (np.float32, np.float64) or noise.ndim != 3 or noise.shape[:2] != want:
+        raise ValueError(f"initial_noise must be float [count={want[0]}, horizon={want[1]}, D], got "
+                         f"{noise.dtype}{list(noise.shape)}")
+    if noise.shape[2] < sampling.raw_action_dim:
+        raise ValueError(f"initial_noise has {noise.shape[2]} action dims, raw_action_dim is {sampling.raw_action_dim}")
+    if not np.all(np.isfinite(noise)):
+        raise ValueError("initial_noise must be finite")
+    return noise.astype(np.float32)
 
 
 def _prompts(prompt, n: int) -> list[str]:

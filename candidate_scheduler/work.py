@@ -28,6 +28,10 @@ class SamplingSpec:
     raw_action_dim: int = 7
     fps: int = 5
     negative_prompt: str | None = None
+    # RL rollouts: flow-SDE sampling of the action branch with per-step log-probs (see rollout.py).
+    rollout: bool = False
+    noise_level: float = 0.7
+    return_step_indices: tuple[int, ...] | None = None  # None: every step
 
     def __post_init__(self) -> None:
         for name in ("height", "width"):
@@ -49,6 +53,18 @@ class SamplingSpec:
             raise ValueError(f"raw_action_dim must be a positive int, got {self.raw_action_dim!r}")
         if not isinstance(self.fps, int) or self.fps <= 0:
             raise ValueError(f"fps must be a positive int, got {self.fps!r}")
+        if not isinstance(self.rollout, bool):
+            raise ValueError(f"rollout must be a bool, got {self.rollout!r}")
+        if not isinstance(self.noise_level, (int, float)) or not 0.0 < self.noise_level <= 5.0:
+            # a zero noise level has no Gaussian transition, so no log-probability
+            raise ValueError(f"noise_level must be in (0, 5], got {self.noise_level!r}")
+        if self.return_step_indices is not None:
+            idx = tuple(self.return_step_indices)
+            if not idx or any(not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < self.steps for i in idx):
+                raise ValueError(f"return_step_indices must be step indices in [0, {self.steps}), got {idx!r}")
+            if list(idx) != sorted(set(idx)):
+                raise ValueError(f"return_step_indices must be ascending and unique, got {idx!r}")
+            object.__setattr__(self, "return_step_indices", idx)
 
     def batch_key(self) -> tuple:
         # domain_id is a per-row tensor in the model, so groups of different domains can share.
@@ -62,6 +78,9 @@ class SamplingSpec:
             self.raw_action_dim,
             self.fps,
             self.negative_prompt,
+            self.rollout,
+            float(self.noise_level) if self.rollout else None,
+            self.return_step_indices if self.rollout else None,
         )
 
     def to_dict(self) -> dict:
@@ -76,6 +95,9 @@ class SamplingSpec:
             "raw_action_dim": self.raw_action_dim,
             "fps": self.fps,
             "negative_prompt": self.negative_prompt,
+            "rollout": self.rollout,
+            "noise_level": float(self.noise_level),
+            "return_step_indices": None if self.return_step_indices is None else list(self.return_step_indices),
         }
 
     @classmethod
@@ -97,6 +119,8 @@ class CandidateWork:
     candidate_id: int
     seed: int
     snapshot: bytes | None = None
+    # caller-provided initial action noise x_T, [horizon, raw_action_dim] or [horizon, padded_dim]
+    initial_noise: np.ndarray | None = None
 
 
 @dataclass
@@ -121,6 +145,10 @@ class GroupOutput:
     actions: np.ndarray | None = None
     error: str | None = None
     error_code: str | None = None
+    # rollout mode only: name -> array with the candidate axis first (see rollout.ROLLOUT_FIELDS)
+    rollout: dict[str, np.ndarray] | None = None
+    # rollout mode only, the same for every candidate: sigmas [T+1], timesteps [T], step indices [S]
+    rollout_meta: dict[str, np.ndarray] | None = None
 
 
 @dataclass

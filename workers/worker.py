@@ -100,7 +100,13 @@ class Worker:
                         images=P.array_from_wire(g.images),
                         prompts=list(g.prompts),
                         sampling=SamplingSpec(**{k: getattr(g.sampling, k) for k in g.sampling.__struct_fields__}),
-                        candidates=[CandidateWork(c.candidate_id, c.seed, c.snapshot) for c in g.candidates],
+                        candidates=[
+                            CandidateWork(
+                                c.candidate_id, c.seed, c.snapshot,
+                                None if c.initial_noise is None else P.array_from_wire(c.initial_noise),
+                            )
+                            for c in g.candidates
+                        ],
                     )
                 )
             except (ValueError, TypeError, P.ProtocolError) as exc:
@@ -140,6 +146,8 @@ class Worker:
                 actions=None if o.actions is None else P.array_to_wire(np.asarray(o.actions, dtype=np.float32)),
                 error=o.error,
                 error_code=o.error_code,
+                rollout=_wire_dict(o.rollout),
+                rollout_meta=_wire_dict(o.rollout_meta),
             )
             for o in merged
         ]
@@ -242,6 +250,12 @@ class Worker:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def _wire_dict(arrays: dict | None) -> dict | None:
+    if arrays is None:
+        return None
+    return {k: P.array_to_wire(np.ascontiguousarray(v)) for k, v in arrays.items()}
 
 
 class NullAdapter:
