@@ -13,9 +13,12 @@ What sglang's pipeline does for one request, and what we change for N candidates
 - The denoise loop mirrors `Cosmos3DenoisingStage._denoise_once` for the action-policy subset and calls
   the stage's own transformer/CFG helpers, so we own the step boundary (cancellation, counting) while
   the model math stays sglang's.
-- `proj_out` gets a contiguous input. At B > 1 sglang hands it a non-contiguous slice and `F.linear`
-  then takes another kernel path (about 1 bf16 ulp apart); contiguous input makes every batched
-  candidate bitwise equal to its B=1 run and leaves B=1 unchanged.
+- `proj_out` gets the input layout sglang's own request would give it. At B > 1 sglang hands it a
+  non-contiguous slice and `F.linear` then takes another kernel path (about 1 bf16 ulp apart when the
+  layer has a non-zero bias). Where the reference forward runs at B = 1 (no CFG, serial CFG) our
+  batched forwards make that input contiguous; in the batched-CFG path the reference forward itself
+  runs at B = 2 on a non-contiguous slice, so ours is left as it is. The hook is inert outside our
+  own forwards, so sglang's pipeline (the reference) runs unchanged.
 - Decoding stops at the action tensor: slice to raw_action_dim and denormalise with the checkpoint's
   action stats (sglang's own functions); the video VAE decode never runs for policy actions.
 """
@@ -262,6 +265,7 @@ class Cosmos3CandidateAdapter:
         self._vae_memo: dict = {}
         self._vae_key = None
         self._lock = threading.Lock()  # one batch at a time: the model holds per-request caches
+        self._contiguous_proj_out = False  # set only around our forwards whose reference runs at B=1
         self._install_hooks()
 
     # ---- hooks on sglang's modules -------------------------------------------------------------
@@ -270,6 +274,8 @@ class Cosmos3CandidateAdapter:
         counts = self._counts
 
         def contiguous_input(_module, args):
+            if not self._contiguous_proj_out:
+                return None
             return (args[0].contiguous(),) + tuple(args[1:])
 
         self.transformer.proj_out.register_forward_pre_hook(contiguous_input)
@@ -509,12 +515,16 @@ class Cosmos3CandidateAdapter:
                         guidance_scale=scale,
                     )
                     if cond_len == uncond_len:
+                        # the reference forward is B=2 [uncond, cond] on a non-contiguous slice too
+                        self._contiguous_proj_out = False
                         pred = stage._predict_noise_cfg_batched(max_text_seq_len=cond_len, **text, **common)
                     else:
+                        self._contiguous_proj_out = True
                         pred = stage._predict_noise_text_cfg_serial(
                             cond_text_seq_len=cond_len, uncond_text_seq_len=uncond_len, **text, **common
                         )
                 else:
+                    self._contiguous_proj_out = True
                     pred = stage._run_transformer(
                         text_ids=state["cond_text_ids"], text_mask=state["cond_text_mask"], cache_key="cond",
                         max_text_seq_len=cond_len, **common,
@@ -533,6 +543,7 @@ class Cosmos3CandidateAdapter:
                 state["latents"], state["action_latents"] = latents, action_latents
                 report.steps_run += 1
         finally:
+            self._contiguous_proj_out = False
             self.transformer.reset_denoising_step()
             self.transformer.reset_cache()
         report.denoise_s += time.perf_counter() - t1
@@ -580,7 +591,8 @@ class Cosmos3CandidateAdapter:
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
     def reference_actions(self, image: np.ndarray, prompt: str, sampling: SamplingSpec, seed: int) -> np.ndarray:
-        """sglang's own pipeline for one seed (hooks stay installed; they do not change B=1 results)."""
+        """sglang's own pipeline for one seed (the counting hooks stay installed; the proj_out layout hook
+        is inert here, so the numerics are sglang's unchanged)."""
         with self._lock:
             return sglang_reference_actions(self.pipeline, self.server_args, image, prompt, sampling, seed)
 

@@ -21,7 +21,7 @@ VOCAB_SIZE = 1024
 HORIZON_DIM = 7  # raw action dimension of the tiny embodiment (DROID-like: 6 joints + gripper)
 STATS_FILE = "action_stats.json"
 MANIFEST_FILE = "tiny_checkpoint.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 TRANSFORMER_CONFIG = {
     "head_dim": 16,
@@ -145,9 +145,9 @@ def _init_weights(module, generator) -> None:
         for name, param in sorted(module.named_parameters(), key=lambda kv: kv[0]):
             if param.ndim <= 1 and ("norm" in name or name.endswith("gamma")):
                 param.fill_(1.0)
-            elif param.ndim <= 1:
-                param.zero_()
             else:
+                # Biases are random too: a zero bias hides kernel-path differences (F.linear on a
+                # non-contiguous input) that real checkpoints expose.
                 noise = torch.randn(param.shape, generator=generator, dtype=torch.float32)
                 param.copy_((noise * 0.02).to(param.dtype))
 
