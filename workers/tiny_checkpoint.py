@@ -252,6 +252,8 @@ def ensure_checkpoint(model_dir: str | os.PathLike = DEFAULT_DIR) -> Path:
 
 
 def _dump_json(path: Path, obj) -> None:
+    # diffusers' bookkeeping list comes from a set: its order changes run to run, and loaders ignore it
+    obj = {k: v for k, v in obj.items() if k != "_use_default_values"}
     path.write_text(json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
 
 
