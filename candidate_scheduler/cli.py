@@ -32,6 +32,9 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
                    "a non-loopback address requires --curve-dir")
     p.add_argument("--compat-port", type=int, default=S.DEFAULT_COMPAT_PORT, help="sglang-compatible socket (default 5558)")
     p.add_argument("--no-compat", action="store_true", help="do not start the sglang-compatible bridge")
+    p.add_argument("--compat-host", default=None, help="bind address of the sglang-compatible socket (default: --host)")
+    p.add_argument("--compat-allow-nonlocal", action="store_true",
+                   help="let the sglang-compatible socket bind a non-loopback address (it speaks pickle: think twice)")
     p.add_argument("--metrics-port", type=int, default=9464, help="Prometheus /metrics port (default 9464; 0 = any free port; -1 = off)")
     p.add_argument("--policy", default="microbatch", choices=["microbatch", "sequential", "reject"],
                    help="what to do with a group larger than a physical batch (default microbatch)")
@@ -70,14 +73,42 @@ def _start_metrics(config: S.SchedulerConfig):
     return m, f"http://{config.metrics_host}:{port}/metrics"
 
 
-def _spawn_bridge(args, request_endpoint: str) -> tuple[subprocess.Popen | None, str | None]:
+def _spawn_bridge(args, bound: dict[str, str]) -> tuple[subprocess.Popen | None, str | None]:
+    """Start the sglang compat bridge (its own process: it never shares a process with the scheduler's
+    state) and wait until it listens, so sglang's 2 s ping never meets a half-started bridge."""
     if args.no_compat:
         return None, None
-    endpoint = _endpoint(args.host, args.compat_port)
-    cmd = [sys.executable, "-m", "candidate_scheduler.compat_bridge", "--bind", endpoint, "--scheduler", request_endpoint]
-    if not S.is_loopback_endpoint(endpoint):
+    import re
+    import threading
+
+    endpoint = _endpoint(args.compat_host or args.host, args.compat_port)
+    cmd = [sys.executable, "-m", "candidate_scheduler.compat_bridge", "--bind", endpoint,
+           "--scheduler", bound["request"], "--control", bound["control"]]
+    if args.compat_allow_nonlocal:
         cmd.append("--allow-nonlocal")
-    return subprocess.Popen(cmd), endpoint
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    listening = threading.Event()
+    found: list[str] = []
+
+    def relay() -> None:
+        for line in proc.stdout:
+            if not listening.is_set():
+                m = re.search(r"listening on (\S+)", line)
+                if m:
+                    found.append(m.group(1))
+                    listening.set()
+                    continue
+            sys.stdout.write(line)
+            sys.stdout.flush()
+        listening.set()
+
+    threading.Thread(target=relay, daemon=True, name="bridge-log").start()
+    listening.wait(60)
+    if not found:
+        proc.poll()
+        raise SystemExit(f"the sglang compat bridge did not start (exit code {proc.returncode}); "
+                         "use --no-compat to run without it")
+    return proc, found[0]
 
 
 async def _serve(args, on_ready=None) -> None:
@@ -89,7 +120,7 @@ async def _serve(args, on_ready=None) -> None:
     print(f"candidate-scheduler: control endpoint  {bound['control']}", flush=True)
     print(f"candidate-scheduler: worker link       {bound['worker']}", flush=True)
     print(f"candidate-scheduler: metrics           {metrics_url or 'off'}", flush=True)
-    bridge, compat = _spawn_bridge(args, bound["request"])
+    bridge, compat = _spawn_bridge(args, bound)
     print(f"candidate-scheduler: sglang compat     {compat or 'off'}", flush=True)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -149,6 +180,10 @@ def cmd_worker(args) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
     adapter = build_adapter(args.adapter, args.model, args.device, args.capacity)
+    if getattr(args, "fault", None):
+        from workers.faults import wrap
+
+        adapter = wrap(adapter, args.fault)  # test/drill knob: see workers/faults.py
     worker = Worker(args.scheduler, adapter, capacity=args.capacity, device=args.device,
                     worker_id=args.worker_id, curve_dir=args.curve_dir, step_delay_s=args.step_delay)
     signal.signal(signal.SIGTERM, lambda *_: worker.stop())
@@ -340,6 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("worker", help="run a worker process")
     worker_args(p, True)
     p.add_argument("--curve-dir", default=None, help="CURVE keys (client.key_secret, server.key) for a remote scheduler")
+    p.add_argument("--fault", default=None, metavar="SPEC",
+                   help="test knob: inject worker faults, e.g. malformed:0.3,raise:0.1,seed=7 (see workers/faults.py)")
     p.set_defaults(fn=cmd_worker)
 
     p = sub.add_parser("up", help="a scheduler and N local workers")

@@ -146,7 +146,7 @@ class Services:
                "--worker-port", "0", "--metrics-port", "0" if metrics else "-1",
                "--heartbeat-interval", "0.2", "--heartbeat-timeout", "1.5"]
         if compat:
-            cmd += ["--compat-port", str(free_port())]
+            cmd += ["--compat-port", "0"]
         else:
             cmd.append("--no-compat")
         proc = Proc(cmd + list(extra), self._log("scheduler"))

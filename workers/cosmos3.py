@@ -115,6 +115,14 @@ def load_sglang_pipeline(model_dir: str | os.PathLike, device: str = "cpu"):
     set_global_server_args(server_args)
     maybe_init_distributed_environment_and_model_parallel(tp_size=1, sp_size=1)
     pipeline = build_pipeline(server_args)
+    if os.environ.get("CANDIDATE_SCHEDULER_SGLANG_LOGS", "0") != "1":
+        # sglang logs a warning per request for non-production resolutions; a worker serving many
+        # small groups would drown its own log. CANDIDATE_SCHEDULER_SGLANG_LOGS=1 keeps them.
+        import logging
+
+        for name in list(logging.root.manager.loggerDict):
+            if name.startswith("sglang"):
+                logging.getLogger(name).setLevel(logging.ERROR)
     return pipeline, server_args
 
 
@@ -414,6 +422,9 @@ class Cosmos3CandidateAdapter:
             for members in partitions.values():
                 try:
                     outputs.update(self._run_partition([prepared[g] for g in members], members, report, should_drop, on_step))
+                except ObservationError as exc:  # the request is wrong (e.g. its initial noise): no retry helps
+                    for g in members:
+                        outputs[g] = GroupOutput(items[g].request_id, "error", error=str(exc), error_code=exc.code)
                 except Exception as exc:  # noqa: BLE001 - a model failure fails this batch's groups, not the worker
                     for g in members:
                         outputs[g] = GroupOutput(items[g].request_id, "error", error=f"{type(exc).__name__}: {exc}",
@@ -431,6 +442,7 @@ class Cosmos3CandidateAdapter:
         t0 = time.perf_counter()
         rows: list[_Row] = []
         per_row: dict[str, list] = {name: [] for name in ROW_TENSORS}
+        generators: list = []  # per row, already past the initial-noise draws (rollout SDE noise continues them)
         first_req = None
         for local, pg in enumerate(groups):
             for b in range(pg.images.shape[0]):
@@ -441,6 +453,9 @@ class Cosmos3CandidateAdapter:
                     req.preprocessed_image = pg.preprocessed[b]
                     req.generator = self._generator(cand)
                     req = self.latent_stage.forward(req, sa)
+                    if cand.initial_noise is not None:
+                        self._use_initial_noise(req, cand.initial_noise)
+                    generators.append(req.generator)
                     first_req = first_req or req
                     rows.append(_Row(local, b, cand))
                     per_row["latents"].append(req.latents)
@@ -479,6 +494,10 @@ class Cosmos3CandidateAdapter:
         cancelled: set[int] = set()
         self.transformer.reset_cache()
         timestep_values = timesteps.tolist()
+        rollout = sampling.rollout
+        keep_steps = set(range(len(timesteps)) if sampling.return_step_indices is None else sampling.return_step_indices)
+        records: list[tuple[int, dict]] = []  # (step index, per-row rollout tensors)
+        sigmas = action_scheduler.sigmas
         try:
             for i, t in enumerate(timesteps):
                 if on_step is not None:
@@ -493,6 +512,8 @@ class Cosmos3CandidateAdapter:
                         if not rows:
                             break
                         state = _keep_rows(state, keep, torch)
+                        generators = [generators[k] for k in keep]
+                        records = [(i_, _keep_record(rec, keep, torch)) for i_, rec in records]
                         _keep_scheduler_rows(video_scheduler, keep, torch)
                         _keep_scheduler_rows(action_scheduler, keep, torch)
                         # the cached text K/V has the old batch size; it is rebuilt on the next forward
@@ -535,7 +556,16 @@ class Cosmos3CandidateAdapter:
                 action_pred = action_pred * state["action_velocity_mask"]
                 if raw_dim is not None and raw_dim < action_pred.shape[-1]:
                     action_pred[..., raw_dim:] = 0.0
-                action_latents = action_scheduler.step(action_pred, t, action_latents, return_dict=False)[0]
+                if rollout:
+                    from workers.rollout import sde_step
+
+                    out = sde_step(action_latents, action_pred, sigmas[i], sigmas[i + 1], sigmas[min(1, len(sigmas) - 1)],
+                                   float(sampling.noise_level), generators, raw_dim)
+                    action_latents = out.pop("x_next")
+                    if i in keep_steps:
+                        records.append((i, out))
+                else:
+                    action_latents = action_scheduler.step(action_pred, t, action_latents, return_dict=False)[0]
                 mask = state["action_velocity_mask"]
                 action_latents = mask * action_latents + (1.0 - mask) * state["action_condition_latents"]
                 vmask = state["velocity_mask"]
@@ -561,12 +591,45 @@ class Cosmos3CandidateAdapter:
                 n_obs = pg.images.shape[0]
                 cand_ids = [c.candidate_id for c in pg.item.candidates]
                 # rows are observation-major within a group; reply candidate-major [n, B, H, D]
-                block = actions[mine].reshape(n_obs, len(cand_ids), *actions.shape[1:]).transpose(1, 0, 2, 3)
-                outputs[indices[local]] = GroupOutput(
-                    pg.item.request_id, "ok", candidate_ids=cand_ids, actions=np.ascontiguousarray(block)
-                )
+                def per_candidate(arr: np.ndarray) -> np.ndarray:
+                    # rows are observation-major within a group; replies are candidate-major [n, B, ...]
+                    block = arr[mine].reshape(n_obs, len(cand_ids), *arr.shape[1:])
+                    return np.ascontiguousarray(np.swapaxes(block, 0, 1))
+
+                output = GroupOutput(pg.item.request_id, "ok", candidate_ids=cand_ids, actions=per_candidate(actions))
+                if rollout:
+                    final = state["action_latents"][..., :raw_dim].float().cpu().numpy()
+                    output.rollout = {
+                        name: per_candidate(np.stack([rec[name].cpu().numpy() for _i, rec in records], axis=1))
+                        for name in ("log_probs", "latents", "next_latents", "means", "stds")
+                    }
+                    output.rollout["final_latents"] = per_candidate(final)
+                    output.rollout_meta = {
+                        "sigmas": sigmas.detach().to("cpu", torch.float32).numpy(),
+                        "timesteps": timesteps.detach().to("cpu", torch.float32).numpy(),
+                        "step_indices": np.asarray([i_ for i_, _rec in records], dtype=np.int64),
+                    }
+                outputs[indices[local]] = output
         report.postprocess_s += time.perf_counter() - t2
         return outputs
+
+    def _use_initial_noise(self, req, noise: np.ndarray) -> None:
+        """Caller-provided x_T for the action branch, prepared exactly like generated noise: padded to
+        the model's action channels, padding zeroed, cast to the latent dtype, blended with the
+        (policy: empty) condition."""
+        torch = self._torch
+        current = req.action_latents
+        h, d = current.shape[1], current.shape[2]
+        raw = int(req.extra["raw_action_dim"])
+        given = torch.as_tensor(np.asarray(noise, dtype=np.float32))
+        if given.ndim != 2 or given.shape[0] != h or not raw <= given.shape[1] <= d:
+            raise ObservationError("bad_initial_noise", f"initial noise must be [{h}, {raw}..{d}], got {list(given.shape)}")
+        padded = torch.zeros((1, h, d), dtype=torch.float32)
+        padded[0, :, : given.shape[1]] = given
+        padded = padded.to(device=current.device, dtype=current.dtype)
+        padded[:, :, raw:] = 0.0
+        mask = req.extra["action_velocity_mask"]
+        req.action_latents = (1.0 - mask) * req.extra["action_condition_latents"] + mask * padded
 
     def _postprocess(self, action_latents, raw_dim, req) -> np.ndarray:
         from sglang.multimodal_gen.runtime.pipelines_core.stages.model_specific_stages.cosmos3_action import (
@@ -625,6 +688,11 @@ def _unique_rows(rows) -> tuple[list[int], list[int]]:
 def _keep_rows(state: dict, keep: list[int], torch) -> dict:
     idx = torch.as_tensor(keep, device=state["latents"].device)
     return {name: state[name].index_select(0, idx) for name in ROW_TENSORS}
+
+
+def _keep_record(record: dict, keep: list[int], torch) -> dict:
+    idx = torch.as_tensor(keep)
+    return {name: t.index_select(0, idx.to(t.device)) for name, t in record.items()}
 
 
 def _keep_scheduler_rows(scheduler, keep: list[int], torch) -> None:

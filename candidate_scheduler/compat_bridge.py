@@ -1,0 +1,393 @@
+"""The sglang compat bridge: sglang 0.5.23's scheduler socket in front of candidate_scheduler.
+
+    python -m candidate_scheduler.compat_bridge --bind tcp://127.0.0.1:5558 \\
+        --scheduler tcp://127.0.0.1:5555 [--control tcp://127.0.0.1:5556] [--allow-nonlocal]
+
+A separate process, so the scheduler itself never unpickles. It binds a ZMQ ROUTER exactly like
+sglang's Scheduler (frames ``[identity, b"", pickle(payload)]``, exactly one
+``[identity, b"", pickle(OutputBatch)]`` reply per message; anything else is ignored), reads every
+payload through the allow-list unpickler of `sglang_compat`, and forwards each generation request as
+ONE native candidate group to the scheduler's request socket (a DEALER; many groups in flight,
+matched by request_id). It never imports sglang.
+
+- ``{"method": "ping"}`` is answered from the receive loop itself, never queued behind work.
+- ``ShutdownReq`` is answered, then the bridge stops. The scheduler keeps running unless
+  ``--shutdown-scheduler`` (with ``--control``) is given, in which case it is asked to SHUTDOWN too.
+- Warmup Reqs (``is_warmup``; server-based warmup sends them with ``return_warmup_result``) get an
+  empty successful OutputBatch at once, which is what sglang's scheduler returns for them after
+  dropping the payload; they are not run (the scheduler's workers warm themselves).
+- With ``--control`` and ``--request-timeout``, a request that gets no result in time is answered with
+  an error AND its group is cancelled. (sglang's protocol has no cancel message; a client-side RPC
+  timeout cannot be seen here: libzmq's ROUTER_NOTIFY, which would report the disconnect, is a draft
+  API that pyzmq wheels do not enable.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import logging
+import signal
+import sys
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from candidate_scheduler import protocol as P
+from candidate_scheduler import sglang_compat as C
+
+log = logging.getLogger("candidate_scheduler.compat_bridge")
+
+DEFAULT_BIND = "tcp://127.0.0.1:5558"
+DEFAULT_SCHEDULER = "tcp://127.0.0.1:5555"
+# Payloads this small are decoded inside the receive loop (a pickled ping is ~30 bytes); bigger ones
+# in a worker thread, so a large request never delays a ping.
+INLINE_DECODE_BYTES = 512
+READY_PREFIX = "candidate-scheduler compat bridge: listening on"
+
+
+def is_loopback_endpoint(endpoint: str) -> bool:
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return True
+    host = urllib.parse.urlparse(endpoint).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # "*", an interface name or a hostname: treat as public
+
+
+@dataclass
+class BridgeConfig:
+    bind: str = DEFAULT_BIND
+    scheduler: str = DEFAULT_SCHEDULER
+    control: str | None = None
+    allow_nonlocal: bool = False
+    max_message_bytes: int = C.MAX_PICKLE_BYTES
+    request_timeout_s: float | None = None
+    shutdown_scheduler: bool = False
+
+
+@dataclass
+class _InFlight:
+    future: asyncio.Future
+    identity: bytes
+
+
+@dataclass
+class BridgeStats:
+    received: int = 0
+    ignored: int = 0
+    pings: int = 0
+    refused: int = 0
+    answered_locally: int = 0
+    warmups: int = 0
+    forwarded: int = 0
+    done: int = 0
+    failed: int = 0
+    timeouts: int = 0
+    last_refusal: str = ""
+
+
+class Bridge:
+    def __init__(self, config: BridgeConfig, ctx: zmq.asyncio.Context | None = None):
+        self.config = config
+        self.ctx = ctx or zmq.asyncio.Context()
+        self._own_ctx = ctx is None
+        self.stats = BridgeStats()
+        self.stopping = asyncio.Event()
+        self.in_flight: dict[str, _InFlight] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self.router = self.dealer = self.control = None
+        self.endpoint: str | None = None
+
+    # ---- sockets ----------------------------------------------------------------------------------
+    def bind(self) -> str:
+        cfg = self.config
+        if not is_loopback_endpoint(cfg.bind):
+            if not cfg.allow_nonlocal:
+                raise SystemExit(
+                    f"refusing to bind the sglang compat socket to {cfg.bind}: it accepts pickles from anyone "
+                    "who can reach it. Bind loopback or ipc://, or pass --allow-nonlocal.")
+            print("!" * 78 + f"\nWARNING: the sglang compat socket is bound to NON-LOOPBACK {cfg.bind}.\n"
+                  "It is unauthenticated. Payloads are read through an allow-list unpickler, but anyone\n"
+                  "who reaches this port can submit work and shut this bridge down.\n" + "!" * 78,
+                  file=sys.stderr, flush=True)
+        router = self.ctx.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 1000)
+        router.setsockopt(zmq.MAXMSGSIZE, int(cfg.max_message_bytes))
+        if cfg.bind.startswith("tcp://") and cfg.bind.endswith(":0"):
+            port = router.bind_to_random_port(cfg.bind[: -len(":0")])
+            self.endpoint = f"{cfg.bind[: -len(':0')]}:{port}"
+        else:
+            router.bind(cfg.bind)
+            self.endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.router = router
+        dealer = self.ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(cfg.scheduler)
+        self.dealer = dealer
+        if cfg.control is not None:
+            control = self.ctx.socket(zmq.DEALER)
+            control.setsockopt(zmq.LINGER, 500)
+            control.connect(cfg.control)
+            self.control = control
+        return self.endpoint
+
+    def close(self) -> None:
+        for sock in (self.router, self.dealer, self.control):
+            if sock is not None:
+                sock.close()
+        if self._own_ctx:
+            self.ctx.term()
+
+    # ---- main loops -------------------------------------------------------------------------------
+    async def serve(self) -> None:
+        if self.router is None:
+            self.bind()
+        loops = [asyncio.create_task(self._recv_clients()), asyncio.create_task(self._recv_scheduler())]
+        if self.control is not None:
+            loops.append(asyncio.create_task(self._drain_control()))
+        try:
+            await self.stopping.wait()
+        finally:
+            for t in loops:
+                t.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
+            for rid, entry in list(self.in_flight.items()):
+                if not entry.future.done():
+                    entry.future.set_exception(_BridgeStopping())
+            if self._tasks:
+                await asyncio.wait(list(self._tasks), timeout=5)
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    async def _recv_clients(self) -> None:
+        while True:
+            frames = await self.router.recv_multipart(copy=True)
+            # sglang's scheduler ignores anything without a complete REQ envelope; so do we.
+            if len(frames) != 3 or frames[1] != b"":
+                self.stats.ignored += 1
+                continue
+            identity, _, payload = frames
+            self.stats.received += 1
+            obj: Any = None
+            if len(payload) <= INLINE_DECODE_BYTES:
+                try:
+                    obj = C.safe_loads(payload, self.config.max_message_bytes)
+                except C.RefusedPickle as exc:
+                    await self._refused(identity, exc)
+                    continue
+                if isinstance(C.classify(obj), C.Ping):
+                    self.stats.pings += 1
+                    await self._reply(identity, C.dumps_output_batch())
+                    continue
+            self._spawn(self._handle(identity, payload, obj))
+
+    async def _recv_scheduler(self) -> None:
+        allowed = frozenset({P.Kind.RESULT, P.Kind.ERROR, P.Kind.PONG})
+        while True:
+            frames = await self.dealer.recv_multipart()
+            try:
+                if len(frames) != 2:
+                    raise P.ProtocolError("bad_frames", f"expected [header, payload], got {len(frames)} frames")
+                kind = P.parse_header(frames[0], allowed)
+                msg = P.decode(kind, frames[1])
+            except P.ProtocolError as exc:
+                log.warning("unreadable message from the scheduler: %s", exc)
+                continue
+            if kind is P.Kind.PONG:
+                continue
+            rid = msg.request_id
+            entry = self.in_flight.get(rid) if rid else None
+            if entry is None:
+                if kind is P.Kind.ERROR and not rid:
+                    log.error("the scheduler could not read a message from the bridge: %s", msg.error)
+                continue
+            if not entry.future.done():
+                entry.future.set_result(msg)
+
+    async def _drain_control(self) -> None:
+        while True:
+            await self.control.recv_multipart()  # CONTROL_REPLY to our CANCEL / SHUTDOWN: nothing to do
+
+    # ---- one message ------------------------------------------------------------------------------
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _reply(self, identity: bytes, payload: bytes) -> None:
+        try:
+            await self.router.send_multipart([identity, b"", payload])
+        except zmq.ZMQError as exc:  # peer gone or socket closing: nobody to answer
+            log.debug("reply dropped: %s", exc)
+
+    async def _refused(self, identity: bytes, exc: Exception) -> None:
+        self.stats.refused += 1
+        self.stats.last_refusal = str(exc)[:300]
+        log.warning("%s", str(exc)[:300])
+        await self._reply(identity, C.error_reply(str(exc)))
+
+    async def _handle(self, identity: bytes, payload: bytes, obj: Any) -> None:
+        try:
+            if obj is None:
+                try:
+                    obj = await asyncio.to_thread(C.safe_loads, payload, self.config.max_message_bytes)
+                except C.RefusedPickle as exc:
+                    await self._refused(identity, exc)
+                    return
+            msg = C.classify(obj)
+            if isinstance(msg, C.Ping):
+                self.stats.pings += 1
+                await self._reply(identity, C.dumps_output_batch())
+            elif isinstance(msg, C.Shutdown):
+                await self._reply(identity, C.dumps_output_batch())
+                if self.config.shutdown_scheduler and self.control is not None:
+                    await self.control.send_multipart(P.encode(P.Kind.SHUTDOWN, P.Empty()))
+                log.warning("ShutdownReq received: stopping the compat bridge")
+                self.stop()
+            elif isinstance(msg, C.Warmup):
+                self.stats.warmups += 1
+                await self._reply(identity, C.dumps_output_batch())
+            elif isinstance(msg, C.Answer):
+                self.stats.answered_locally += 1
+                await self._reply(identity, C.error_reply(msg.error))
+            else:
+                await self._generate(identity, msg)
+        except Exception as exc:  # exactly one reply, whatever happened
+            log.exception("compat bridge failed on a request")
+            await self._reply(identity, C.error_reply(f"candidate_scheduler compat bridge: internal error: "
+                                                      f"{type(exc).__name__}: {exc}"))
+
+    async def _generate(self, identity: bytes, msg: C.Generation) -> None:
+        try:
+            plan = await asyncio.to_thread(C.plan_generation, msg.reqs)
+        except C.CompatError as exc:
+            self.stats.answered_locally += 1
+            await self._reply(identity, C.error_reply(str(exc)))
+            return
+        rid = plan.submit.request_id
+        future = asyncio.get_running_loop().create_future()
+        self.in_flight[rid] = _InFlight(future, identity)
+        try:
+            self.stats.forwarded += 1
+            await self.dealer.send_multipart(P.encode(P.Kind.SUBMIT, plan.submit))
+            try:
+                result = await asyncio.wait_for(future, self.config.request_timeout_s)
+            except asyncio.TimeoutError:
+                self.stats.timeouts += 1
+                await self._cancel(rid)
+                await self._reply(identity, C.error_reply(
+                    f"candidate_scheduler: no result within {self.config.request_timeout_s} s (group cancelled)"))
+                return
+            except _BridgeStopping:
+                await self._reply(identity, C.error_reply("candidate_scheduler: the compat bridge is shutting down"))
+                return
+            if isinstance(result, P.ErrorReply):
+                self.stats.failed += 1
+                await self._reply(identity, C.error_reply(f"candidate_scheduler: {result.error_code}: {result.error}"))
+                return
+            if result.status == "done":
+                self.stats.done += 1
+            else:
+                self.stats.failed += 1
+            reply = await asyncio.to_thread(C.reply_for_result, plan, result)
+            await self._reply(identity, reply)
+        finally:
+            self.in_flight.pop(rid, None)
+
+    async def _cancel(self, rid: str) -> None:
+        if self.control is not None:
+            await self.control.send_multipart(P.encode(P.Kind.CANCEL, P.CancelRequest(request_id=rid)))
+
+
+class _BridgeStopping(Exception):
+    pass
+
+
+def _warm_imports() -> None:
+    """Import torch and PIL in the background: replies carry a torch tensor, and the first request
+    should not pay for the import inside the event loop."""
+
+    def run():
+        try:
+            import PIL.Image  # noqa: F401
+            import torch  # noqa: F401
+        except Exception:  # pragma: no cover - reported when a request needs them
+            pass
+
+    threading.Thread(target=run, name="warm-imports", daemon=True).start()
+
+
+async def run_bridge(config: BridgeConfig, on_bound=None) -> BridgeStats:
+    bridge = Bridge(config)
+    endpoint = bridge.bind()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, bridge.stop)
+        except (NotImplementedError, RuntimeError):  # not the main thread
+            pass
+    if on_bound is not None:
+        on_bound(bridge, endpoint)
+    try:
+        await bridge.serve()
+    finally:
+        bridge.close()
+    return bridge.stats
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m candidate_scheduler.compat_bridge", description=__doc__.split("\n")[0])
+    p.add_argument("--bind", default=DEFAULT_BIND,
+                   help=f"sglang-compatible ROUTER endpoint (default {DEFAULT_BIND}; tcp://127.0.0.1:0 picks a port)")
+    p.add_argument("--scheduler", default=DEFAULT_SCHEDULER,
+                   help=f"the scheduler's native request endpoint (default {DEFAULT_SCHEDULER})")
+    p.add_argument("--control", default=None,
+                   help="the scheduler's control endpoint: lets --request-timeout cancel the group, and enables "
+                        "--shutdown-scheduler")
+    p.add_argument("--allow-nonlocal", action="store_true", help="allow binding a non-loopback address (loud warning)")
+    p.add_argument("--max-message-bytes", type=int, default=C.MAX_PICKLE_BYTES,
+                   help="largest accepted payload (ZMQ MAXMSGSIZE and the unpickler's limit)")
+    p.add_argument("--request-timeout", type=float, default=None,
+                   help="seconds before an unanswered request gets an error reply (default: wait, like sglang)")
+    p.add_argument("--shutdown-scheduler", action="store_true",
+                   help="on ShutdownReq also ask the scheduler (via --control) to shut down")
+    p.add_argument("--log-level", default="WARNING")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.shutdown_scheduler and not args.control:
+        print("--shutdown-scheduler needs --control", file=sys.stderr)
+        return 2
+    config = BridgeConfig(
+        bind=args.bind, scheduler=args.scheduler, control=args.control, allow_nonlocal=args.allow_nonlocal,
+        max_message_bytes=args.max_message_bytes, request_timeout_s=args.request_timeout,
+        shutdown_scheduler=args.shutdown_scheduler,
+    )
+
+    def announce(_bridge: Bridge, endpoint: str) -> None:
+        print(f"{READY_PREFIX} {endpoint} (scheduler {config.scheduler})", flush=True)
+        _warm_imports()
+
+    started = time.monotonic()
+    stats = asyncio.run(run_bridge(config, announce))
+    log.warning("compat bridge stopped after %.0f s: %s", time.monotonic() - started, stats)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,336 @@
+"""Fixtures for the sglang compat tests: a compat bridge process in front of a native scheduler, and
+sglang's own clients (imported once per test process).
+
+Backends (env CSC_COMPAT_BACKEND):
+- "service" (default): the session-scoped `service` fixture of tests/conftest.py (real scheduler,
+  Cosmos3 worker and the bridge that `serve` spawns); `reference` is sglang's own pipeline, so count=1
+  answers are checked bit for bit against sglang.
+- "fake": `FakeScheduler`, a thread with a ZMQ ROUTER speaking the native protocol, answering
+  each SUBMIT with deterministic actions = `fake_actions(image, prompt, sampling, seed)` per candidate.
+  The bridge, the unpickler and sglang's clients are all real; only the scheduler and model are
+  replaced. Fast, and needs no worker.
+Tests that need to steer the scheduler (hold a request, fail it, see a cancel) always use the fake.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pytest
+import zmq
+
+from candidate_scheduler import protocol as P
+from candidate_scheduler import reducers, rng
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = dict(os.environ, HF_HUB_OFFLINE="1", SGLANG_DISABLE_COSMOS3_GUARDRAILS="1", PYTHONUNBUFFERED="1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("SGLANG_DISABLE_COSMOS3_GUARDRAILS", "1")
+
+HOLD_PROMPT = "__hold__"
+FAIL_PROMPT = "__fail__"
+READY = re.compile(r"candidate-scheduler compat bridge: listening on (\S+)")
+
+
+# ---- the fake native scheduler ----------------------------------------------------------------------
+
+
+def fake_actions(image: np.ndarray, prompt: str, sampling: dict, seed: int) -> np.ndarray:
+    """float32 [horizon, raw_action_dim], a deterministic function of everything that travels."""
+    key = [seed & 0xFFFFFFFF, seed >> 32, zlib.crc32(prompt.encode()), zlib.crc32(np.ascontiguousarray(image).tobytes()),
+           int(sampling["steps"]), int(sampling["height"]), int(sampling["width"]), int(sampling["domain_id"]),
+           int(round(float(sampling["guidance_scale"]) * 1000)), int(sampling["fps"])]
+    gen = np.random.default_rng(key)
+    return gen.standard_normal((int(sampling["horizon"]), int(sampling["raw_action_dim"]))).astype(np.float32)
+
+
+@dataclass
+class Received:
+    request: P.SubmitRequest
+    at: float
+
+
+class FakeScheduler:
+    """Native request + control sockets on one thread. Holds requests whose prompt is HOLD_PROMPT
+    until `release()`, fails FAIL_PROMPT ones, records every SUBMIT / CANCEL / SHUTDOWN."""
+
+    def __init__(self):
+        self.ctx = zmq.Context()
+        self.req = self.ctx.socket(zmq.ROUTER)
+        self.ctl = self.ctx.socket(zmq.ROUTER)
+        self.wake_out = self.ctx.socket(zmq.PAIR)
+        self.wake_in = self.ctx.socket(zmq.PAIR)
+        for s in (self.req, self.ctl, self.wake_out, self.wake_in):
+            s.setsockopt(zmq.LINGER, 0)
+        self.request_endpoint = f"tcp://127.0.0.1:{self.req.bind_to_random_port('tcp://127.0.0.1')}"
+        self.control_endpoint = f"tcp://127.0.0.1:{self.ctl.bind_to_random_port('tcp://127.0.0.1')}"
+        addr = f"inproc://fake-wake-{id(self)}"
+        self.wake_in.bind(addr)
+        self.wake_out.connect(addr)
+        self.received: list[Received] = []
+        self.cancels: list[str] = []
+        self.shutdowns = 0
+        self.event = threading.Condition()
+        self._held: dict[str, tuple[bytes, P.SubmitRequest]] = {}
+        self._commands: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="fake-scheduler", daemon=True)
+        self._thread.start()
+
+    # -- test side
+    def wait(self, predicate, timeout_s: float = 30.0, what: str = "condition"):
+        deadline = time.monotonic() + timeout_s
+        with self.event:
+            while not predicate():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"fake scheduler: timed out waiting for {what}")
+                self.event.wait(remaining)
+
+    def release(self) -> None:
+        self._command("release")
+
+    def mark(self) -> int:
+        with self.event:
+            return len(self.received)
+
+    def since(self, mark: int) -> list[P.SubmitRequest]:
+        with self.event:
+            return [r.request for r in self.received[mark:]]
+
+    def close(self) -> None:
+        self._command("stop")
+        self._thread.join(timeout=5)
+        self.ctx.destroy(linger=0)
+
+    def _command(self, cmd: str) -> None:
+        self._commands.put(cmd)
+        self.wake_out.send(b"")
+
+    # -- scheduler side
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        for s in (self.req, self.ctl, self.wake_in):
+            poller.register(s, zmq.POLLIN)
+        while True:
+            events = dict(poller.poll())
+            if self.wake_in in events:
+                self.wake_in.recv()
+                cmd = self._commands.get()
+                if cmd == "stop":
+                    return
+                for rid, (identity, request) in list(self._held.items()):
+                    del self._held[rid]
+                    self._answer(identity, self._result(request))
+            if self.req in events:
+                self._on_request(self.req.recv_multipart())
+            if self.ctl in events:
+                self._on_control(self.ctl.recv_multipart())
+
+    def _on_request(self, frames: list[bytes]) -> None:
+        identity, _delimited, kind, payload = P.split_envelope(frames, P.REQUEST_KINDS)
+        msg = P.decode(kind, payload)
+        if kind is P.Kind.PING:
+            self.req.send_multipart([identity, *P.encode(P.Kind.PONG, P.Pong(msg.nonce))])
+            return
+        with self.event:
+            self.received.append(Received(msg, time.monotonic()))
+            self.event.notify_all()
+        prompt = msg.prompt if isinstance(msg.prompt, str) else msg.prompt[0]
+        if prompt == HOLD_PROMPT:
+            self._held[msg.request_id] = (identity, msg)
+            return
+        self._answer(identity, self._result(msg))
+
+    def _answer(self, identity: bytes, result: P.GroupResult) -> None:
+        self.req.send_multipart([identity, *P.encode(P.Kind.RESULT, result)])
+
+    def _result(self, msg: P.SubmitRequest) -> P.GroupResult:
+        prompts = [msg.prompt] if isinstance(msg.prompt, str) else list(msg.prompt)
+        if prompts[0] == FAIL_PROMPT:
+            return P.GroupResult(request_id=msg.request_id, status="failed", error="the fake worker failed",
+                                 error_code="worker_failed")
+        images = P.array_from_wire(msg.images)
+        if not msg.batched:
+            images = images[None]
+        if len(prompts) == 1:
+            prompts = prompts * images.shape[0]
+        spec = msg.candidates
+        seeds = rng.candidate_seeds(msg.seed, spec.count, spec.seed_policy, spec.seeds)
+        sampling = msgspec.structs.asdict(msg.sampling)
+        cands = np.stack([
+            np.stack([fake_actions(images[b], prompts[b], sampling, s) for b in range(images.shape[0])])
+            for s in seeds
+        ])  # [N, B, H, D]
+        if not msg.batched:
+            cands = cands[:, 0]
+        reduction = reducers.reduce_full(spec.reducer, cands)
+        return P.GroupResult(
+            request_id=msg.request_id, status="done",
+            action=None if reduction.action is None else P.array_to_wire(reduction.action),
+            candidates=P.array_to_wire(cands) if (spec.return_candidates or spec.reducer == "none") else None,
+            candidate_seeds=list(seeds), chosen_candidate=reduction.chosen_candidate,
+        )
+
+    def _on_control(self, frames: list[bytes]) -> None:
+        identity, delimited, kind, payload = P.split_envelope(frames, P.CONTROL_KINDS)
+        msg = P.decode(kind, payload)
+        changed = False
+        if kind is P.Kind.CANCEL:
+            held = self._held.pop(msg.request_id, None)
+            changed = held is not None
+            if held is not None:
+                self._answer(held[0], P.GroupResult(request_id=msg.request_id, status="cancelled",
+                                                    error="cancelled", error_code="cancelled"))
+            with self.event:
+                self.cancels.append(msg.request_id)
+                self.event.notify_all()
+        elif kind is P.Kind.SHUTDOWN:
+            with self.event:
+                self.shutdowns += 1
+                self.event.notify_all()
+        reply = P.ControlReply(ok=True, changed=changed)
+        self.ctl.send_multipart(P.reply_frames(identity, delimited, P.Kind.CONTROL_REPLY, reply))
+
+
+# ---- the bridge process ------------------------------------------------------------------------------
+
+
+class BridgeProc:
+    def __init__(self, scheduler: str, *extra: str, log_path: Path):
+        cmd = [sys.executable, "-m", "candidate_scheduler.compat_bridge", "--bind", "tcp://127.0.0.1:0",
+               "--scheduler", scheduler, "--log-level", "INFO", *extra]
+        self.log_path = log_path
+        self.lines: list[str] = []
+        self._cond = threading.Condition()
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT)
+        threading.Thread(target=self._drain, daemon=True).start()
+        m = self.wait_line(READY, 30)
+        self.endpoint = m.group(1)
+        self.port = int(self.endpoint.rsplit(":", 1)[1])
+
+    def _drain(self) -> None:
+        with open(self.log_path, "a") as log:
+            for line in self.proc.stdout:
+                log.write(line)
+                log.flush()
+                with self._cond:
+                    self.lines.append(line)
+                    self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
+
+    def wait_line(self, pattern: re.Pattern, timeout_s: float) -> re.Match:
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                for line in self.lines:
+                    if m := pattern.search(line):
+                        return m
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"compat bridge exited ({self.proc.returncode}); log {self.log_path}")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"no line {pattern.pattern!r} from the bridge; log {self.log_path}")
+                self._cond.wait(min(remaining, 0.5))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def fake_scheduler():
+    fake = FakeScheduler()
+    yield fake
+    fake.close()
+
+
+@pytest.fixture(scope="session")
+def fake_bridge(fake_scheduler, tmp_path_factory):
+    """One bridge in front of the fake scheduler, shared by the session (with --control)."""
+    bridge = BridgeProc(fake_scheduler.request_endpoint, "--control", fake_scheduler.control_endpoint,
+                        log_path=tmp_path_factory.mktemp("bridge") / "bridge.log")
+    yield bridge
+    bridge.stop()
+
+
+@pytest.fixture
+def own_bridge(fake_scheduler, tmp_path):
+    """A bridge of the test's own (for tests that stop it or need other flags)."""
+    started: list[BridgeProc] = []
+
+    def start(*extra: str) -> BridgeProc:
+        b = BridgeProc(fake_scheduler.request_endpoint, *extra, log_path=tmp_path / f"bridge{len(started)}.log")
+        started.append(b)
+        return b
+
+    yield start
+    for b in started:
+        b.stop()
+
+
+# ---- what the tests run against ----------------------------------------------------------------------
+
+
+@dataclass
+class Compat:
+    """The endpoint of a bridge, the checkpoint dir, and `reference(image, prompt, sampling, seed)`:
+    the expected actions of one candidate with that seed (sglang's own pipeline for the real service)."""
+
+    endpoint: str
+    port: int
+    model_dir: Path
+    reference: object
+    backend: str
+    fake: FakeScheduler | None = None
+    server_args_cache: dict = field(default_factory=dict)
+
+    def server_args(self, **kwargs):
+        """sglang ServerArgs whose scheduler endpoint is this bridge (what sglang's clients read)."""
+        key = tuple(sorted(kwargs.items()))
+        if key not in self.server_args_cache:
+            from candidate_scheduler.sglang_compat import make_http_server_args
+
+            self.server_args_cache[key] = make_http_server_args(self.port, str(self.model_dir), **kwargs)
+        return self.server_args_cache[key]
+
+
+@pytest.fixture(scope="session")
+def compat_model_dir(request) -> Path:
+    return request.getfixturevalue("model_dir")
+
+
+@pytest.fixture(scope="session")
+def compat(request, compat_model_dir) -> Compat:
+    backend = os.environ.get("CSC_COMPAT_BACKEND", "service")
+    if backend == "service":
+        svc = request.getfixturevalue("service")
+        port = int(svc.compat_endpoint.rsplit(":", 1)[1])
+        return Compat(svc.compat_endpoint, port, Path(svc.model_dir), svc.reference, "service")
+    fake = request.getfixturevalue("fake_scheduler")
+    bridge = request.getfixturevalue("fake_bridge")
+    return Compat(bridge.endpoint, bridge.port, compat_model_dir, fake_actions, "fake", fake)
+
+
+@pytest.fixture(scope="session")
+def fake_compat(request, compat_model_dir) -> Compat:
+    """Always the fake backend (tests that hold, fail or count requests)."""
+    fake = request.getfixturevalue("fake_scheduler")
+    bridge = request.getfixturevalue("fake_bridge")
+    return Compat(bridge.endpoint, bridge.port, compat_model_dir, fake_actions, "fake", fake)

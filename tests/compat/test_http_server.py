@@ -1,0 +1,164 @@
+"""sglang's own FastAPI server (started by `sglang_compat.run_http_server`) with the compat bridge as its
+scheduler: POST /v1/actions/generations returns the action, and the N candidates when asked."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from candidate_scheduler import reducers, rng
+
+from .conftest import ENV, ROOT
+
+pytestmark = pytest.mark.sglang
+
+SAMPLING = {"height": 64, "width": 64, "steps": 2, "horizon": 4, "guidance_scale": 1.0, "action_mode": "policy",
+            "domain_id": 0, "raw_action_dim": 7, "fps": 5}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def _post(url: str, body: dict, timeout: float = 120.0) -> tuple[int, dict]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+@pytest.fixture(scope="module")
+def http_server(compat, tmp_path_factory):
+    """`candidate-scheduler http` in a subprocess: sglang's server with --warmup-mode server, so its
+    start-up warmup requests go through the bridge too."""
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("http") / "http.log"
+    code = ("from candidate_scheduler.sglang_compat import run_http_server; "
+            f"run_http_server({compat.port}, {str(compat.model_dir)!r}, '127.0.0.1', {port}, warmup_mode='server', "
+            f"input_save_path={str(log_path.parent / 'uploads')!r}, log_level='warning')")
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT, env=ENV, cwd=ROOT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    try:
+        while True:  # another process's start-up: poll its readiness endpoint
+            if proc.poll() is not None:
+                raise RuntimeError(f"http server exited ({proc.returncode}): {log_path.read_text()[-3000:]}")
+            try:
+                if _get(f"{base}/health", timeout=2)[0] == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"http server not healthy; log {log_path}")
+            time.sleep(0.25)
+        yield base, log_path
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def _png_b64(image: np.ndarray) -> str:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _body(image, prompt: str, seed: int, request_id: str, **parameters) -> dict:
+    return {
+        "request_id": request_id,
+        "input": {"task": prompt, "observation": {"image": {"b64_json": _png_b64(image)}}},
+        "parameters": {"height": 64, "width": 64, "num_inference_steps": 2, "action_horizon": 4, "domain_id": 0,
+                       "raw_action_dim": 7, "guidance_scale": 1.0, "fps": 5, "seed": seed, **parameters},
+    }
+
+
+def _image(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, size=(64, 64, 3), dtype=np.uint8)
+
+
+@pytest.fixture(scope="module")
+def base_url(http_server):
+    return http_server[0]
+
+
+def test_health_after_server_warmup_and_metadata(http_server):
+    base, log_path = http_server
+    assert _get(f"{base}/health")[0] == 200
+    # --warmup-mode server sent its warmup requests through the bridge, and they succeeded
+    assert "warmup failed" not in log_path.read_text().lower()
+    status, body = _get(f"{base}/v1/actions/metadata")
+    assert status == 200 and json.loads(body)["policy_family"] == "cosmos3"
+
+
+def test_count_one_action(base_url, compat):
+    image = _image(31)
+    status, resp = _post(f"{base_url}/v1/actions/generations", _body(image, "pick", 5, "http-1"))
+    assert status == 200, resp
+    assert resp["id"] == "http-1" and resp["object"] == "action.generation"
+    [entry] = resp["data"]
+    assert entry["candidate_index"] == 0 and entry["action"]["shape"] == [4, 7]
+    np.testing.assert_array_equal(np.asarray(entry["action"]["values"], np.float32),
+                                  compat.reference(image, "pick", SAMPLING, 5))
+    assert "candidate_group" not in resp
+
+
+def test_candidates_listed_with_candidate_index(base_url, compat):
+    image = _image(32)
+    spec = {"count": 3, "reducer": "mean", "return_candidates": True}
+    status, resp = _post(f"{base_url}/v1/actions/generations", _body(image, "place", 9, "http-n", candidates=spec))
+    assert status == 200, resp
+    seeds = rng.candidate_seeds(9, 3, "per_candidate")
+    refs = np.stack([compat.reference(image, "place", SAMPLING, s) for s in seeds])
+    assert [d["candidate_index"] for d in resp["data"]] == [0, 1, 2]
+    assert [d["input_index"] for d in resp["data"]] == [0, 0, 0]
+    for d, ref in zip(resp["data"], refs):
+        np.testing.assert_array_equal(np.asarray(d["action"]["values"], np.float32), ref)
+    np.testing.assert_array_equal(np.asarray(resp["reduced_action"]["values"], np.float32), reducers.reduce("mean", refs))
+    assert resp["candidate_group"]["candidate_seeds"] == list(seeds)
+    assert resp["candidate_group"]["count"] == 3 and resp["usage"]["num_candidates"] == 3
+
+
+def test_candidates_reduced_only(base_url, compat):
+    image = _image(33)
+    status, resp = _post(f"{base_url}/v1/actions/generations",
+                         _body(image, "place", 9, "http-r", candidates={"count": 3, "reducer": "median"}))
+    assert status == 200, resp
+    refs = np.stack([compat.reference(image, "place", SAMPLING, s) for s in rng.candidate_seeds(9, 3, "per_candidate")])
+    [entry] = resp["data"]
+    np.testing.assert_array_equal(np.asarray(entry["action"]["values"], np.float32), reducers.reduce("median", refs))
+    assert resp["candidate_group"]["reducer"] == "median" and "reduced_action" not in resp
+
+
+def test_bad_candidate_spec_is_a_400(base_url):
+    status, resp = _post(f"{base_url}/v1/actions/generations",
+                         _body(_image(34), "x", 1, "http-bad", candidates={"count": 2, "typo": 1}))
+    assert status == 400 and "candidate spec" in json.dumps(resp)
