@@ -33,6 +33,9 @@ class Result:
     error: str | None = None
     error_code: str | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
+    # rollouts: log_probs, latents, next_latents, means, stds, final_latents (candidate axis first),
+    # sigmas [T+1], timesteps [T], step_indices [S] (see protocol.RolloutResult)
+    rollout: dict[str, np.ndarray] | None = None
 
     @property
     def ok(self) -> bool:
@@ -50,6 +53,7 @@ class Result:
             error=r.error,
             error_code=r.error_code,
             metrics=dict(r.metrics),
+            rollout=None if r.rollout is None else _decode_rollout(r.rollout),
         )
 
     def to_json(self) -> dict:
@@ -63,7 +67,14 @@ class Result:
             "error": self.error,
             "error_code": self.error_code,
             "metrics": self.metrics,
+            "rollout": None if self.rollout is None else {k: v.tolist() for k, v in self.rollout.items()},
         }
+
+
+def _decode_rollout(r: P.RolloutResult) -> dict[str, np.ndarray]:
+    out = {name: P.array_from_wire(getattr(r, name)) for name in r.__struct_fields__ if name != "step_indices"}
+    out["step_indices"] = np.asarray(r.step_indices, dtype=np.int64)
+    return out
 
 
 class ServiceError(RuntimeError):

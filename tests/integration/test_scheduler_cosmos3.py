@@ -84,7 +84,7 @@ def test_sigkill_mid_group_on_cosmos3_equals_the_fault_free_result(services, sgl
 
 def test_co_batched_groups_equal_their_references(service):
     with service.handle.client() as c:
-        blocker = c.send(make_request(IMAGE, PROMPT, count=1, seed=1, steps=40))
+        blocker = c.send(make_request(IMAGE, PROMPT, count=1, seed=1, steps=200))
         wait_for(lambda: c.status(blocker).state == "running", 20, "the blocker to run")
         a = c.send(make_request(IMAGE, PROMPT, count=3, seed=31, return_candidates=True, request_id="co-A"))
         b = c.send(make_request(IMAGE, PROMPT, count=4, seed=57, return_candidates=True, request_id="co-B"))
