@@ -97,11 +97,13 @@ def make_request(
     seed_policy: str = "per_candidate",
     seeds: list[int] | None = None,
     deadline_s: float | None = None,
+    initial_noise: np.ndarray | None = None,
     **sampling: Any,
 ) -> P.SubmitRequest:
     """Build a SUBMIT payload. `image`: uint8 [H, W, 3], or [B, H, W, 3] for B observations (one
     reduced action each). Sampling keywords: height, width, steps, horizon, guidance_scale,
-    action_mode, domain_id, raw_action_dim, fps, negative_prompt."""
+    action_mode, domain_id, raw_action_dim, fps, negative_prompt, and for RL rollouts rollout,
+    noise_level, return_step_indices. `initial_noise`: float [count, horizon, D] caller-provided x_T."""
     image = np.asarray(image)
     return P.SubmitRequest(
         request_id=request_id or uuid.uuid4().hex,
@@ -112,6 +114,7 @@ def make_request(
         sampling=P.SamplingMsg(**sampling),
         batched=image.ndim == 4,
         deadline_s=deadline_s,
+        initial_noise=None if initial_noise is None else P.array_to_wire(np.asarray(initial_noise, dtype=np.float32)),
     )
 
 

@@ -153,3 +153,15 @@ def test_rollouts_co_batched_on_one_worker_keep_their_rows(service, adapter):
         want = run(adapter, rng.candidate_seeds(seed, n, "per_candidate"))
         for name in FIELDS:
             assert r.rollout[name].tobytes() == want.rollout[name][:, 0].tobytes(), (r.request_id, name)
+
+
+def test_initial_noise_travels_through_the_service(service, adapter):
+    noise = np.random.default_rng(4).standard_normal((3, ROLL.horizon, ROLL.raw_action_dim)).astype(np.float32)
+    with service.handle.client() as c:
+        r = c.submit(IMAGE, PROMPT, count=3, reducer="none", seed=6, rollout=True, initial_noise=noise, timeout_s=90)
+        bad = c.submit(IMAGE, PROMPT, count=3, reducer="none", rollout=True, initial_noise=noise[:2], timeout_s=30)
+    assert r.status == "done", r.error
+    want = run(adapter, rng.candidate_seeds(6, 3, "per_candidate"), noise=noise)
+    for name in FIELDS:
+        assert r.rollout[name].tobytes() == want.rollout[name][:, 0].tobytes(), name
+    assert bad.status == "invalid" and "initial_noise" in bad.error
