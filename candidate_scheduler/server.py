@@ -331,11 +331,10 @@ class Scheduler:
 
     # ---- scheduling -----------------------------------------------------------------------------------
     async def _schedule(self) -> None:
-        if not self.queue:
-            return
-        for worker in sorted(self.workers.values(), key=lambda w: -w.capacity):
-            if worker.batch_id is not None:
-                continue
+        idle = [w for w in self.workers.values() if w.batch_id is None]
+        if not self.queue or not idle:
+            return  # the common case under load: every worker busy, nothing to plan
+        for worker in sorted(idle, key=lambda w: -w.capacity):
             queued = []
             for rid in self.queue:
                 g = self.groups[rid]
