@@ -342,3 +342,31 @@ def test_scheduler_restart_workers_reconnect_and_lost_clients_get_an_error(servi
         r = c.submit(IMAGE, "pick", count=2, seed=4, steps=2, request_id="lost", return_candidates=True, timeout_s=30)
         assert r.status == "done"
         np.testing.assert_array_equal(r.candidates, expected_candidates(4, 2, steps=2))
+
+
+def test_async_client_many_groups_in_flight_on_one_socket(services):
+    import asyncio
+
+    from candidate_scheduler.client import AsyncClient
+
+    sched = services.scheduler()
+    services.worker(sched, capacity=8)
+    sched.wait_workers(1)
+
+    async def main():
+        client = AsyncClient(sched.request)
+        try:
+            assert await client.ping()
+            results = await asyncio.gather(
+                *[client.submit(IMAGE, "pick", count=3, seed=100 + i, return_candidates=True, request_id=f"a{i}")
+                  for i in range(12)]
+            )
+        finally:
+            client.close()
+        return results
+
+    results = asyncio.run(main())
+    assert [r.request_id for r in results] == [f"a{i}" for i in range(12)]
+    for i, r in enumerate(results):
+        assert r.status == "done"
+        np.testing.assert_array_equal(r.candidates, expected_candidates(100 + i, 3))
