@@ -49,6 +49,7 @@ DEFAULT_SCHEDULER = "tcp://127.0.0.1:5555"
 # Payloads this small are decoded inside the receive loop (a pickled ping is ~30 bytes); bigger ones
 # in a worker thread, so a large request never delays a ping.
 INLINE_DECODE_BYTES = 512
+REPORT_INTERVAL_S = 1.0
 READY_PREFIX = "candidate-scheduler compat bridge: listening on"
 
 
@@ -102,6 +103,8 @@ class Bridge:
         self.ctx = ctx or zmq.asyncio.Context()
         self._own_ctx = ctx is None
         self.stats = BridgeStats()
+        self._report_requests: dict[str, int] = {}
+        self._report_errors: dict[str, int] = {}
         self.stopping = asyncio.Event()
         self.in_flight: dict[str, _InFlight] = {}
         self._tasks: set[asyncio.Task] = set()
@@ -155,6 +158,7 @@ class Bridge:
         loops = [asyncio.create_task(self._recv_clients()), asyncio.create_task(self._recv_scheduler())]
         if self.control is not None:
             loops.append(asyncio.create_task(self._drain_control()))
+            loops.append(asyncio.create_task(self._report_loop()))
         try:
             await self.stopping.wait()
         finally:
@@ -176,6 +180,7 @@ class Bridge:
             # sglang's scheduler ignores anything without a complete REQ envelope; so do we.
             if len(frames) != 3 or frames[1] != b"":
                 self.stats.ignored += 1
+                self._count("bad_frames", error=True)
                 continue
             identity, _, payload = frames
             self.stats.received += 1
@@ -188,6 +193,7 @@ class Bridge:
                     continue
                 if isinstance(C.classify(obj), C.Ping):
                     self.stats.pings += 1
+                    self._count("ping")
                     await self._reply(identity, C.dumps_output_batch())
                     continue
             self._spawn(self._handle(identity, payload, obj))
@@ -215,6 +221,19 @@ class Bridge:
             if not entry.future.done():
                 entry.future.set_result(msg)
 
+    def _count(self, kind: str, error: bool = False) -> None:
+        table = self._report_errors if error else self._report_requests
+        table[kind] = table.get(kind, 0) + 1
+
+    async def _report_loop(self) -> None:
+        """Every second, tell the scheduler what sglang sent us, so one /metrics shows it all."""
+        while True:
+            await asyncio.sleep(REPORT_INTERVAL_S)
+            if self._report_requests or self._report_errors:
+                report = P.CompatReport(requests=self._report_requests, errors=self._report_errors)
+                self._report_requests, self._report_errors = {}, {}
+                await self.control.send_multipart(P.encode(P.Kind.COMPAT_REPORT, report))
+
     async def _drain_control(self) -> None:
         while True:
             await self.control.recv_multipart()  # CONTROL_REPLY to our CANCEL / SHUTDOWN: nothing to do
@@ -233,6 +252,7 @@ class Bridge:
 
     async def _refused(self, identity: bytes, exc: Exception) -> None:
         self.stats.refused += 1
+        self._count("pickle_refused", error=True)
         self.stats.last_refusal = str(exc)[:300]
         log.warning("%s", str(exc)[:300])
         await self._reply(identity, C.error_reply(str(exc)))
@@ -248,8 +268,10 @@ class Bridge:
             msg = C.classify(obj)
             if isinstance(msg, C.Ping):
                 self.stats.pings += 1
+                self._count("ping")
                 await self._reply(identity, C.dumps_output_batch())
             elif isinstance(msg, C.Shutdown):
+                self._count("shutdown")
                 await self._reply(identity, C.dumps_output_batch())
                 if self.config.shutdown_scheduler and self.control is not None:
                     await self.control.send_multipart(P.encode(P.Kind.SHUTDOWN, P.Empty()))
@@ -257,11 +279,14 @@ class Bridge:
                 self.stop()
             elif isinstance(msg, C.Warmup):
                 self.stats.warmups += 1
+                self._count("warmup")
                 await self._reply(identity, C.dumps_output_batch())
             elif isinstance(msg, C.Answer):
                 self.stats.answered_locally += 1
+                self._count("unknown" if msg.error.startswith("Unknown request type") else "control")
                 await self._reply(identity, C.error_reply(msg.error))
             else:
+                self._count("req" if len(msg.reqs) == 1 else "req_list")
                 await self._generate(identity, msg)
         except Exception as exc:  # exactly one reply, whatever happened
             log.exception("compat bridge failed on a request")

@@ -36,6 +36,7 @@ class Kind(enum.IntEnum):
     STATS = 0x12
     DRAIN = 0x13
     SHUTDOWN = 0x14
+    COMPAT_REPORT = 0x15  # the sglang compat bridge's message counts, for the scheduler's /metrics
     # worker <-> scheduler, worker link
     REGISTER = 0x20
     HEARTBEAT = 0x21
@@ -203,6 +204,13 @@ class Empty(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     pass
 
 
+class CompatReport(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """Counts since the bridge's last report: sglang messages by type, refusals by kind."""
+
+    requests: dict[str, int] = {}
+    errors: dict[str, int] = {}
+
+
 class ControlReply(msgspec.Struct, frozen=True):
     ok: bool
     changed: bool = False
@@ -289,6 +297,7 @@ PAYLOAD_TYPES: dict[Kind, type] = {
     Kind.STATS: Empty,
     Kind.DRAIN: Empty,
     Kind.SHUTDOWN: Empty,
+    Kind.COMPAT_REPORT: CompatReport,
     Kind.REGISTER: RegisterMsg,
     Kind.HEARTBEAT: HeartbeatMsg,
     Kind.BATCH: BatchMsg,
@@ -362,5 +371,7 @@ def reply_frames(identity: bytes, delimited: bool, kind: Kind, payload: msgspec.
 
 
 REQUEST_KINDS = frozenset({Kind.SUBMIT, Kind.PING})
-CONTROL_KINDS = frozenset({Kind.CANCEL, Kind.STATUS, Kind.STATS, Kind.DRAIN, Kind.SHUTDOWN, Kind.PING})
+CONTROL_KINDS = frozenset(
+    {Kind.CANCEL, Kind.STATUS, Kind.STATS, Kind.DRAIN, Kind.SHUTDOWN, Kind.PING, Kind.COMPAT_REPORT}
+)
 WORKER_KINDS = frozenset({Kind.REGISTER, Kind.HEARTBEAT, Kind.BATCH_RESULT})

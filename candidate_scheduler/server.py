@@ -658,6 +658,15 @@ class Scheduler:
             )
         if kind is P.Kind.STATS:
             return P.ControlReply(ok=True, detail=self.stats())
+        if kind is P.Kind.COMPAT_REPORT:
+            # bounded: each count is capped so a hostile report cannot spin the loop
+            for name, n in msg.requests.items():
+                for _ in range(max(0, min(int(n), 100_000))):
+                    self.metrics.compat_request(name)
+            for name, n in msg.errors.items():
+                for _ in range(max(0, min(int(n), 100_000))):
+                    self.metrics.protocol_error("compat", name)
+            return P.ControlReply(ok=True)
         if kind is P.Kind.DRAIN:
             changed = not self.draining
             self.draining = True

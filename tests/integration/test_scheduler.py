@@ -370,3 +370,29 @@ def test_async_client_many_groups_in_flight_on_one_socket(services):
     for i, r in enumerate(results):
         assert r.status == "done"
         np.testing.assert_array_equal(r.candidates, expected_candidates(100 + i, 3))
+
+
+def test_compat_bridge_counts_reach_the_schedulers_metrics(services):
+    import urllib.request
+
+    sched = services.scheduler(compat=True, metrics=True)
+    ctx = zmq.Context.instance()
+    for payload in (pickle.dumps({"method": "ping"}), b"not a pickle"):
+        s = ctx.socket(zmq.REQ)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(sched.compat)
+        s.send(payload)
+        assert s.poll(5000), "the bridge answers every message"
+        s.recv()
+        s.close(0)
+
+    def sample(line_start: str) -> float:
+        text = urllib.request.urlopen(sched.metrics, timeout=5).read().decode()
+        for line in text.splitlines():
+            if line.startswith(line_start):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    wait_for(lambda: sample('candidate_scheduler_compat_requests_total{type="ping"}') >= 1, 10, "the ping count")
+    wait_for(lambda: sample('candidate_scheduler_protocol_errors_total{kind="pickle_refused",socket="compat"}') >= 1,
+             10, "the refusal count")
