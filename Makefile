@@ -42,8 +42,9 @@ system-deps:
 run: setup
 	$(BIN)/candidate-scheduler demo --model $(CHECKPOINT)
 
+# --timeout: no single test may hang CI; -rs: say why anything was skipped.
 test: setup system-deps
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+	$(BIN)/python -m pytest -q -rs -p no:cacheprovider --timeout 900 tests
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
