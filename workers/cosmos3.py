@@ -92,11 +92,13 @@ def load_sglang_pipeline(model_dir: str | os.PathLike, device: str = "cpu"):
     One process holds one pipeline: sglang keeps global server args and a process-wide
     distributed group."""
     prepare_environment()
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
+    # A worker is always a one-process torch.distributed world. Never inherit these from a parent:
+    # a parent that loaded sglang itself holds its MASTER_PORT, and the child's rendezvous would fail.
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(_free_port())
+    os.environ["RANK"] = "0"
+    os.environ["LOCAL_RANK"] = "0"
+    os.environ["WORLD_SIZE"] = "1"
     if device == "cpu":
         # sglang picks its platform from what it can see; hide GPUs for an explicit cpu worker.
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
