@@ -49,6 +49,8 @@ from typing import Any
 
 import numpy as np
 
+from candidate_scheduler.procs import ChildProcess
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = ROOT / ".cache" / "tiny-cosmos3"
 
@@ -179,53 +181,9 @@ class MemoryProbe:
 _ENDPOINT = re.compile(r"candidate-scheduler: (request endpoint|control endpoint|worker link)\s+(\S+)")
 
 
-class _Child:
-    """A child process whose output is drained to a log file (a full pipe never blocks it)."""
-
+class _Child(ChildProcess):
     def __init__(self, cmd: list[str], log_path: Path):
-        self.cmd = cmd
-        self.log_path = log_path
-        self.lines: list[str] = []
-        self._cond = threading.Condition()
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env=_child_env(), cwd=ROOT)
-        self._thread = threading.Thread(target=self._drain, daemon=True)
-        self._thread.start()
-
-    def _drain(self) -> None:
-        with open(self.log_path, "a") as log:
-            for line in self.proc.stdout:
-                log.write(line)
-                log.flush()
-                with self._cond:
-                    self.lines.append(line)
-                    self._cond.notify_all()
-        with self._cond:
-            self._cond.notify_all()
-
-    def wait_line(self, pattern: re.Pattern, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while not any(pattern.search(line) for line in self.lines):
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"{' '.join(self.cmd[2:5])} exited ({self.proc.returncode}); log: {self.log_path}")
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"no line {pattern.pattern!r} from {self.cmd[2:5]}; log: {self.log_path}")
-                self._cond.wait(min(remaining, 0.5))
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def stop(self, timeout_s: float = 15.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        super().__init__(cmd, log_path, env=_child_env(), cwd=ROOT)
 
 
 class Service:

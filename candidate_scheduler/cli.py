@@ -321,7 +321,7 @@ def cmd_demo(args) -> int:
         else:
             print(f"  error: {result.error_code}: {result.error}")
         print(f"\nmetrics: http://{S.DEFAULT_HOST}:{args.metrics_port}/metrics")
-        print(f"try:     .venv/bin/candidate-scheduler submit --count 8 --reducer medoid --synthetic")
+        print("try:     .venv/bin/candidate-scheduler submit --count 8 --reducer medoid --synthetic")
         if args.once:
             return 0 if result.ok else 1
         print("serving; Ctrl-C to stop", flush=True)

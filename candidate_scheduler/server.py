@@ -30,9 +30,9 @@ import zmq
 import zmq.asyncio
 
 from candidate_scheduler import protocol as P
-from candidate_scheduler.admission import AdmissionMode, AdmissionPolicy, decide
+from candidate_scheduler.admission import AdmissionPolicy, decide
 from candidate_scheduler.errors import CandidateContractError
-from candidate_scheduler.group_state import GroupReply, GroupState, GroupStatus, is_finished
+from candidate_scheduler.group_state import GroupReply, GroupState, GroupStatus
 from candidate_scheduler.microbatch import PhysicalBatch, QueuedGroup, plan_batches
 from candidate_scheduler.spec import CandidateTrajectorySpec, ModelCapability
 from candidate_scheduler.work import SamplingSpec
@@ -104,6 +104,7 @@ class _Batch:
     plan: PhysicalBatch
     sent_at: float
     cancelled: set[str] = field(default_factory=set)
+    busy_seen_at: float | None = None  # last heartbeat in which the worker reported itself busy
 
 
 class ServiceMetricsShim:
@@ -130,7 +131,9 @@ class Scheduler:
         self.finished: collections.OrderedDict[str, str] = collections.OrderedDict()  # id -> final status
         self.workers: dict[str, _Worker] = {}
         self.batches: dict[int, _Batch] = {}
-        self._next_batch = 1
+        # Batch ids must not repeat across scheduler restarts: a worker still finishing a batch of the
+        # previous incarnation would otherwise have its stale result taken for a new batch of the same id.
+        self._next_batch = int.from_bytes(os.urandom(6), "big") + 1
         self.draining = False
         self.stopping = asyncio.Event()
         self.bound: dict[str, str] = {}
@@ -198,8 +201,24 @@ class Scheduler:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            # Messages already queued in the sockets but never read still get their one answer: new
+            # groups are refused ("rejected: draining"), control messages answered; then in-flight groups.
+            self.draining = True
+            for sock, handler in ((self.request_sock, self._on_request), (self.control_sock, self._on_control)):
+                await self._drain_socket(sock, handler)
             await self._shutdown_replies()
             self.close()
+
+    async def _drain_socket(self, sock, handler) -> None:
+        while True:
+            try:
+                frames = await sock.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                await handler(frames)
+            except Exception:  # noqa: BLE001 - shutting down; answer what can be answered
+                log.exception("handler failed while draining at shutdown")
 
     async def _pump(self, sock, handler) -> None:
         while True:
@@ -227,8 +246,7 @@ class Scheduler:
     # ---- request socket -------------------------------------------------------------------------------
     async def _on_request(self, frames: list[bytes]) -> None:
         try:
-            identity, delimited, kind, payload = P.split_envelope(frames, P.REQUEST_KINDS)
-            msg = P.decode(kind, payload)
+            identity, delimited, kind, msg = _read(frames, P.REQUEST_KINDS)
         except P.ProtocolError as exc:
             self.metrics.protocol_error("request", exc.kind)
             await self._answer_error(self.request_sock, frames, exc)
@@ -382,8 +400,7 @@ class Scheduler:
     # ---- worker link ------------------------------------------------------------------------------------
     async def _on_worker(self, frames: list[bytes]) -> None:
         try:
-            identity, _delimited, kind, payload = P.split_envelope(frames, P.WORKER_KINDS)
-            msg = P.decode(kind, payload)
+            identity, _delimited, kind, msg = _read(frames, P.WORKER_KINDS)
         except P.ProtocolError as exc:
             self.metrics.protocol_error("worker", exc.kind)
             return  # a worker that speaks garbage gets no answer; its heartbeats lapse if it is broken
@@ -404,8 +421,31 @@ class Scheduler:
         if kind is P.Kind.HEARTBEAT:
             worker.step = msg.step
             self.metrics.heartbeat()
+            await self._check_batch_alive(worker, msg.busy_batch, now)
             return
         await self._batch_result(worker, msg)
+
+    async def _check_batch_alive(self, worker: _Worker, busy_batch: int | None, now: float) -> None:
+        """A live worker that reports itself idle for longer than the heartbeat timeout while we think it
+        holds a batch has lost that batch or its result on the link (a message over MAXMSGSIZE is dropped
+        with the connection, which the worker then re-opens): retry its slices instead of waiting forever.
+        A worker reports a batch as busy from the moment it takes it until its result is sent."""
+        batch = self.batches.get(worker.batch_id) if worker.batch_id is not None else None
+        if batch is None:
+            return
+        if busy_batch is not None:
+            batch.busy_seen_at = now
+            return
+        if now - (batch.busy_seen_at or batch.sent_at) <= self.config.heartbeat_timeout_s:
+            return
+        log.warning("worker %s is idle but batch %d never came back; retrying its slices", worker.worker_id, batch.batch_id)
+        self.batches.pop(batch.batch_id, None)
+        worker.batch_id = None
+        self.counters["batches_lost"] += 1
+        self.metrics.worker_failure("worker_error")
+        for entry in batch.plan.entries:
+            await self._slice_failed(entry, worker, "worker_error", "batch lost: the worker is idle, its result never arrived")
+        await self._schedule()
 
     async def _register(self, identity: bytes, msg: P.RegisterMsg, now: float) -> None:
         try:
@@ -483,8 +523,11 @@ class Scheduler:
             if out.status == "ok":
                 try:
                     actions = P.array_from_wire(out.actions) if out.actions is not None else None
-                    if actions is None or actions.ndim != 4 or actions.shape[1] != g.images.shape[0]:
-                        raise CandidateContractError("actions", "shape_mismatch", "expected [n, B, H, D]",
+                    # [n, B, horizon, raw_action_dim] exactly: the partial reducer takes its shape from the
+                    # first slice folded, so a wrong-shaped first slice would be served as "done"
+                    want = (g.images.shape[0], g.sampling.horizon, g.sampling.raw_action_dim)
+                    if actions is None or actions.ndim != 4 or tuple(actions.shape[1:]) != want:
+                        raise CandidateContractError("actions", "shape_mismatch", f"expected [n, {', '.join(map(str, want))}]",
                                                      None if actions is None else list(actions.shape))
                     parts = _rollout_parts(g, out, len(out.candidate_ids))
                     if g.state.complete_slice(entry.slice_index, worker.worker_id, out.candidate_ids, actions):
@@ -493,7 +536,8 @@ class Scheduler:
                                 g.rollout_parts[int(cid)] = {name: arr[k] for name, arr in parts.items()}
                         if out.rollout_meta is not None and g.rollout_meta is None:
                             g.rollout_meta = {k: P.array_from_wire(v) for k, v in out.rollout_meta.items()}
-                except (CandidateContractError, P.ProtocolError) as exc:
+                except (ValueError, P.ProtocolError) as exc:  # ValueError: CandidateContractError, or an
+                    # Array whose shape product overflows in array_from_wire (escaping here strands the batch)
                     await self._slice_failed(entry, worker, "worker_error", f"malformed result: {exc}")
                     continue
                 if g.state.status is GroupStatus.REDUCING:
@@ -612,8 +656,7 @@ class Scheduler:
     # ---- control socket ------------------------------------------------------------------------------------
     async def _on_control(self, frames: list[bytes]) -> None:
         try:
-            identity, delimited, kind, payload = P.split_envelope(frames, P.CONTROL_KINDS)
-            msg = P.decode(kind, payload)
+            identity, delimited, kind, msg = _read(frames, P.CONTROL_KINDS)
         except P.ProtocolError as exc:
             self.metrics.protocol_error("control", exc.kind)
             await self._answer_error(self.control_sock, frames, exc)
@@ -689,6 +732,7 @@ class Scheduler:
             "batches_in_flight": len(self.batches),
             "draining": self.draining,
             "late_results_discarded": self.counters["late_results_discarded"],
+            "batches_lost": self.counters["batches_lost"],
             "handler_errors": self.counters["handler_errors"],
         }
 
@@ -706,6 +750,17 @@ def _public_status(reply: GroupReply) -> str:
     if reply.status is GroupStatus.FAILED and reply.error_code in _REJECT_CODES:
         return "rejected"
     return reply.reason
+
+
+def _read(frames: list[bytes], allowed) -> tuple[bytes, bool, P.Kind, Any]:
+    """split_envelope + decode. A payload nested too deeply for the decoder (msgspec raises RecursionError
+    while skipping an unknown field of a struct that ignores them, e.g. PING) is unreadable like any
+    other: a ProtocolError, so it gets its ERROR reply instead of escaping the handler."""
+    identity, delimited, kind, payload = P.split_envelope(frames, allowed)
+    try:
+        return identity, delimited, kind, P.decode(kind, payload)
+    except RecursionError:
+        raise P.ProtocolError("bad_msgpack", f"{kind.name} payload nests too deeply") from None
 
 
 def _observations(req: P.SubmitRequest) -> np.ndarray:

@@ -10,14 +10,14 @@ from __future__ import annotations
 import os
 import re
 import socket
-import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from candidate_scheduler.procs import ChildProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = ROOT / ".cache" / "tiny-cosmos3"
@@ -43,66 +43,11 @@ def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.05):
     raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
-class Proc:
-    """A child process whose output is drained to a log file (so a full pipe never blocks it)."""
+class Proc(ChildProcess):
+    """A child process of a test, with the test environment, run from the repository root."""
 
-    def __init__(self, cmd: list[str], log_path: Path, watch: bool = False):
-        self.cmd = cmd
-        self.log_path = log_path
-        self.lines: list[str] = []
-        self._cond = threading.Condition()
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT)
-        self._thread = threading.Thread(target=self._drain, daemon=True)
-        self._thread.start()
-
-    def _drain(self) -> None:
-        with open(self.log_path, "a") as log:
-            for line in self.proc.stdout:
-                log.write(line)
-                log.flush()
-                with self._cond:
-                    self.lines.append(line)
-                    self._cond.notify_all()
-        with self._cond:
-            self._cond.notify_all()
-
-    def wait_line(self, pattern: re.Pattern, timeout_s: float) -> re.Match:
-        deadline = time.monotonic() + timeout_s
-        seen = 0
-        with self._cond:
-            while True:
-                for line in self.lines[seen:]:
-                    m = pattern.search(line)
-                    if m:
-                        return m
-                seen = len(self.lines)
-                if self.proc.poll() is not None and seen == len(self.lines):
-                    raise RuntimeError(f"{self.cmd[3:5]} exited ({self.proc.returncode}); log: {self.log_path}")
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"no line {pattern.pattern!r} from {self.cmd[3:5]}; log: {self.log_path}")
-                self._cond.wait(min(remaining, 0.5))
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def kill(self) -> None:
-        if self.alive():
-            self.proc.kill()
-        self.proc.wait(timeout=10)
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        if self.alive():
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+    def __init__(self, cmd: list[str], log_path: Path):
+        super().__init__(cmd, log_path, env=ENV, cwd=ROOT)
 
 
 @dataclass

@@ -84,8 +84,18 @@ class Worker:
                     continue
                 if batch is None:
                     return
-                result = self._run(batch)
-                out.send_multipart(P.encode(P.Kind.BATCH_RESULT, result))
+                self._current = (batch.batch_id, None)  # busy from the moment it is taken: heartbeats say so
+                try:
+                    frames = P.encode(P.Kind.BATCH_RESULT, self._run(batch))
+                except Exception as exc:  # noqa: BLE001 - if this thread died, the worker would heartbeat on
+                    # and never answer again (e.g. an adapter returning fewer outputs than groups)
+                    log.exception("batch %d could not be answered", batch.batch_id)
+                    outputs = [P.GroupOutputMsg(g.request_id, "error", error=f"{type(exc).__name__}: {exc}",
+                                                error_code="model_error") for g in batch.groups]
+                    frames = P.encode(P.Kind.BATCH_RESULT, P.BatchResultMsg(self.worker_id, batch.batch_id, outputs))
+                finally:
+                    self._current = None
+                out.send_multipart(frames)
         finally:
             out.close(0)
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import queue
 import re
-import subprocess
 import sys
 import threading
 import time
@@ -32,6 +31,7 @@ import zmq
 
 from candidate_scheduler import protocol as P
 from candidate_scheduler import reducers, rng
+from candidate_scheduler.procs import ChildProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", SGLANG_DISABLE_COSMOS3_GUARDRAILS="1", PYTHONUNBUFFERED="1")
@@ -206,52 +206,14 @@ class FakeScheduler:
 # ---- the bridge process ------------------------------------------------------------------------------
 
 
-class BridgeProc:
+class BridgeProc(ChildProcess):
     def __init__(self, scheduler: str, *extra: str, log_path: Path):
         cmd = [sys.executable, "-m", "candidate_scheduler.compat_bridge", "--bind", "tcp://127.0.0.1:0",
                "--scheduler", scheduler, "--log-level", "INFO", *extra]
-        self.log_path = log_path
-        self.lines: list[str] = []
-        self._cond = threading.Condition()
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT)
-        threading.Thread(target=self._drain, daemon=True).start()
+        super().__init__(cmd, log_path, env=ENV, cwd=ROOT)
         m = self.wait_line(READY, 30)
         self.endpoint = m.group(1)
         self.port = int(self.endpoint.rsplit(":", 1)[1])
-
-    def _drain(self) -> None:
-        with open(self.log_path, "a") as log:
-            for line in self.proc.stdout:
-                log.write(line)
-                log.flush()
-                with self._cond:
-                    self.lines.append(line)
-                    self._cond.notify_all()
-        with self._cond:
-            self._cond.notify_all()
-
-    def wait_line(self, pattern: re.Pattern, timeout_s: float) -> re.Match:
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while True:
-                for line in self.lines:
-                    if m := pattern.search(line):
-                        return m
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"compat bridge exited ({self.proc.returncode}); log {self.log_path}")
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"no line {pattern.pattern!r} from the bridge; log {self.log_path}")
-                self._cond.wait(min(remaining, 0.5))
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,74 @@
+"""Child processes whose output is drained to a log file, for the benchmark and the tests.
+
+A full pipe would block a chatty child (sglang logs a lot), so a thread drains stdout+stderr into
+the log and keeps the lines, and `wait_line` blocks until a pattern shows up (the endpoint lines
+`serve` prints, the bridge's "listening on"), the child exits, or the timeout passes.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+
+class ChildProcess:
+    def __init__(self, cmd: list[str], log_path: Path, *, env: dict | None = None, cwd: str | Path | None = None):
+        self.cmd = cmd
+        self.log_path = Path(log_path)
+        self.lines: list[str] = []
+        self._cond = threading.Condition()
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd)
+        self._thread = threading.Thread(target=self._drain, daemon=True, name=f"drain-{self.proc.pid}")
+        self._thread.start()
+
+    def _drain(self) -> None:
+        with open(self.log_path, "a") as log:
+            for line in self.proc.stdout:
+                log.write(line)
+                log.flush()
+                with self._cond:
+                    self.lines.append(line)
+                    self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
+
+    def wait_line(self, pattern: re.Pattern, timeout_s: float) -> re.Match:
+        """The first output line matching `pattern` (already printed or still to come)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                for line in self.lines:
+                    m = pattern.search(line)
+                    if m:
+                        return m
+                if self.proc.poll() is not None and not self._thread.is_alive():
+                    raise RuntimeError(f"{' '.join(self.cmd[2:5])} exited ({self.proc.returncode}); log: {self.log_path}")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"no line {pattern.pattern!r} from {' '.join(self.cmd[2:5])}; log: {self.log_path}")
+                self._cond.wait(min(remaining, 0.5))
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.alive():
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after `timeout_s`."""
+        if self.alive():
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
