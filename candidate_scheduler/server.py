@@ -124,6 +124,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, metrics: Any | None = None, ctx: zmq.asyncio.Context | None = None):
         self.config = config
         self.metrics = ServiceMetricsShim(metrics)
+        self._owns_ctx = ctx is None
         self.ctx = ctx or zmq.asyncio.Context.instance()
         self.groups: dict[str, _Group] = {}
         self.queue: collections.OrderedDict[str, None] = collections.OrderedDict()  # admitted, not finished
@@ -180,12 +181,17 @@ class Scheduler:
         sock.curve_server = True
 
     def close(self) -> None:
+        # The client-facing sockets linger, and the context is terminated (waiting <= 2 s), so the last
+        # replies -- the shutdown answers -- leave before the process exits: LINGER 0 would discard what is
+        # still queued, and pyzmq does not terminate contexts at interpreter exit.
         for name in ("request_sock", "control_sock", "worker_sock"):
             sock = getattr(self, name, None)
             if sock is not None:
-                sock.close(0)
+                sock.close(linger=0 if name == "worker_sock" else 2000)
         if self._authenticator is not None:
             self._authenticator.stop()
+        if self._owns_ctx:
+            self.ctx.destroy(linger=2000)
 
     # ---- main loop ---------------------------------------------------------------------------------
     async def serve(self) -> None:

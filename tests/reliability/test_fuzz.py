@@ -1,0 +1,619 @@
+"""Fuzzing every socket with seeded random and structure-aware mutations of valid messages.
+
+Oracle: `protocol.split_envelope` + `protocol.decode` say what each input is, so the test knows which
+reply is due: an ERROR (with the protocol error code) for an unreadable message, one RESULT for every
+readable SUBMIT (a done one checked bit for bit against the fault-free null-worker result, any other
+status without an action), a PONG for a PING, a CONTROL_REPLY for a control message. Nothing is due on
+the worker link, where the scheduler must simply survive and keep its real worker. After every burst:
+the process is alive, `handler_errors` is 0 (no exception escaped a handler), and a valid group is
+answered correctly.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pickle
+import random
+import re
+import threading
+import time
+from collections import Counter
+
+import numpy as np
+import pytest
+import zmq
+
+from candidate_scheduler import protocol as P
+from candidate_scheduler.client import make_request
+from tests.conftest import wait_for
+from tests.reliability.fuzz import Evil, EvilShell, Mutator
+from tests.reliability.helpers import (
+    ERROR_CODES, IMAGE, Ledger, RawPeer, ReplyReader, check_result, decode_reply, expected_reply, stats,
+)
+from workers.worker import NullAdapter
+
+pytestmark = pytest.mark.timeout(900)
+REPLY_TIMEOUT_S = 15.0
+
+
+def _valid_roundtrip(handle, rnd, tag: str) -> None:
+    """A valid group after a burst: answered, and equal to the fault-free result."""
+    req = make_request(IMAGE, "pick", request_id=f"after-{tag}", count=rnd.randint(1, 12), seed=rnd.randrange(2**31),
+                       reducer=rnd.choice(["mean", "medoid", "median"]), return_candidates=True)
+    with RawPeer(handle.request) as peer:
+        peer.send(P.encode(P.Kind.SUBMIT, req))
+        frames = peer.recv(30)
+    assert frames is not None, f"no reply to a valid group after {tag}"
+    _kind, result = decode_reply(frames, {P.Kind.RESULT})
+    verdict, why = check_result(req, result)
+    assert result.status == "done" and verdict == "ok", (tag, result.status, result.error, why)
+
+
+def _health(handle, what: str) -> dict:
+    assert handle.proc.alive(), f"the scheduler died during {what}; log: {handle.proc.log_path}"
+    s = stats(handle)
+    assert s["handler_errors"] == 0, f"an exception escaped a handler during {what}; log: {handle.proc.log_path}"
+    return s
+
+
+def _expectation(frames: list[bytes], allowed) -> tuple[P.Kind | None, object, str | None]:
+    """(expected reply kind, decoded message or None, expected error code)."""
+    try:
+        _identity, _delimited, kind, payload = P.split_envelope([b"peer"] + frames, allowed)
+        msg = P.decode(kind, payload)
+    except P.ProtocolError as exc:
+        return P.Kind.ERROR, None, exc.kind
+    except RecursionError:  # nested too deeply to read: as unreadable as bad msgpack
+        return P.Kind.ERROR, None, "bad_msgpack"
+    return kind, msg, None
+
+
+def _fuzz_socket(handle, endpoint: str, allowed, corpus, n: int, bursts: int, rnd, marker, reliability, name: str,
+                 reply_kinds, skip=None) -> None:
+    mut = Mutator(rnd, corpus, list(P.Kind), str(marker))
+    tried = Counter()
+    outcome = Counter()
+    problems: list[str] = []
+    hangs = 0
+    per_burst = max(1, n // bursts)
+    peer = RawPeer(endpoint)
+    sent = 0
+    groups = Counter()  # readable SUBMITs: sent, answered, partial, wrong
+    try:
+        for burst in range(bursts):
+            for _ in range(per_burst):
+                strategy, frames = mut.next()
+                kind, msg, code = _expectation(frames, allowed)
+                if skip is not None and skip(kind, msg):
+                    tried["skipped"] += 1
+                    continue
+                tried[strategy.split(":")[0]] += 1
+                sent += 1
+                groups["requests"] += kind is P.Kind.SUBMIT
+                peer.send(frames)
+                reply = peer.recv(REPLY_TIMEOUT_S)
+                if reply is None:
+                    hangs += 1
+                    problems.append(f"no reply within {REPLY_TIMEOUT_S} s to {strategy} {[f[:40] for f in frames]}")
+                    peer.close()
+                    peer = RawPeer(endpoint)
+                    continue
+                try:
+                    got_kind, got = decode_reply(reply, reply_kinds)
+                except P.ProtocolError as exc:
+                    problems.append(f"unreadable reply to {strategy}: {exc}")
+                    continue
+                if got_kind is P.Kind.ERROR:
+                    outcome[f"error:{got.error_code}"] += 1
+                    if kind is not P.Kind.ERROR or got.error_code != code or got.error_code not in ERROR_CODES:
+                        problems.append(f"{strategy}: ERROR {got.error_code} where {kind} / {code} was due")
+                    continue
+                if kind is P.Kind.ERROR:
+                    problems.append(f"{strategy}: {got_kind.name} where ERROR {code} was due")
+                    continue
+                if got_kind is P.Kind.RESULT:
+                    outcome[f"result:{got.status}"] += 1
+                    groups["replies"] += 1
+                    if kind is not P.Kind.SUBMIT:
+                        problems.append(f"{strategy}: RESULT for a {kind.name}")
+                        continue
+                    if got.request_id != msg.request_id and not (got.status == "invalid" and got.request_id == ""):
+                        problems.append(f"{strategy}: RESULT for {got.request_id!r}, sent {msg.request_id!r}")
+                    try:
+                        verdict, why = check_result(msg, got)
+                    except Exception as exc:  # noqa: BLE001 - a done reply to a request the oracle cannot compute
+                        verdict, why = "wrong", f"done for a request the null worker cannot have run: {exc}"
+                    if verdict != "ok":
+                        groups["partial_aggregates" if verdict == "partial" else "wrong_results"] += 1
+                        problems.append(f"{strategy}: {verdict}: {why}")
+                elif got_kind is P.Kind.PONG:
+                    outcome["pong"] += 1
+                    if kind is not P.Kind.PING or got.nonce != msg.nonce:
+                        problems.append(f"{strategy}: PONG where {kind} was due")
+                elif got_kind is P.Kind.CONTROL_REPLY:
+                    outcome[f"control:{'ok' if got.ok else 'not-ok'}"] += 1
+                    if kind not in P.CONTROL_KINDS or kind is P.Kind.PING:
+                        problems.append(f"{strategy}: CONTROL_REPLY where {kind} was due")
+                # nothing else may follow the one reply
+                extra = peer.recv(0.0)
+                if extra is not None:
+                    problems.append(f"{strategy}: a second reply {extra[:1]}")
+            _health(handle, f"{name} fuzz burst {burst}")
+            _valid_roundtrip(handle, rnd, f"{name}-{burst}")
+    finally:
+        peer.close()
+    assert not marker.exists(), "a pickle payload was executed"
+    groups["lost"] = groups["requests"] - groups["replies"]
+    reliability.tally(**groups)
+    families = ", ".join(f"{k} {v}" for k, v in sorted(tried.items()))
+    top = ", ".join(f"{k} {v}" for k, v in outcome.most_common(6))
+    reliability.add("fuzz", f"{name} socket ({families})", sent,
+                    f"0 crashes, {hangs} hangs, {sent - hangs}/{sent} answered as due; valid group correct after "
+                    f"each of {bursts} bursts; replies: {top}", ok=not problems and hangs == 0)
+    assert hangs == 0 and not problems, problems[:15]
+
+
+def _request_corpus() -> list[list[bytes]]:
+    img_b = np.stack([IMAGE, IMAGE[::-1]])
+    reqs = [
+        make_request(IMAGE, "pick", request_id="fz-1", count=1, seed=1),
+        make_request(IMAGE, "pick", request_id="fz-4", count=4, seed=2, reducer="medoid", return_candidates=True),
+        make_request(IMAGE, "pick", request_id="fz-12", count=12, seed=3, reducer="median"),  # microbatched
+        make_request(img_b, ["a", "b"], request_id="fz-b", count=3, seed=4),  # batched observations
+        make_request(IMAGE, "pick", request_id="fz-none", count=2, seed=5, reducer="none", deadline_s=30.0,
+                     seed_policy="offset"),
+    ]
+    small = make_request(IMAGE[:16, :16], "p", request_id="fz-s", count=2, seed=6, height=16, width=16)
+    return [P.encode(P.Kind.SUBMIT, r) for r in reqs + [small, small]] + [P.encode(P.Kind.PING, P.Ping(7))]
+
+
+def test_fuzz_request_socket(services, reliability, rng_seed, tmp_path):
+    sched = services.scheduler()
+    services.worker(sched, capacity=8)
+    sched.wait_workers(1)
+    s = reliability.scale
+    _fuzz_socket(sched, sched.request, P.REQUEST_KINDS, _request_corpus(), s.fuzz_request, s.fuzz_bursts,
+                 random.Random(rng_seed), tmp_path / "pwned", reliability, "request",
+                 {P.Kind.RESULT, P.Kind.ERROR, P.Kind.PONG})
+
+
+def test_fuzz_control_socket(services, reliability, rng_seed, tmp_path):
+    sched = services.scheduler()
+    services.worker(sched, capacity=8)
+    sched.wait_workers(1)
+    # a group in flight, so CANCEL/STATUS sometimes hit a real one
+    with sched.client() as c:
+        c.send(make_request(IMAGE, "pick", request_id="ctl-target", count=2, steps=4))
+    corpus = [
+        P.encode(P.Kind.CANCEL, P.CancelRequest("ctl-target")),
+        P.encode(P.Kind.CANCEL, P.CancelRequest("never-seen")),
+        P.encode(P.Kind.STATUS, P.StatusRequest("ctl-target")),
+        P.encode(P.Kind.STATS, P.Empty()),
+        P.encode(P.Kind.PING, P.Ping(3)),
+    ]
+
+    def skip(kind, _msg):  # a readable DRAIN or SHUTDOWN does exactly what it says; the fuzzer must not send it
+        return kind in (P.Kind.DRAIN, P.Kind.SHUTDOWN)
+
+    s = reliability.scale
+    _fuzz_socket(sched, sched.control, P.CONTROL_KINDS, corpus, s.fuzz_control, s.fuzz_bursts,
+                 random.Random(rng_seed), tmp_path / "pwned", reliability, "control",
+                 {P.Kind.CONTROL_REPLY, P.Kind.ERROR, P.Kind.PONG}, skip=skip)
+    assert not stats(sched)["draining"]
+
+
+def _null_capability(capacity: int = 8) -> dict:
+    return NullAdapter(capacity).capability_dict()
+
+
+def test_fuzz_worker_link(services, reliability, rng_seed, tmp_path):
+    """Garbage and mutated REGISTER / HEARTBEAT / BATCH_RESULT from several identities (some impersonating
+    the real worker's id): no reply but REGISTERED / WORKER_STOP, the real worker keeps serving."""
+    sched = services.scheduler()
+    services.worker(sched, capacity=8)
+    real_id = next(iter(sched.wait_workers(1)["workers"]))
+    rnd = random.Random(rng_seed)
+    marker = tmp_path / "pwned"
+    arr = P.array_to_wire(np.zeros((1, 1, 16, 7), np.float32))
+    corpus = [
+        P.encode(P.Kind.REGISTER, P.RegisterMsg("fuzz-w", _null_capability(), 8, pid=1)),
+        P.encode(P.Kind.HEARTBEAT, P.HeartbeatMsg(real_id, 1, 2)),
+        P.encode(P.Kind.HEARTBEAT, P.HeartbeatMsg("fuzz-w", None, None)),
+        P.encode(P.Kind.BATCH_RESULT, P.BatchResultMsg(real_id, 1, [P.GroupOutputMsg("g", "ok", [0], arr)])),
+        P.encode(P.Kind.BATCH_RESULT, P.BatchResultMsg("fuzz-w", 7, [P.GroupOutputMsg("g", "error", error="x")])),
+    ]
+    mut = Mutator(rnd, corpus, list(P.Kind), str(marker))
+    s = reliability.scale
+    tried = Counter()
+    replies = Counter()
+    problems: list[str] = []
+    peers = [RawPeer(sched.worker, identity=f"fuzz-peer-{i}".encode()) for i in range(4)]
+    late_before = stats(sched)["late_results_discarded"]
+    sent = 0
+    try:
+        per_burst = max(1, s.fuzz_worker // s.fuzz_bursts)
+        for burst in range(s.fuzz_bursts):
+            for _ in range(per_burst):
+                strategy, frames = mut.next()
+                tried[strategy.split(":")[0]] += 1
+                sent += 1
+                rnd.choice(peers).send(frames)
+            # barrier: an unknown worker's heartbeat is answered WORKER_STOP(reregister) after everything
+            # this peer sent before it; every reply on the way must be a well-formed link message
+            for k, peer in enumerate(peers):
+                # barrier: a REGISTER under a fresh id is answered REGISTERED(that id) after everything this
+                # peer sent before it; every message on the way must be a well-formed link message
+                barrier_id = f"barrier-{burst}-{k}"
+                peer.send(P.encode(P.Kind.REGISTER, P.RegisterMsg(barrier_id, _null_capability(), 8)))
+                while True:
+                    frames = peer.recv(REPLY_TIMEOUT_S)
+                    if frames is None:
+                        problems.append("the worker link stopped answering (barrier REGISTER)")
+                        break
+                    try:
+                        kind, msg = decode_reply(frames, {P.Kind.REGISTERED, P.Kind.WORKER_STOP, P.Kind.BATCH,
+                                                          P.Kind.CANCEL_ROWS})
+                    except P.ProtocolError as exc:
+                        problems.append(f"unreadable link message: {exc}")
+                        continue
+                    replies[kind.name] += 1
+                    if kind is P.Kind.REGISTERED and msg.worker_id == barrier_id:
+                        break
+            _health(sched, f"worker-link fuzz burst {burst}")
+            # fuzz-registered workers never heartbeat: they lapse; the real one must still be there
+            wait_for(lambda: set(stats(sched)["workers"]) == {real_id}, 30, "only the real worker registered")
+            _valid_roundtrip(sched, rnd, f"link-{burst}")
+    finally:
+        for p in peers:
+            p.close()
+    late = stats(sched)["late_results_discarded"] - late_before
+    assert not marker.exists(), "a pickle payload was executed"
+    families = ", ".join(f"{k} {v}" for k, v in sorted(tried.items()))
+    reliability.add("fuzz", f"worker link ({families})", sent,
+                    f"0 crashes; only REGISTERED/WORKER_STOP answered ({dict(replies)}); {late} forged results "
+                    f"discarded; real worker kept, valid group correct after each of {s.fuzz_bursts} bursts",
+                    ok=not problems)
+    assert not problems, problems[:10]
+
+
+# ---- a fake worker on the link: structure-aware faults in real BATCH_RESULTs -------------------------------
+
+
+RESULT_MUTATIONS = [
+    "outputs:drop", "outputs:extra", "output:wrong-request", "output:wrong-ids",
+    "output:wrong-shape", "output:wrong-batch-axis", "output:nan", "output:bad-status", "output:no-actions",
+    "output:array-lie", "result:wrong-batch-id", "result:foreign-worker-id", "result:garbage",
+    "result:truncated", "result:duplicate", "result:silence", "result:late",
+]
+
+
+class FakeWorker(threading.Thread):
+    """Registers like a null worker and answers each BATCH with a (usually) corrupted BATCH_RESULT.
+    Heartbeats report the batch as busy until it is answered, like the real worker."""
+
+    def __init__(self, endpoint: str, rnd: random.Random, other_worker_id: str):
+        super().__init__(daemon=True, name="fake-worker")
+        self.endpoint = endpoint
+        self.rnd = rnd
+        self.other = other_worker_id
+        self.worker_id = "fake-worker"
+        self.stop = threading.Event()
+        self.applied = Counter()
+        self.adapter = NullAdapter(8)
+        self.error: BaseException | None = None
+
+    def _result(self, batch: P.BatchMsg) -> P.BatchResultMsg:
+        from candidate_scheduler.work import CandidateWork, GroupWork, SamplingSpec
+
+        items = [GroupWork(g.request_id, P.array_from_wire(g.images), list(g.prompts),
+                           SamplingSpec(**{k: getattr(g.sampling, k) for k in g.sampling.__struct_fields__}),
+                           [CandidateWork(c.candidate_id, c.seed, c.snapshot) for c in g.candidates])
+                 for g in batch.groups]
+        outs, _report = self.adapter.run_batch(items)
+        msgs = [P.GroupOutputMsg(o.request_id, o.status, list(o.candidate_ids),
+                                 None if o.actions is None else P.array_to_wire(np.asarray(o.actions, np.float32)))
+                for o in outs]
+        return P.BatchResultMsg(self.worker_id, batch.batch_id, msgs, {})
+
+    def _mutate(self, what: str, res: P.BatchResultMsg) -> list[list[bytes]]:
+        import msgspec
+
+        outs = list(res.outputs)
+        i = self.rnd.randrange(len(outs))
+        o = outs[i]
+        acts = P.array_from_wire(o.actions) if o.actions is not None else np.zeros((1, 1, 16, 7), np.float32)
+        if what == "outputs:drop":
+            outs.pop(i)
+        elif what == "outputs:extra":
+            outs.append(o)
+        elif what == "output:wrong-request":
+            outs[i] = msgspec.structs.replace(o, request_id=o.request_id + "x")
+        elif what == "output:wrong-ids":
+            outs[i] = msgspec.structs.replace(o, candidate_ids=[c + 1 for c in o.candidate_ids])
+        elif what == "output:wrong-shape":
+            outs[i] = msgspec.structs.replace(o, actions=P.array_to_wire(np.ascontiguousarray(acts[..., :-1])))
+        elif what == "output:wrong-batch-axis":
+            outs[i] = msgspec.structs.replace(o, actions=P.array_to_wire(np.concatenate([acts, acts], axis=1)))
+        elif what == "output:nan":
+            bad = acts.copy()
+            bad.reshape(-1)[0] = np.nan
+            outs[i] = msgspec.structs.replace(o, actions=P.array_to_wire(bad))
+        elif what == "output:bad-status":
+            outs[i] = msgspec.structs.replace(o, status=self.rnd.choice(["", "OK", "partial"]))
+        elif what == "output:no-actions":
+            outs[i] = msgspec.structs.replace(o, actions=None)
+        elif what == "output:array-lie":
+            lie = self.rnd.choice([P.Array("object", [1], b"\x00" * 8), P.Array("float32", [2**31, 2**31], b""),
+                                   P.Array("float32", [2**62, 2**62], b""), P.Array("<U4", [1], b"abcd"),
+                                   P.Array("float32", [1, 1, 16, 7], b"\x00" * 5)])
+            outs[i] = msgspec.structs.replace(o, actions=lie)
+        res = msgspec.structs.replace(res, outputs=outs)
+        frames = P.encode(P.Kind.BATCH_RESULT, res)
+        if what == "result:wrong-batch-id":
+            frames = P.encode(P.Kind.BATCH_RESULT, msgspec.structs.replace(res, batch_id=res.batch_id + 10**6))
+        elif what == "result:foreign-worker-id":
+            frames = P.encode(P.Kind.BATCH_RESULT, msgspec.structs.replace(res, worker_id=self.other))
+        elif what == "result:garbage":
+            frames = [frames[0], os.urandom(64)]
+        elif what == "result:truncated":
+            frames = [frames[0], frames[1][: len(frames[1]) // 2]]
+        elif what == "result:duplicate":
+            return [frames, frames]
+        elif what == "result:silence":
+            return []
+        return [frames]
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+
+    def _run(self) -> None:
+        ctx = zmq.Context.instance()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IDENTITY, self.worker_id.encode())
+        sock.connect(self.endpoint)
+        # capacity 16 > the real worker's 8: the scheduler offers every batch to the fake first
+        register = P.encode(P.Kind.REGISTER, P.RegisterMsg(self.worker_id, _null_capability(16), 16, pid=os.getpid()))
+        sock.send_multipart(register)
+        busy: int | None = None
+        mute_until = 0.0  # "late": no heartbeats until declared dead, then the (valid) result
+        late: list[list[bytes]] = []
+        last_beat = 0.0
+        try:
+            while not self.stop.is_set():
+                now = time.monotonic()
+                if now >= mute_until:
+                    if late:
+                        for f in late:
+                            sock.send_multipart(f)
+                        late = []
+                        busy = None
+                    if now - last_beat > 0.1:
+                        sock.send_multipart(P.encode(P.Kind.HEARTBEAT, P.HeartbeatMsg(self.worker_id, busy, None)))
+                        last_beat = now
+                if not sock.poll(20):
+                    continue
+                frames = sock.recv_multipart()
+                kind = P.parse_header(frames[0], {P.Kind.REGISTERED, P.Kind.BATCH, P.Kind.CANCEL_ROWS, P.Kind.WORKER_STOP})
+                msg = P.decode(kind, frames[1])
+                if kind is P.Kind.WORKER_STOP:
+                    sock.send_multipart(register)
+                elif kind is P.Kind.BATCH:
+                    busy = msg.batch_id
+                    what = "valid" if self.rnd.random() < 0.4 else self.rnd.choice(RESULT_MUTATIONS)
+                    self.applied[what] += 1
+                    res = self._result(msg)
+                    if what == "result:late":
+                        late = [P.encode(P.Kind.BATCH_RESULT, res)]
+                        mute_until = time.monotonic() + 2.0  # > the scheduler's 1.5 s heartbeat timeout
+                        continue
+                    for f in self._mutate(what, res):
+                        sock.send_multipart(f)
+                    busy = None
+        finally:
+            sock.close(0)
+
+
+def test_fuzz_worker_link_fake_worker_corrupts_real_batches(services, reliability, rng_seed):
+    """A fake worker takes real batches and answers them with structure-aware corruptions (wrong
+    outputs, ids, shapes, NaNs, lying arrays, foreign worker id or batch id, garbage, duplicates,
+    silence, an answer after being declared dead). Every group: exactly one reply, the fault-free result."""
+    sched = services.scheduler("--retry-limit", "30")
+    services.worker(sched, capacity=8, step_delay=0.1)  # slow: most batches go to the (instant) fake
+    real_id = next(iter(sched.wait_workers(1)["workers"]))
+    rnd = random.Random(rng_seed)
+    fake = FakeWorker(sched.worker, random.Random(rng_seed + 1), real_id)
+    fake.start()
+    try:
+        sched.wait_workers(2)
+        ledger = Ledger()
+        reader = ReplyReader(sched.request, ledger)
+        n = reliability.scale.fake_worker_groups
+        for i in range(n):
+            reader.send(make_request(IMAGE, "pick", request_id=f"fw-{i}", count=rnd.randint(1, 12),
+                                     seed=rnd.randrange(2**31), reducer=rnd.choice(["mean", "medoid", "none"]),
+                                     return_candidates=rnd.random() < 0.5))
+            if i % 4 == 3:  # keep a few in flight so both workers (and co-batching) are used
+                reader.wait_all(120)
+        reader.wait_all(120)
+        from tests.reliability.helpers import wait_quiescent
+
+        wait_quiescent(sched, 30)
+        reader.barrier()
+        reader.close()
+        summary = ledger.summary()
+        done = ledger.statuses["done"]
+        _health(sched, "fake-worker fuzz")
+    finally:
+        fake.stop.set()
+        fake.join(5)
+    assert fake.error is None, repr(fake.error)
+    assert sum(fake.applied.values()) >= n // 3, f"the fake worker got too few batches to mean much: {fake.applied}"
+    corrupt = sum(v for k, v in fake.applied.items() if k != "valid")
+    reliability.add("fuzz", "worker link: fake worker corrupting real BATCH_RESULTs ("
+                    + ", ".join(f"{k} {v}" for k, v in sorted(fake.applied.items())) + ")", corrupt,
+                    f"{summary['requests']} groups: {done} done = fault-free result, lost {summary['lost']}, "
+                    f"duplicated {summary['duplicated']}, partial {summary['partial_aggregates']}",
+                    ok=summary["lost"] == summary["duplicated"] == summary["partial_aggregates"] == 0)
+    ledger.assert_clean(reliability)
+    assert done == n, ledger.statuses
+
+
+# ---- the sglang compat socket -------------------------------------------------------------------------------
+
+
+def _compat_usable() -> str | None:
+    if importlib.util.find_spec("candidate_scheduler.compat_bridge") is None:
+        return "candidate_scheduler/compat_bridge.py does not exist yet"
+    return None
+
+
+def test_fuzz_compat_socket(services, reliability, rng_seed, tmp_path):
+    """sglang's pickle protocol ([identity, b"", pickle]) through the bridge's allow-list unpickler:
+    every well-enveloped input gets exactly one reply (an OutputBatch, usually with an error); no
+    pickle runs; the bridge and the scheduler stay up and a ping is answered after every burst."""
+    why = _compat_usable()
+    if why:
+        pytest.skip(f"compat fuzzing skipped: {why}")
+    from candidate_scheduler import sglang_compat as C
+
+    sched = services.scheduler(compat=True)
+    services.worker(sched, capacity=8)
+    sched.wait_workers(1)
+    ping = pickle.dumps({"method": "ping"})
+    probe = RawPeer(sched.compat)
+    try:
+        probe.send([b"", ping])
+        if probe.recv(30) is None:
+            pytest.skip(f"compat fuzzing skipped: the bridge at {sched.compat} does not answer a ping "
+                        f"(scheduler log: {sched.proc.log_path})")
+    finally:
+        probe.close()
+    bridge_pids = _children(sched.proc.pid)
+    rnd = random.Random(rng_seed)
+    marker = tmp_path / "pwned"
+    req_state = {"request_id": "cfz", "prompt": "pick", "seed": 3, "num_outputs_per_prompt": 1,
+                 "image_path": None, "height": 64, "width": 64, "num_inference_steps": 4}
+    corpus_objs = [
+        {"method": "ping"},
+        C.ForeignObject("sglang.multimodal_gen.runtime.pipelines_core.schedule_batch", "Req", dict(req_state)),
+        [C.ForeignObject("sglang.multimodal_gen.runtime.pipelines_core.schedule_batch", "Req", dict(req_state))],
+        {"method": "other"}, [], 3, "x",
+    ]
+    corpus = [C.dumps_foreign(o) for o in corpus_objs]
+    evil = [pickle.dumps(Evil(str(marker))), pickle.dumps(EvilShell(str(marker))),
+            pickle.dumps({"method": "ping", "x": Evil(str(marker))})]
+
+    def mutate() -> tuple[str, list[bytes], bool]:
+        base = rnd.choice(corpus)
+        r = rnd.random()
+        if r < 0.1:
+            return "valid", [b"", base], True
+        if r < 0.2:
+            return "pickle:evil", [b"", rnd.choice(evil)], True
+        if r < 0.3:  # sglang ignores anything without the REQ envelope; so must the bridge
+            return "frames", rnd.choice([[base], [b"", base, b"x"], [b"x", base], [b"", b"", base]]), False
+        p = bytearray(base)
+        op = rnd.randrange(6)
+        if op == 0:
+            p = p[: rnd.randrange(max(1, len(p)))]
+        elif op == 1:
+            for _ in range(rnd.randint(1, 6)):
+                if p:
+                    p[rnd.randrange(len(p))] ^= 1 << rnd.randrange(8)
+        elif op == 2:
+            p = bytearray(os.urandom(rnd.choice([1, 16, 300])))
+        elif op == 3:  # deep nesting
+            p = bytearray(b"\x80\x04" + b"]" * rnd.choice([1000, 100_000]) + b".")
+        elif op == 4:  # huge declared lengths (BINBYTES8 / BINUNICODE8 / FRAME)
+            p = bytearray(b"\x80\x04" + rnd.choice([b"\x8e", b"\x8d", b"\x95"]) + b"\xff" * 8 + b"x.")
+        else:  # a global that is not on the allow-list
+            p = bytearray(b"\x80\x04\x8c\x02os\x8c\x06system\x93\x8c\x04true\x85R.")
+        return f"bytes:{op}", [b"", bytes(p)], True
+
+    s = reliability.scale
+    tried = Counter()
+    problems: list[str] = []
+    answered = 0
+    due = 0
+    peer = RawPeer(sched.compat)
+    per_burst = max(1, s.fuzz_compat // s.fuzz_bursts)
+    try:
+        for burst in range(s.fuzz_bursts):
+            for _ in range(per_burst):
+                strategy, frames, reply_due = mutate()
+                tried[strategy.split(":")[0]] += 1
+                peer.sock.send_multipart(frames)
+                if not reply_due:
+                    continue
+                due += 1
+                reply = peer.sock.poll(int(REPLY_TIMEOUT_S * 1000)) and peer.sock.recv_multipart()
+                if not reply:
+                    problems.append(f"no reply to {strategy}")
+                    peer.close()
+                    peer = RawPeer(sched.compat)
+                    continue
+                if len(reply) != 2 or reply[0] != b"":
+                    problems.append(f"reply to {strategy} is not [b'', pickle]: {len(reply)} frames")
+                    continue
+                try:
+                    C.safe_loads(reply[1])  # the reply itself must be a readable, allow-listed pickle
+                except C.RefusedPickle as exc:
+                    problems.append(f"reply to {strategy} is not an allow-listed pickle: {exc}")
+                answered += 1
+            # burst end: a ping is answered (a reply to an ignored input would arrive before it)
+            peer.sock.send_multipart([b"", ping])
+            reply = peer.sock.poll(int(REPLY_TIMEOUT_S * 1000)) and peer.sock.recv_multipart()
+            if not reply or reply[0] != b"":
+                problems.append(f"no ping reply after burst {burst}")
+            elif peer.sock.poll(0):
+                problems.append("an ignored input was answered")
+            assert all(_alive(pid) for pid in bridge_pids), "the compat bridge died"
+            _health(sched, f"compat fuzz burst {burst}")
+            _valid_roundtrip(sched, rnd, f"compat-{burst}")
+    finally:
+        peer.close()
+    assert not marker.exists(), "a pickle payload was executed by the compat bridge"
+    families = ", ".join(f"{k} {v}" for k, v in sorted(tried.items()))
+    total = sum(tried.values())
+    reliability.add("fuzz", f"sglang compat socket ({families})", total,
+                    f"0 crashes, {due - answered} hangs: {answered}/{due} well-enveloped inputs answered once, "
+                    f"others ignored; no pickle executed; ping + valid group OK after each of {s.fuzz_bursts} bursts",
+                    ok=not problems)
+    assert not problems, problems[:10]
+
+
+def _children(pid: int) -> list[int]:
+    import psutil
+
+    return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_oversize_message_drops_only_that_peer(services, reliability):
+    """A message over MAXMSGSIZE (64 MiB) on each native socket: ZMQ drops that peer (no reply is
+    possible); the scheduler lives on and answers the next peer."""
+    sched = services.scheduler()
+    services.worker(sched, capacity=8)
+    sched.wait_workers(1)
+    big = b"\x00" * (P.MAX_MESSAGE_BYTES + 1)
+    for endpoint in (sched.request, sched.control, sched.worker):
+        with RawPeer(endpoint) as peer:
+            peer.send([P.header(P.Kind.PING), big])
+            assert peer.recv(1.0) is None
+    _health(sched, "oversize messages")
+    _valid_roundtrip(sched, random.Random(1), "oversize")
+    reliability.add("fuzz", "message over MAXMSGSIZE (64 MiB + 1) on request, control and worker link", 3,
+                    "peer dropped by ZMQ, scheduler alive, next valid group correct")
