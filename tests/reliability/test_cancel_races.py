@@ -20,7 +20,7 @@ import pytest
 
 from candidate_scheduler import protocol as P
 from tests.reliability.helpers import (
-    Ledger, RawPeer, ReplyReader, decode_reply, random_request, stats, wait_quiescent,
+    Ledger, RawPeer, ReplyReader, decode_reply, random_request, wait_quiescent,
 )
 
 pytestmark = pytest.mark.timeout(900)
@@ -234,11 +234,10 @@ def test_cancellation_races(services, reliability, rng_seed):
     hits = sum((lane.hits for lane in lanes), Counter())
     cancels = sum(lane.cancels for lane in lanes)
     races = sum(phases.values())
-    summary = ledger.summary()
     reliability.add("cancel", "races: " + ", ".join(f"{k} {v}" for k, v in sorted(phases.items())), races,
                     f"{cancels} cancels sent ({sum(lane.changed for lane in lanes)} changed, the rest no-ops incl. "
                     f"{races} unknown ids); outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(hits.items()))
-                    + f"; one reply per group, status == reply, 0 groups / 0 batches left in flight",
+                    + "; one reply per group, status == reply, 0 groups / 0 batches left in flight",
                     ok=not problems)
     ledger.assert_clean(reliability)
     assert not problems, problems[:15]

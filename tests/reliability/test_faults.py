@@ -10,17 +10,14 @@ from __future__ import annotations
 import os
 import random
 import signal
-import time
 from collections import Counter
 
-import numpy as np
 import pytest
 
-from candidate_scheduler import protocol as P
 from candidate_scheduler.client import make_request, synthetic_image
 from tests.conftest import wait_for
 from tests.reliability.helpers import (
-    IMAGE, Ledger, ReplyReader, check_result, control, fault_lines, random_request, stats, wait_quiescent,
+    IMAGE, Ledger, ReplyReader, check_result, fault_lines, random_request, stats, wait_quiescent,
 )
 
 pytestmark = pytest.mark.timeout(900)

@@ -15,7 +15,6 @@ import importlib.util
 import os
 import pickle
 import random
-import re
 import threading
 import time
 from collections import Counter
@@ -29,7 +28,7 @@ from candidate_scheduler.client import make_request
 from tests.conftest import wait_for
 from tests.reliability.fuzz import Evil, EvilShell, Mutator
 from tests.reliability.helpers import (
-    ERROR_CODES, IMAGE, Ledger, RawPeer, ReplyReader, check_result, decode_reply, expected_reply, stats,
+    ERROR_CODES, IMAGE, Ledger, RawPeer, ReplyReader, check_result, decode_reply, stats,
 )
 from workers.worker import NullAdapter
 
