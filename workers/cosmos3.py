@@ -271,6 +271,7 @@ class Cosmos3CandidateAdapter:
         self.scheduler = self.denoise_stage.scheduler
         self.action_dim = int(self.transformer.action_dim)
         self.stats_path = self.server_args.pipeline_config.action_stats_path
+        self.stats_dim = _stats_dim(self.stats_path)
         self._counts = {"forwards": 0, "text": 0, "vae": 0}
         self._vae_memo: dict = {}
         self._vae_key = None
@@ -358,6 +359,12 @@ class Cosmos3CandidateAdapter:
         if sampling.raw_action_dim > self.action_dim:
             raise ObservationError(
                 "bad_raw_action_dim", f"raw_action_dim must be in [1, {self.action_dim}], got {sampling.raw_action_dim}"
+            )
+        if self.stats_dim is not None and sampling.raw_action_dim != self.stats_dim:
+            # the checkpoint's action statistics denormalise exactly this many dims
+            raise ObservationError(
+                "bad_raw_action_dim",
+                f"this checkpoint's action stats cover {self.stats_dim} action dims; raw_action_dim is {sampling.raw_action_dim}",
             )
         text, preprocessed = [], []
         base_req = None
@@ -670,6 +677,18 @@ class Cosmos3CandidateAdapter:
             yield delta
         finally:
             delta.update({k: self._counts[k] - before[k] for k in before})
+
+
+def _stats_dim(path: str | None) -> int | None:
+    if not path:
+        return None
+    import json
+
+    try:
+        stats = json.loads(Path(path).read_text())
+        return len(stats["global"]["q01"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # sglang's own loader reports a bad stats file when it is used
 
 
 def _unique_rows(rows) -> tuple[list[int], list[int]]:

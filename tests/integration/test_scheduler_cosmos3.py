@@ -95,3 +95,12 @@ def test_co_batched_groups_equal_their_references(service):
     assert rb.metrics["co_batched_batches"] == 1
     assert ra.candidates.tobytes() == references(service.reference, 31, 3).tobytes()
     assert rb.candidates.tobytes() == references(service.reference, 57, 4).tobytes()
+
+
+def test_a_request_the_model_cannot_serve_fails_once_without_retries(service):
+    with service.handle.client() as c:
+        r = c.submit(IMAGE, PROMPT, count=2, raw_action_dim=5, timeout_s=60)
+        ok = c.submit(IMAGE, PROMPT, count=2, timeout_s=60)
+    assert r.status == "failed" and r.error_code == "bad_raw_action_dim" and "7" in r.error
+    assert r.metrics["retries"] == 0 and r.action is None
+    assert ok.status == "done"
