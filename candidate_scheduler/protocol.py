@@ -11,6 +11,7 @@ typed decoder, so a payload that does not match its kind is a typed error, never
 from __future__ import annotations
 
 import enum
+import math
 from typing import Any
 
 import msgspec
@@ -84,7 +85,8 @@ def array_from_wire(a: Array, *, max_bytes: int = MAX_MESSAGE_BYTES) -> np.ndarr
     if len(a.shape) > 8 or any((not isinstance(d, int)) or d < 0 for d in a.shape):
         raise ProtocolError("bad_type", f"bad array shape {a.shape!r}")
     dtype = np.dtype(a.dtype).newbyteorder("<")
-    expected = int(np.prod(a.shape, dtype=np.int64)) * dtype.itemsize
+    # Python ints: an int64 product of hostile dims would wrap around and slip past the size check
+    expected = math.prod(a.shape) * dtype.itemsize
     if expected > max_bytes:
         raise ProtocolError("oversize", f"array of {expected} bytes is over the {max_bytes}-byte limit")
     if expected != len(a.data):
@@ -349,6 +351,9 @@ def decode(kind: Kind, payload: bytes) -> Any:
         raise ProtocolError("bad_type", f"{kind.name} payload does not match its schema: {exc}") from None
     except msgspec.DecodeError as exc:
         raise ProtocolError("bad_msgpack", f"{kind.name} payload is not valid msgpack: {exc}") from None
+    except RecursionError:
+        # msgspec recurses while skipping an unknown, deeply nested field of a struct that ignores them
+        raise ProtocolError("bad_msgpack", f"{kind.name} payload nests too deeply") from None
 
 
 def split_envelope(frames: list[bytes], allowed) -> tuple[bytes, bool, Kind, bytes]:

@@ -759,14 +759,9 @@ def _public_status(reply: GroupReply) -> str:
 
 
 def _read(frames: list[bytes], allowed) -> tuple[bytes, bool, P.Kind, Any]:
-    """split_envelope + decode. A payload nested too deeply for the decoder (msgspec raises RecursionError
-    while skipping an unknown field of a struct that ignores them, e.g. PING) is unreadable like any
-    other: a ProtocolError, so it gets its ERROR reply instead of escaping the handler."""
+    """split_envelope + decode: every unreadable message is a ProtocolError."""
     identity, delimited, kind, payload = P.split_envelope(frames, allowed)
-    try:
-        return identity, delimited, kind, P.decode(kind, payload)
-    except RecursionError:
-        raise P.ProtocolError("bad_msgpack", f"{kind.name} payload nests too deeply") from None
+    return identity, delimited, kind, P.decode(kind, payload)
 
 
 def _observations(req: P.SubmitRequest) -> np.ndarray:
