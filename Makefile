@@ -56,7 +56,7 @@ reliability: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/reliability --reliability-long
 
 dashboards-check: $(STAMP)
-	$(BIN)/python -m candidate_scheduler.dashboards_check grafana
+	$(BIN)/python -m candidate_scheduler.service.dashboards_check grafana
 
 clean:
 	rm -rf $(VENV) .cache

@@ -2,7 +2,20 @@
 
 One logical request asks for N stochastic candidate action trajectories from one observation; the
 candidates run as one group (one physical batch, or microbatches when they do not fit), and are
-reduced to one served action by a model-declared reducer. See docs in the design notes.
+reduced to one served action by a model-declared reducer. The layout is in docs/architecture.md.
+
+The public Python API is `from candidate_scheduler import Client, AsyncClient` (and `synthetic_image`).
+They load lazily, so importing the pure rooms under `candidate_scheduler.core` never pulls in zmq.
 """
 
 __version__ = "0.1.0"
+
+__all__ = ["AsyncClient", "Client", "Result", "ServiceError", "synthetic_image", "__version__"]
+
+
+def __getattr__(name: str):
+    if name in ("AsyncClient", "Client", "Result", "ServiceError", "synthetic_image"):
+        from candidate_scheduler.service import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'candidate_scheduler' has no attribute {name!r}")

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from candidate_scheduler import server as S
+from candidate_scheduler.service import server
 
 DEFAULT_MODEL = ".cache/tiny-cosmos3"
 
@@ -24,13 +24,13 @@ def _endpoint(host: str, port: int) -> str:
 
 
 def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", default=S.DEFAULT_HOST, help="bind address of every socket (default 127.0.0.1)")
-    p.add_argument("--request-port", type=int, default=S.DEFAULT_REQUEST_PORT, help="native request socket (default 5555)")
-    p.add_argument("--control-port", type=int, default=S.DEFAULT_CONTROL_PORT, help="control socket (default 5556)")
-    p.add_argument("--worker-port", type=int, default=S.DEFAULT_WORKER_PORT, help="worker link (default 5557)")
+    p.add_argument("--host", default=server.DEFAULT_HOST, help="bind address of every socket (default 127.0.0.1)")
+    p.add_argument("--request-port", type=int, default=server.DEFAULT_REQUEST_PORT, help="native request socket (default 5555)")
+    p.add_argument("--control-port", type=int, default=server.DEFAULT_CONTROL_PORT, help="control socket (default 5556)")
+    p.add_argument("--worker-port", type=int, default=server.DEFAULT_WORKER_PORT, help="worker link (default 5557)")
     p.add_argument("--worker-host", default=None, help="bind address of the worker link (default: --host); "
                    "a non-loopback address requires --curve-dir")
-    p.add_argument("--compat-port", type=int, default=S.DEFAULT_COMPAT_PORT, help="sglang-compatible socket (default 5558)")
+    p.add_argument("--compat-port", type=int, default=server.DEFAULT_COMPAT_PORT, help="sglang-compatible socket (default 5558)")
     p.add_argument("--no-compat", action="store_true", help="do not start the sglang-compatible bridge")
     p.add_argument("--compat-host", default=None, help="bind address of the sglang-compatible socket (default: --host)")
     p.add_argument("--compat-allow-nonlocal", action="store_true",
@@ -45,10 +45,10 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--curve-dir", default=None, help="CURVE keys for the worker link (see `candidate-scheduler keys`)")
 
 
-def _config(args) -> S.SchedulerConfig:
-    from candidate_scheduler.admission import AdmissionPolicy
+def _config(args) -> server.SchedulerConfig:
+    from candidate_scheduler.core.admission import AdmissionPolicy
 
-    return S.SchedulerConfig(
+    return server.SchedulerConfig(
         request_endpoint=_endpoint(args.host, args.request_port),
         control_endpoint=_endpoint(args.host, args.control_port),
         worker_endpoint=_endpoint(args.worker_host or args.host, args.worker_port),
@@ -63,13 +63,13 @@ def _config(args) -> S.SchedulerConfig:
     )
 
 
-def _start_metrics(config: S.SchedulerConfig):
+def _start_metrics(config: server.SchedulerConfig):
     if config.metrics_port is None:
         return None, None
-    from candidate_scheduler import metrics as M
+    from candidate_scheduler.service import metrics
 
-    m = M.SchedulerMetrics()
-    _server, _thread, port = M.start_http_server(m, config.metrics_host, config.metrics_port)
+    m = metrics.SchedulerMetrics()
+    _server, _thread, port = metrics.start_http_server(m, config.metrics_host, config.metrics_port)
     return m, f"http://{config.metrics_host}:{port}/metrics"
 
 
@@ -82,7 +82,7 @@ def _spawn_bridge(args, bound: dict[str, str]) -> tuple[subprocess.Popen | None,
     import threading
 
     endpoint = _endpoint(args.compat_host or args.host, args.compat_port)
-    cmd = [sys.executable, "-m", "candidate_scheduler.compat_bridge", "--bind", endpoint,
+    cmd = [sys.executable, "-m", "candidate_scheduler.compat.bridge", "--bind", endpoint,
            "--scheduler", bound["request"], "--control", bound["control"]]
     if args.compat_allow_nonlocal:
         cmd.append("--allow-nonlocal")
@@ -114,7 +114,7 @@ def _spawn_bridge(args, bound: dict[str, str]) -> tuple[subprocess.Popen | None,
 async def _serve(args, on_ready=None) -> None:
     config = _config(args)
     metrics, metrics_url = _start_metrics(config)
-    scheduler = S.Scheduler(config, metrics)
+    scheduler = server.Scheduler(config, metrics)
     bound = scheduler.bind()
     print(f"candidate-scheduler: request endpoint  {bound['request']}", flush=True)
     print(f"candidate-scheduler: control endpoint  {bound['control']}", flush=True)
@@ -176,12 +176,12 @@ def cmd_up(args) -> int:
 
 
 def cmd_worker(args) -> int:
-    from workers.worker import Worker, build_adapter
+    from candidate_scheduler.worker.loop import Worker, build_adapter
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
     adapter = build_adapter(args.adapter, args.model, args.device, args.capacity)
     if getattr(args, "fault", None):
-        from workers.faults import wrap
+        from candidate_scheduler.worker.faults import wrap
 
         adapter = wrap(adapter, args.fault)  # test/drill knob: see workers/faults.py
     worker = Worker(args.scheduler, adapter, capacity=args.capacity, device=args.device,
@@ -193,16 +193,16 @@ def cmd_worker(args) -> int:
 
 
 def _client(args):
-    from candidate_scheduler.client import Client
+    from candidate_scheduler.service.client import Client
 
-    host = getattr(args, "host", S.DEFAULT_HOST)
+    host = getattr(args, "host", server.DEFAULT_HOST)
     return Client(_endpoint(host, args.request_port), _endpoint(host, args.control_port))
 
 
 def cmd_submit(args) -> int:
     import numpy as np
 
-    from candidate_scheduler.client import make_request, synthetic_image
+    from candidate_scheduler.service.client import make_request, synthetic_image
 
     if args.image:
         from PIL import Image
@@ -246,7 +246,7 @@ def cmd_control(args) -> int:
 
 
 def cmd_make_checkpoint(args) -> int:
-    from workers.tiny_checkpoint import write_checkpoint
+    from candidate_scheduler.worker.tiny_checkpoint import write_checkpoint
 
     print(write_checkpoint(args.dir))
     return 0
@@ -273,9 +273,9 @@ def cmd_demo(args) -> int:
     """`make run`: a scheduler and a Cosmos3 worker on the tiny checkpoint, one candidate group."""
     import numpy as np
 
-    from candidate_scheduler.client import Client, synthetic_image
+    from candidate_scheduler.service.client import Client, synthetic_image
 
-    from workers.tiny_checkpoint import ensure_checkpoint
+    from candidate_scheduler.worker.tiny_checkpoint import ensure_checkpoint
 
     ensure_checkpoint(args.model)
     cmd = [sys.executable, "-m", "candidate_scheduler.cli", "up", "--model", args.model, "--workers", "1",
@@ -286,7 +286,7 @@ def cmd_demo(args) -> int:
         cmd.append("--no-compat")
     print("starting: " + " ".join(cmd), flush=True)
     service = subprocess.Popen(cmd)
-    client = Client(_endpoint(S.DEFAULT_HOST, args.request_port), _endpoint(S.DEFAULT_HOST, args.control_port))
+    client = Client(_endpoint(server.DEFAULT_HOST, args.request_port), _endpoint(server.DEFAULT_HOST, args.control_port))
     try:
         deadline = time.monotonic() + 180
         print("waiting for the worker to load the model (sglang's import takes ~15 s)...", flush=True)
@@ -320,7 +320,7 @@ def cmd_demo(args) -> int:
                   f"physical_forwards={m.get('physical_forwards')} denoise_s={m.get('denoise_s', 0):.3f}")
         else:
             print(f"  error: {result.error_code}: {result.error}")
-        print(f"\nmetrics: http://{S.DEFAULT_HOST}:{args.metrics_port}/metrics")
+        print(f"\nmetrics: http://{server.DEFAULT_HOST}:{args.metrics_port}/metrics")
         print("try:     .venv/bin/candidate-scheduler submit --count 8 --reducer medoid --synthetic")
         if args.once:
             return 0 if result.ok else 1
@@ -340,13 +340,13 @@ def cmd_demo(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from candidate_scheduler import bench
+    from candidate_scheduler.bench import harness as bench
 
     return bench.main(args)
 
 
 def cmd_http(args) -> int:
-    from candidate_scheduler import sglang_compat
+    from candidate_scheduler.compat import sglang as sglang_compat
 
     sglang_compat.run_http_server(args.compat_port, args.model, args.http_host, args.http_port)
     return 0
@@ -362,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def worker_args(p, with_scheduler: bool):
         if with_scheduler:
-            p.add_argument("--scheduler", default=_endpoint(S.DEFAULT_HOST, S.DEFAULT_WORKER_PORT),
+            p.add_argument("--scheduler", default=_endpoint(server.DEFAULT_HOST, server.DEFAULT_WORKER_PORT),
                            help="the scheduler's worker link (default tcp://127.0.0.1:5557)")
             p.add_argument("--worker-id", default=None)
             p.add_argument("--step-delay", type=float, default=0.0, help="test knob: sleep this long before each denoise step")
@@ -390,17 +390,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--count", type=int, default=8)
     p.add_argument("--once", action="store_true", help="exit after the demo group instead of serving on")
     p.add_argument("--no-compat", action="store_true")
-    p.add_argument("--request-port", type=int, default=S.DEFAULT_REQUEST_PORT)
-    p.add_argument("--control-port", type=int, default=S.DEFAULT_CONTROL_PORT)
-    p.add_argument("--worker-port", type=int, default=S.DEFAULT_WORKER_PORT)
-    p.add_argument("--compat-port", type=int, default=S.DEFAULT_COMPAT_PORT)
+    p.add_argument("--request-port", type=int, default=server.DEFAULT_REQUEST_PORT)
+    p.add_argument("--control-port", type=int, default=server.DEFAULT_CONTROL_PORT)
+    p.add_argument("--worker-port", type=int, default=server.DEFAULT_WORKER_PORT)
+    p.add_argument("--compat-port", type=int, default=server.DEFAULT_COMPAT_PORT)
     p.add_argument("--metrics-port", type=int, default=9464)
     p.set_defaults(fn=cmd_demo)
 
     def client_args(p):
-        p.add_argument("--host", default=S.DEFAULT_HOST)
-        p.add_argument("--request-port", type=int, default=S.DEFAULT_REQUEST_PORT)
-        p.add_argument("--control-port", type=int, default=S.DEFAULT_CONTROL_PORT)
+        p.add_argument("--host", default=server.DEFAULT_HOST)
+        p.add_argument("--request-port", type=int, default=server.DEFAULT_REQUEST_PORT)
+        p.add_argument("--control-port", type=int, default=server.DEFAULT_CONTROL_PORT)
 
     p = sub.add_parser("submit", help="send one candidate group and print the JSON reply")
     client_args(p)
@@ -450,7 +450,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_bench)
 
     p = sub.add_parser("http", help="sglang's own HTTP server pointed at this scheduler's compat socket")
-    p.add_argument("--compat-port", type=int, default=S.DEFAULT_COMPAT_PORT)
+    p.add_argument("--compat-port", type=int, default=server.DEFAULT_COMPAT_PORT)
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--http-host", default="127.0.0.1")
     p.add_argument("--http-port", type=int, default=30000)

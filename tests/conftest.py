@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from candidate_scheduler.procs import ChildProcess
+from candidate_scheduler.service.processes import ChildProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = ROOT / ".cache" / "tiny-cosmos3"
@@ -61,7 +61,7 @@ class SchedulerHandle:
     workers: list[Proc] = field(default_factory=list)
 
     def client(self, **kw):
-        from candidate_scheduler.client import Client
+        from candidate_scheduler.service.client import Client
 
         return Client(self.request, self.control, **kw)
 
@@ -125,7 +125,7 @@ def services(tmp_path):
 
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
-    from workers.tiny_checkpoint import ensure_checkpoint
+    from candidate_scheduler.worker.tiny_checkpoint import ensure_checkpoint
 
     return ensure_checkpoint(MODEL_DIR)
 
@@ -134,8 +134,8 @@ def model_dir() -> Path:
 def sglang_reference(model_dir):
     """sglang's own Cosmos3Pipeline in this process (one ~15 s import per test session):
     reference(image, prompt, sampling: SamplingSpec | dict, seed) -> float32 [horizon, raw_dim]."""
-    from candidate_scheduler.work import SamplingSpec
-    from workers.cosmos3 import load_sglang_pipeline, sglang_reference_actions
+    from candidate_scheduler.core.work import SamplingSpec
+    from candidate_scheduler.worker.cosmos3 import load_sglang_pipeline, sglang_reference_actions
 
     pipeline, server_args = load_sglang_pipeline(model_dir)
 

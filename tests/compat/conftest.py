@@ -29,9 +29,9 @@ import numpy as np
 import pytest
 import zmq
 
-from candidate_scheduler import protocol as P
-from candidate_scheduler import reducers, rng
-from candidate_scheduler.procs import ChildProcess
+from candidate_scheduler import protocol
+from candidate_scheduler.core import reducers, rng
+from candidate_scheduler.service.processes import ChildProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", SGLANG_DISABLE_COSMOS3_GUARDRAILS="1", PYTHONUNBUFFERED="1")
@@ -57,7 +57,7 @@ def fake_actions(image: np.ndarray, prompt: str, sampling: dict, seed: int) -> n
 
 @dataclass
 class Received:
-    request: P.SubmitRequest
+    request: protocol.SubmitRequest
     at: float
 
 
@@ -82,7 +82,7 @@ class FakeScheduler:
         self.cancels: list[str] = []
         self.shutdowns = 0
         self.event = threading.Condition()
-        self._held: dict[str, tuple[bytes, P.SubmitRequest]] = {}
+        self._held: dict[str, tuple[bytes, protocol.SubmitRequest]] = {}
         self._commands: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="fake-scheduler", daemon=True)
         self._thread.start()
@@ -104,7 +104,7 @@ class FakeScheduler:
         with self.event:
             return len(self.received)
 
-    def since(self, mark: int) -> list[P.SubmitRequest]:
+    def since(self, mark: int) -> list[protocol.SubmitRequest]:
         with self.event:
             return [r.request for r in self.received[mark:]]
 
@@ -138,10 +138,10 @@ class FakeScheduler:
                 self._on_control(self.ctl.recv_multipart())
 
     def _on_request(self, frames: list[bytes]) -> None:
-        identity, _delimited, kind, payload = P.split_envelope(frames, P.REQUEST_KINDS)
-        msg = P.decode(kind, payload)
-        if kind is P.Kind.PING:
-            self.req.send_multipart([identity, *P.encode(P.Kind.PONG, P.Pong(msg.nonce))])
+        identity, _delimited, kind, payload = protocol.split_envelope(frames, protocol.REQUEST_KINDS)
+        msg = protocol.decode(kind, payload)
+        if kind is protocol.Kind.PING:
+            self.req.send_multipart([identity, *protocol.encode(protocol.Kind.PONG, protocol.Pong(msg.nonce))])
             return
         with self.event:
             self.received.append(Received(msg, time.monotonic()))
@@ -152,15 +152,15 @@ class FakeScheduler:
             return
         self._answer(identity, self._result(msg))
 
-    def _answer(self, identity: bytes, result: P.GroupResult) -> None:
-        self.req.send_multipart([identity, *P.encode(P.Kind.RESULT, result)])
+    def _answer(self, identity: bytes, result: protocol.GroupResult) -> None:
+        self.req.send_multipart([identity, *protocol.encode(protocol.Kind.RESULT, result)])
 
-    def _result(self, msg: P.SubmitRequest) -> P.GroupResult:
+    def _result(self, msg: protocol.SubmitRequest) -> protocol.GroupResult:
         prompts = [msg.prompt] if isinstance(msg.prompt, str) else list(msg.prompt)
         if prompts[0] == FAIL_PROMPT:
-            return P.GroupResult(request_id=msg.request_id, status="failed", error="the fake worker failed",
+            return protocol.GroupResult(request_id=msg.request_id, status="failed", error="the fake worker failed",
                                  error_code="worker_failed")
-        images = P.array_from_wire(msg.images)
+        images = protocol.array_from_wire(msg.images)
         if not msg.batched:
             images = images[None]
         if len(prompts) == 1:
@@ -175,32 +175,32 @@ class FakeScheduler:
         if not msg.batched:
             cands = cands[:, 0]
         reduction = reducers.reduce_full(spec.reducer, cands)
-        return P.GroupResult(
+        return protocol.GroupResult(
             request_id=msg.request_id, status="done",
-            action=None if reduction.action is None else P.array_to_wire(reduction.action),
-            candidates=P.array_to_wire(cands) if (spec.return_candidates or spec.reducer == "none") else None,
+            action=None if reduction.action is None else protocol.array_to_wire(reduction.action),
+            candidates=protocol.array_to_wire(cands) if (spec.return_candidates or spec.reducer == "none") else None,
             candidate_seeds=list(seeds), chosen_candidate=reduction.chosen_candidate,
         )
 
     def _on_control(self, frames: list[bytes]) -> None:
-        identity, delimited, kind, payload = P.split_envelope(frames, P.CONTROL_KINDS)
-        msg = P.decode(kind, payload)
+        identity, delimited, kind, payload = protocol.split_envelope(frames, protocol.CONTROL_KINDS)
+        msg = protocol.decode(kind, payload)
         changed = False
-        if kind is P.Kind.CANCEL:
+        if kind is protocol.Kind.CANCEL:
             held = self._held.pop(msg.request_id, None)
             changed = held is not None
             if held is not None:
-                self._answer(held[0], P.GroupResult(request_id=msg.request_id, status="cancelled",
+                self._answer(held[0], protocol.GroupResult(request_id=msg.request_id, status="cancelled",
                                                     error="cancelled", error_code="cancelled"))
             with self.event:
                 self.cancels.append(msg.request_id)
                 self.event.notify_all()
-        elif kind is P.Kind.SHUTDOWN:
+        elif kind is protocol.Kind.SHUTDOWN:
             with self.event:
                 self.shutdowns += 1
                 self.event.notify_all()
-        reply = P.ControlReply(ok=True, changed=changed)
-        self.ctl.send_multipart(P.reply_frames(identity, delimited, P.Kind.CONTROL_REPLY, reply))
+        reply = protocol.ControlReply(ok=True, changed=changed)
+        self.ctl.send_multipart(protocol.reply_frames(identity, delimited, protocol.Kind.CONTROL_REPLY, reply))
 
 
 # ---- the bridge process ------------------------------------------------------------------------------
@@ -208,7 +208,7 @@ class FakeScheduler:
 
 class BridgeProc(ChildProcess):
     def __init__(self, scheduler: str, *extra: str, log_path: Path):
-        cmd = [sys.executable, "-m", "candidate_scheduler.compat_bridge", "--bind", "tcp://127.0.0.1:0",
+        cmd = [sys.executable, "-m", "candidate_scheduler.compat.bridge", "--bind", "tcp://127.0.0.1:0",
                "--scheduler", scheduler, "--log-level", "INFO", *extra]
         super().__init__(cmd, log_path, env=ENV, cwd=ROOT)
         m = self.wait_line(READY, 30)
@@ -267,7 +267,7 @@ class Compat:
         """sglang ServerArgs whose scheduler endpoint is this bridge (what sglang's clients read)."""
         key = tuple(sorted(kwargs.items()))
         if key not in self.server_args_cache:
-            from candidate_scheduler.sglang_compat import make_http_server_args
+            from candidate_scheduler.compat.sglang import make_http_server_args
 
             self.server_args_cache[key] = make_http_server_args(self.port, str(self.model_dir), **kwargs)
         return self.server_args_cache[key]

@@ -14,7 +14,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from candidate_scheduler import sglang_compat as C
+from candidate_scheduler.compat import sglang as C
 
 pytestmark = pytest.mark.sglang
 

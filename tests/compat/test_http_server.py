@@ -16,7 +16,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from candidate_scheduler import reducers, rng
+from candidate_scheduler.core import reducers, rng
 
 from .conftest import ENV, ROOT
 
@@ -55,7 +55,7 @@ def http_server(compat, tmp_path_factory):
     start-up warmup requests go through the bridge too."""
     port = _free_port()
     log_path = tmp_path_factory.mktemp("http") / "http.log"
-    code = ("from candidate_scheduler.sglang_compat import run_http_server; "
+    code = ("from candidate_scheduler.compat.sglang import run_http_server; "
             f"run_http_server({compat.port}, {str(compat.model_dir)!r}, '127.0.0.1', {port}, warmup_mode='server', "
             f"input_save_path={str(log_path.parent / 'uploads')!r}, log_level='warning')")
     with open(log_path, "w") as log:

@@ -18,8 +18,8 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from candidate_scheduler import rng  # noqa: E402
-from candidate_scheduler.work import CandidateWork, GroupWork, SamplingSpec  # noqa: E402
+from candidate_scheduler.core import rng  # noqa: E402
+from candidate_scheduler.core.work import CandidateWork, GroupWork, SamplingSpec  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 
@@ -50,8 +50,8 @@ assert len(PROMPT) == len(PROMPT_SAME_LEN) != len(PROMPT_OTHER_LEN)
 # ---- fixtures (kept in this file on purpose: conftest.py files belong to others) -----------------
 @pytest.fixture(scope="module")
 def adapter():
-    from workers.cosmos3 import Cosmos3CandidateAdapter
-    from workers.tiny_checkpoint import ensure_checkpoint
+    from candidate_scheduler.worker.cosmos3 import Cosmos3CandidateAdapter
+    from candidate_scheduler.worker.tiny_checkpoint import ensure_checkpoint
 
     model_dir = ensure_checkpoint(CHECKPOINT)
     return Cosmos3CandidateAdapter(model_dir, device="cpu", max_candidates_per_batch=8)

@@ -34,9 +34,9 @@ import msgspec
 import pytest
 import zmq
 
-from candidate_scheduler import protocol as P
-from candidate_scheduler.client import make_request, synthetic_image
-from candidate_scheduler.dashboards_check import dashboard_queries
+from candidate_scheduler import protocol
+from candidate_scheduler.service.client import make_request, synthetic_image
+from candidate_scheduler.service.dashboards_check import dashboard_queries
 from tests.conftest import ROOT, wait_for
 
 pytestmark = pytest.mark.sglang  # the Cosmos3 worker process imports sglang
@@ -246,10 +246,10 @@ class Load(threading.Thread):
         assert m.cancel(ids[0]).state == "done"
         assert m.cancel(f"never-seen-{i}").state == "unknown"
         # Malformed frames: undecodable msgpack on the request socket, a wrongly typed payload on control.
-        reply = _raw(self.main.request, [P.header(P.Kind.SUBMIT), b"\xc1\xc1\xc1"])
-        assert reply is not None and P.parse_header(reply[0], {P.Kind.ERROR}) is P.Kind.ERROR
-        reply = _raw(self.main.control, [P.header(P.Kind.CANCEL), msgspec.msgpack.encode([1, 2, 3])])
-        assert reply is not None and P.parse_header(reply[0], {P.Kind.ERROR}) is P.Kind.ERROR
+        reply = _raw(self.main.request, [protocol.header(protocol.Kind.SUBMIT), b"\xc1\xc1\xc1"])
+        assert reply is not None and protocol.parse_header(reply[0], {protocol.Kind.ERROR}) is protocol.Kind.ERROR
+        reply = _raw(self.main.control, [protocol.header(protocol.Kind.CANCEL), msgspec.msgpack.encode([1, 2, 3])])
+        assert reply is not None and protocol.parse_header(reply[0], {protocol.Kind.ERROR}) is protocol.Kind.ERROR
         # Admission rejection (6 > capacity 4 under --policy reject), and a group that fits.
         x = r.submit(IMAGE, PROMPT, count=6, seed=i)
         assert x.status == "rejected" and x.error_code == "does_not_fit", (x.status, x.error_code)

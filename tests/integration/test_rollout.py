@@ -15,9 +15,9 @@ import signal
 import numpy as np
 import pytest
 
-from candidate_scheduler import rng
-from candidate_scheduler.client import make_request, synthetic_image
-from candidate_scheduler.work import CandidateWork, GroupWork, SamplingSpec
+from candidate_scheduler.core import rng
+from candidate_scheduler.service.client import make_request, synthetic_image
+from candidate_scheduler.core.work import CandidateWork, GroupWork, SamplingSpec
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.sglang
@@ -30,7 +30,7 @@ FIELDS = ("log_probs", "latents", "next_latents", "means", "stds", "final_latent
 
 @pytest.fixture(scope="module")
 def adapter(model_dir):
-    from workers.cosmos3 import Cosmos3CandidateAdapter
+    from candidate_scheduler.worker.cosmos3 import Cosmos3CandidateAdapter
 
     return Cosmos3CandidateAdapter(model_dir, device="cpu", max_candidates_per_batch=8)
 
@@ -62,7 +62,7 @@ def test_batched_rollout_equals_sequential_rollout(adapter):
 
 
 def test_sigmas_are_the_schedulers_own_and_step_filter_keeps_them_whole(adapter):
-    from workers.cosmos3 import build_sglang_request
+    from candidate_scheduler.worker.cosmos3 import build_sglang_request
 
     sampling = SamplingSpec(rollout=True, steps=6, return_step_indices=(1, 4, 5))
     out = run(adapter, [3, 4, 5], sampling)

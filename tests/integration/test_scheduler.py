@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 import zmq
 
-from candidate_scheduler import protocol as P
-from candidate_scheduler import rng
-from candidate_scheduler.client import make_request, synthetic_image
-from candidate_scheduler.reducers import reduce
-from candidate_scheduler.work import SamplingSpec
+from candidate_scheduler import protocol
+from candidate_scheduler.core import rng
+from candidate_scheduler.service.client import make_request, synthetic_image
+from candidate_scheduler.core.reducers import reduce
+from candidate_scheduler.core.work import SamplingSpec
 from tests.conftest import wait_for
-from workers.worker import NullAdapter
+from candidate_scheduler.worker.null_adapter import NullAdapter
 
 IMAGE = synthetic_image(64, 64, seed=3)
 
@@ -260,33 +260,33 @@ def test_malformed_frames_on_every_socket_get_errors(services, tmp_path):
         def __reduce__(self):
             return (os.system, (f"touch {marker}",))
 
-    valid = P.encode(P.Kind.SUBMIT, make_request(IMAGE, "pick"))
+    valid = protocol.encode(protocol.Kind.SUBMIT, make_request(IMAGE, "pick"))
     cases = {
         "one frame": [b"\x01"],
-        "three frames": [P.header(P.Kind.SUBMIT), b"", b"x", b"y"],
-        "bad msgpack": [P.header(P.Kind.SUBMIT), b"\xc1\xc1\xc1"],
-        "wrong types": [P.header(P.Kind.SUBMIT), msgspec.msgpack.encode({"request_id": 5, "images": "x"})],
-        "unknown kind": [bytes([P.PROTOCOL_VERSION, 0x7F]), valid[1]],
-        "bad version": [bytes([99, P.Kind.SUBMIT]), valid[1]],
-        "pickle": [P.header(P.Kind.SUBMIT), pickle.dumps(Evil())],
-        "control kind on request socket": [P.header(P.Kind.CANCEL), msgspec.msgpack.encode({"request_id": "x"})],
-        "deep nesting": [P.header(P.Kind.SUBMIT), b"\x91" * 100_000 + b"\x00"],
+        "three frames": [protocol.header(protocol.Kind.SUBMIT), b"", b"x", b"y"],
+        "bad msgpack": [protocol.header(protocol.Kind.SUBMIT), b"\xc1\xc1\xc1"],
+        "wrong types": [protocol.header(protocol.Kind.SUBMIT), msgspec.msgpack.encode({"request_id": 5, "images": "x"})],
+        "unknown kind": [bytes([protocol.PROTOCOL_VERSION, 0x7F]), valid[1]],
+        "bad version": [bytes([99, protocol.Kind.SUBMIT]), valid[1]],
+        "pickle": [protocol.header(protocol.Kind.SUBMIT), pickle.dumps(Evil())],
+        "control kind on request socket": [protocol.header(protocol.Kind.CANCEL), msgspec.msgpack.encode({"request_id": "x"})],
+        "deep nesting": [protocol.header(protocol.Kind.SUBMIT), b"\x91" * 100_000 + b"\x00"],
     }
     for name, frames in cases.items():
         reply = _raw(sched.request, frames)
         assert reply is not None, name
-        kind = P.parse_header(reply[0], {P.Kind.ERROR, P.Kind.RESULT})
-        msg = P.decode(kind, reply[1])
-        assert (kind is P.Kind.ERROR and msg.error_code) or msg.status == "invalid", name
+        kind = protocol.parse_header(reply[0], {protocol.Kind.ERROR, protocol.Kind.RESULT})
+        msg = protocol.decode(kind, reply[1])
+        assert (kind is protocol.Kind.ERROR and msg.error_code) or msg.status == "invalid", name
     for name, frames in {
-        "bad msgpack": [P.header(P.Kind.CANCEL), b"\xc1"],
+        "bad msgpack": [protocol.header(protocol.Kind.CANCEL), b"\xc1"],
         "submit on control": valid,
-        "pickle": [P.header(P.Kind.CANCEL), pickle.dumps(Evil())],
+        "pickle": [protocol.header(protocol.Kind.CANCEL), pickle.dumps(Evil())],
     }.items():
         reply = _raw(sched.control, frames)
-        assert reply is not None and P.parse_header(reply[0], {P.Kind.ERROR}) is P.Kind.ERROR, name
+        assert reply is not None and protocol.parse_header(reply[0], {protocol.Kind.ERROR}) is protocol.Kind.ERROR, name
     # the worker link answers nothing to garbage but must keep working
-    for frames in ([b"junk"], [P.header(P.Kind.REGISTER), b"\xc1"], [P.header(P.Kind.BATCH_RESULT), pickle.dumps(Evil())]):
+    for frames in ([b"junk"], [protocol.header(protocol.Kind.REGISTER), b"\xc1"], [protocol.header(protocol.Kind.BATCH_RESULT), pickle.dumps(Evil())]):
         _raw(sched.worker, frames, timeout_ms=100)
     # oversize observation: over MAX_OBSERVATION_BYTES but under the socket's message cap
     big = make_request(np.ones((3400, 3400, 3), np.uint8), "pick")
@@ -347,7 +347,7 @@ def test_scheduler_restart_workers_reconnect_and_lost_clients_get_an_error(servi
 def test_async_client_many_groups_in_flight_on_one_socket(services):
     import asyncio
 
-    from candidate_scheduler.client import AsyncClient
+    from candidate_scheduler.service.client import AsyncClient
 
     sched = services.scheduler()
     services.worker(sched, capacity=8)

@@ -35,8 +35,8 @@ def test_same_command_twice_gives_byte_identical_files(tmp_path):
 def test_sglang_loader_builds_cosmos3_pipeline_and_runs_a_policy_request(model_dir, sglang_reference):
     import numpy as np
 
-    from candidate_scheduler.client import synthetic_image
-    from candidate_scheduler.work import SamplingSpec
+    from candidate_scheduler.service.client import synthetic_image
+    from candidate_scheduler.core.work import SamplingSpec
 
     image = synthetic_image(64, 64, seed=1)
     actions = sglang_reference(image, "open the drawer", SamplingSpec(), 5)

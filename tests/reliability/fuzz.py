@@ -21,7 +21,7 @@ import random
 
 import msgspec
 
-from candidate_scheduler import protocol as P
+from candidate_scheduler import protocol
 
 # Values of every msgpack type, extremes included. No mid-size numbers: a huge-but-allocatable horizon
 # would make the null worker allocate gigabytes, which tests the machine rather than the scheduler.
@@ -122,13 +122,13 @@ class Mutator:
     # -- header --------------------------------------------------------------------------------------------
     def header_version(self, m):
         v = self.rnd.choice([0, 2, 255, self.rnd.randrange(256)])
-        if v == P.PROTOCOL_VERSION:
+        if v == protocol.PROTOCOL_VERSION:
             v = 0
         return "header:version", [bytes([v, m[0][1]])] + m[1:]
 
     def header_kind(self, m):
         k = self.rnd.choice([self.rnd.randrange(256), int(self.rnd.choice(self.kinds))])
-        return "header:kind", [bytes([P.PROTOCOL_VERSION, k])] + m[1:]
+        return "header:kind", [bytes([protocol.PROTOCOL_VERSION, k])] + m[1:]
 
     def header_length(self, m):
         h = self.rnd.choice([b"", m[0][:1], m[0] + b"\x00", m[0] * 4, os.urandom(9)])

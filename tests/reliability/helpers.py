@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import zmq
 
-from candidate_scheduler import protocol as P
-from candidate_scheduler import reducers
-from candidate_scheduler.client import make_request, synthetic_image
-from candidate_scheduler.spec import CandidateTrajectorySpec
-from candidate_scheduler.work import SamplingSpec
-from workers.worker import NullAdapter
+from candidate_scheduler import protocol
+from candidate_scheduler.core import reducers
+from candidate_scheduler.service.client import make_request, synthetic_image
+from candidate_scheduler.core.spec import CandidateTrajectorySpec
+from candidate_scheduler.core.work import SamplingSpec
+from candidate_scheduler.worker.null_adapter import NullAdapter
 
 IMAGE = synthetic_image(64, 64, seed=3)
 STATUSES = frozenset({"done", "failed", "cancelled", "expired", "rejected", "overloaded", "invalid"})
@@ -60,14 +60,14 @@ LONG = Scale(fuzz_request=6000, fuzz_control=3000, fuzz_worker=3000, fuzz_compat
 # ---- expected results --------------------------------------------------------------------------------
 
 
-def expected_reply(req: P.SubmitRequest) -> dict:
+def expected_reply(req: protocol.SubmitRequest) -> dict:
     """What a fault-free null worker + this scheduler answer for `req` (assumed valid): action,
     candidates (None unless asked for / reducer none), chosen candidate, candidate seeds."""
     c = req.candidates
     spec = CandidateTrajectorySpec(count=c.count, reducer=c.reducer, return_candidates=c.return_candidates,
                                    seed_policy=c.seed_policy, seeds=tuple(c.seeds) if c.seeds is not None else None)
     seeds = spec.candidate_seeds(req.seed)
-    images = P.array_from_wire(req.images)
+    images = protocol.array_from_wire(req.images)
     if not req.batched:
         images = images[None]
     sampling = SamplingSpec(horizon=req.sampling.horizon, raw_action_dim=req.sampling.raw_action_dim)
@@ -82,7 +82,7 @@ def expected_reply(req: P.SubmitRequest) -> dict:
     return {"action": action, "candidates": cands, "chosen": red.chosen_candidate, "seeds": list(seeds)}
 
 
-def check_result(req: P.SubmitRequest | None, result: P.GroupResult) -> tuple[str, str | None]:
+def check_result(req: protocol.SubmitRequest | None, result: protocol.GroupResult) -> tuple[str, str | None]:
     """Classify one RESULT: ("ok", None), ("partial", why) -- an aggregate that is not a full, right-shaped
     answer, or an action on an error status -- or ("wrong", why) -- a done answer with wrong values."""
     if result.status not in STATUSES:
@@ -98,8 +98,8 @@ def check_result(req: P.SubmitRequest | None, result: P.GroupResult) -> tuple[st
     if result.request_id != req.request_id:
         return "wrong", f"reply names {result.request_id!r}, request was {req.request_id!r}"
     want = expected_reply(req)
-    got_action = None if result.action is None else P.array_from_wire(result.action)
-    got_cands = None if result.candidates is None else P.array_from_wire(result.candidates)
+    got_action = None if result.action is None else protocol.array_from_wire(result.action)
+    got_cands = None if result.candidates is None else protocol.array_from_wire(result.candidates)
     for name, got, exp in (("action", got_action, want["action"]), ("candidates", got_cands, want["candidates"])):
         if (got is None) != (exp is None):
             return "partial", f"done reply: {name} is {'missing' if got is None else 'unexpected'}"
@@ -114,7 +114,7 @@ def check_result(req: P.SubmitRequest | None, result: P.GroupResult) -> tuple[st
     return "ok", None
 
 
-def random_request(rnd, *, request_id: str, max_count: int = 12, image=IMAGE, steps=(2, 6), **overrides) -> P.SubmitRequest:
+def random_request(rnd, *, request_id: str, max_count: int = 12, image=IMAGE, steps=(2, 6), **overrides) -> protocol.SubmitRequest:
     """A valid, varied SUBMIT (count, reducer, seeds policy, return_candidates)."""
     count = rnd.randint(1, max_count)
     reducer = rnd.choice(("mean", "median", "medoid", "none"))
@@ -134,7 +134,7 @@ class RawPeer:
         self.ctx = ctx or zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.MAXMSGSIZE, P.MAX_MESSAGE_BYTES)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
         self.sock.setsockopt(zmq.RCVHWM, 0)
         self.sock.setsockopt(zmq.SNDHWM, 0)
         if identity is not None:
@@ -164,11 +164,11 @@ class RawPeer:
         self.close()
 
 
-def decode_reply(frames: list[bytes], allowed) -> tuple[P.Kind, object]:
+def decode_reply(frames: list[bytes], allowed) -> tuple[protocol.Kind, object]:
     if len(frames) != 2:
-        raise P.ProtocolError("bad_frames", f"reply has {len(frames)} frames")
-    kind = P.parse_header(frames[0], allowed)
-    return kind, P.decode(kind, frames[1])
+        raise protocol.ProtocolError("bad_frames", f"reply has {len(frames)} frames")
+    kind = protocol.parse_header(frames[0], allowed)
+    return kind, protocol.decode(kind, frames[1])
 
 
 # ---- counting replies ------------------------------------------------------------------------------------
@@ -178,18 +178,18 @@ def decode_reply(frames: list[bytes], allowed) -> tuple[P.Kind, object]:
 class Ledger:
     """Every request sent and every reply seen, per request_id: lost / duplicated / partial / wrong."""
 
-    requests: dict[str, P.SubmitRequest] = field(default_factory=dict)
-    replies: dict[str, list[P.GroupResult]] = field(default_factory=lambda: defaultdict(list))
+    requests: dict[str, protocol.SubmitRequest] = field(default_factory=dict)
+    replies: dict[str, list[protocol.GroupResult]] = field(default_factory=lambda: defaultdict(list))
     problems: list[str] = field(default_factory=list)
     statuses: Counter = field(default_factory=Counter)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def sent(self, req: P.SubmitRequest) -> None:
+    def sent(self, req: protocol.SubmitRequest) -> None:
         with self.lock:
             assert req.request_id not in self.requests, f"test bug: request id {req.request_id} reused"
             self.requests[req.request_id] = req
 
-    def got(self, result: P.GroupResult) -> None:
+    def got(self, result: protocol.GroupResult) -> None:
         with self.lock:
             self.replies[result.request_id].append(result)
             self.statuses[result.status] += 1
@@ -242,20 +242,20 @@ class ReplyReader:
         self.peer = RawPeer(endpoint)
         self.ledger = ledger
         self.outstanding: set[str] = set()
-        self.errors: list[P.ErrorReply] = []
+        self.errors: list[protocol.ErrorReply] = []
         self._nonce = 0
 
-    def send(self, req: P.SubmitRequest) -> None:
+    def send(self, req: protocol.SubmitRequest) -> None:
         self.ledger.sent(req)
         self.outstanding.add(req.request_id)
-        self.peer.send(P.encode(P.Kind.SUBMIT, req))
+        self.peer.send(protocol.encode(protocol.Kind.SUBMIT, req))
 
-    def _take(self, frames) -> P.Kind:
-        kind, msg = decode_reply(frames, {P.Kind.RESULT, P.Kind.ERROR, P.Kind.PONG})
-        if kind is P.Kind.RESULT:
+    def _take(self, frames) -> protocol.Kind:
+        kind, msg = decode_reply(frames, {protocol.Kind.RESULT, protocol.Kind.ERROR, protocol.Kind.PONG})
+        if kind is protocol.Kind.RESULT:
             self.ledger.got(msg)
             self.outstanding.discard(msg.request_id)
-        elif kind is P.Kind.ERROR:
+        elif kind is protocol.Kind.ERROR:
             self.errors.append(msg)
         return kind
 
@@ -266,7 +266,7 @@ class ReplyReader:
         self._take(frames)
         return True
 
-    def wait(self, request_id: str, timeout_s: float) -> P.GroupResult:
+    def wait(self, request_id: str, timeout_s: float) -> protocol.GroupResult:
         deadline = time.monotonic() + timeout_s
         while request_id in self.outstanding:
             if not self.poll_once(max(0.0, deadline - time.monotonic())) and time.monotonic() >= deadline:
@@ -282,16 +282,16 @@ class ReplyReader:
         """Send a PING and read everything up to its PONG: any reply the scheduler had already sent to this
         connection (a duplicate included) is in the ledger afterwards."""
         self._nonce += 1
-        self.peer.send(P.encode(P.Kind.PING, P.Ping(self._nonce)))
+        self.peer.send(protocol.encode(protocol.Kind.PING, protocol.Ping(self._nonce)))
         deadline = time.monotonic() + timeout_s
         while True:
             frames = self.peer.recv(max(0.0, deadline - time.monotonic()))
             if frames is None:
                 raise TimeoutError("no PONG: the request socket stopped answering")
-            kind, msg = decode_reply(frames, {P.Kind.RESULT, P.Kind.ERROR, P.Kind.PONG})
-            if kind is P.Kind.PONG and msg.nonce == self._nonce:
+            kind, msg = decode_reply(frames, {protocol.Kind.RESULT, protocol.Kind.ERROR, protocol.Kind.PONG})
+            if kind is protocol.Kind.PONG and msg.nonce == self._nonce:
                 return
-            if kind is not P.Kind.PONG:
+            if kind is not protocol.Kind.PONG:
                 self._take(frames)
 
     def close(self) -> None:
@@ -301,7 +301,7 @@ class ReplyReader:
 # ---- the scheduler process --------------------------------------------------------------------------------
 
 
-def control(handle, kind: P.Kind, payload, timeout_s: float = 10.0) -> P.ControlReply:
+def control(handle, kind: protocol.Kind, payload, timeout_s: float = 10.0) -> protocol.ControlReply:
     with handle.client() as c:
         return c.control(kind, payload, timeout_s=timeout_s)
 

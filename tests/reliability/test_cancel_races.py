@@ -18,7 +18,7 @@ from collections import Counter
 
 import pytest
 
-from candidate_scheduler import protocol as P
+from candidate_scheduler import protocol
 from tests.reliability.helpers import (
     Ledger, RawPeer, ReplyReader, decode_reply, random_request, wait_quiescent,
 )
@@ -44,19 +44,19 @@ class Ctl:
     def __init__(self, endpoint: str):
         self.peer = RawPeer(endpoint)
 
-    def call(self, kind: P.Kind, payload, timeout_s: float = 10.0) -> P.ControlReply:
-        self.peer.send(P.encode(kind, payload))
+    def call(self, kind: protocol.Kind, payload, timeout_s: float = 10.0) -> protocol.ControlReply:
+        self.peer.send(protocol.encode(kind, payload))
         frames = self.peer.recv(timeout_s)
         if frames is None:
             raise TimeoutError(f"no control reply to {kind.name}")
-        _k, msg = decode_reply(frames, {P.Kind.CONTROL_REPLY})
+        _k, msg = decode_reply(frames, {protocol.Kind.CONTROL_REPLY})
         return msg
 
-    def cancel(self, rid: str) -> P.ControlReply:
-        return self.call(P.Kind.CANCEL, P.CancelRequest(rid))
+    def cancel(self, rid: str) -> protocol.ControlReply:
+        return self.call(protocol.Kind.CANCEL, protocol.CancelRequest(rid))
 
-    def status(self, rid: str) -> P.ControlReply:
-        return self.call(P.Kind.STATUS, P.StatusRequest(rid))
+    def status(self, rid: str) -> protocol.ControlReply:
+        return self.call(protocol.Kind.STATUS, protocol.StatusRequest(rid))
 
     def close(self) -> None:
         self.peer.close()
@@ -91,7 +91,7 @@ class Lane(threading.Thread):
             self.reader.close()
             self.ctl.close()
 
-    def _poll_status(self, rid: str, want, timeout_s: float = 10.0) -> P.ControlReply:
+    def _poll_status(self, rid: str, want, timeout_s: float = 10.0) -> protocol.ControlReply:
         """STATUS until `want(reply)` or the group ended; returns the last STATUS."""
         deadline = time.monotonic() + timeout_s
         while True:
@@ -107,15 +107,15 @@ class Lane(threading.Thread):
         self.phases[phase] += 1
         rid = f"cx-{self.lane}-{r}"
         req = random_request(rnd, request_id=rid, max_count=10, steps=(3, 6))
-        replies: list[P.ControlReply] = []
+        replies: list[protocol.ControlReply] = []
         if phase == "cancel-then-submit":
             # both in flight at once, on different sockets: either may be read first
-            self.ctl.peer.send(P.encode(P.Kind.CANCEL, P.CancelRequest(rid)))
+            self.ctl.peer.send(protocol.encode(protocol.Kind.CANCEL, protocol.CancelRequest(rid)))
             self.reader.send(req)
             frames = self.ctl.peer.recv(10.0)
             if frames is None:
                 raise TimeoutError("no control reply to CANCEL")
-            replies.append(decode_reply(frames, {P.Kind.CONTROL_REPLY})[1])
+            replies.append(decode_reply(frames, {protocol.Kind.CONTROL_REPLY})[1])
         else:
             self.reader.send(req)
         if phase == "submit-then-cancel":
@@ -155,11 +155,11 @@ class Lane(threading.Thread):
         self.cancels += len(replies) + 1
         self.check(rid, phase, result, replies)
 
-    def storm(self, rid: str) -> list[P.ControlReply]:
+    def storm(self, rid: str) -> list[protocol.ControlReply]:
         n = self.storm_pool
         ctls = [Ctl(self.handle.control) for _ in range(n)]
         barrier = threading.Barrier(n)
-        out: list[P.ControlReply | BaseException] = [None] * n
+        out: list[protocol.ControlReply | BaseException] = [None] * n
 
         def one(i):
             try:
@@ -175,12 +175,12 @@ class Lane(threading.Thread):
             t.join(30)
         for c in ctls:
             c.close()
-        errors = [o for o in out if not isinstance(o, P.ControlReply)]
+        errors = [o for o in out if not isinstance(o, protocol.ControlReply)]
         if errors:
             self.problems.append(f"storm on {rid}: {errors[:2]}")
-        return [o for o in out if isinstance(o, P.ControlReply)]
+        return [o for o in out if isinstance(o, protocol.ControlReply)]
 
-    def check(self, rid: str, phase: str, result: P.GroupResult, replies: list[P.ControlReply]) -> None:
+    def check(self, rid: str, phase: str, result: protocol.GroupResult, replies: list[protocol.ControlReply]) -> None:
         changed = [r for r in replies if r.changed]
         self.changed += len(changed)
         final = self.ctl.status(rid).state

@@ -14,7 +14,7 @@ from collections import Counter
 
 import pytest
 
-from candidate_scheduler.client import make_request, synthetic_image
+from candidate_scheduler.service.client import make_request, synthetic_image
 from tests.conftest import wait_for
 from tests.reliability.helpers import (
     IMAGE, Ledger, ReplyReader, check_result, fault_lines, random_request, stats, wait_quiescent,

@@ -23,14 +23,14 @@ import numpy as np
 import pytest
 import zmq
 
-from candidate_scheduler import protocol as P
-from candidate_scheduler.client import make_request
+from candidate_scheduler import protocol
+from candidate_scheduler.service.client import make_request
 from tests.conftest import wait_for
 from tests.reliability.fuzz import Evil, EvilShell, Mutator
 from tests.reliability.helpers import (
     ERROR_CODES, IMAGE, Ledger, RawPeer, ReplyReader, check_result, decode_reply, stats,
 )
-from workers.worker import NullAdapter
+from candidate_scheduler.worker.null_adapter import NullAdapter
 
 pytestmark = pytest.mark.timeout(900)
 REPLY_TIMEOUT_S = 15.0
@@ -41,10 +41,10 @@ def _valid_roundtrip(handle, rnd, tag: str) -> None:
     req = make_request(IMAGE, "pick", request_id=f"after-{tag}", count=rnd.randint(1, 12), seed=rnd.randrange(2**31),
                        reducer=rnd.choice(["mean", "medoid", "median"]), return_candidates=True)
     with RawPeer(handle.request) as peer:
-        peer.send(P.encode(P.Kind.SUBMIT, req))
+        peer.send(protocol.encode(protocol.Kind.SUBMIT, req))
         frames = peer.recv(30)
     assert frames is not None, f"no reply to a valid group after {tag}"
-    _kind, result = decode_reply(frames, {P.Kind.RESULT})
+    _kind, result = decode_reply(frames, {protocol.Kind.RESULT})
     verdict, why = check_result(req, result)
     assert result.status == "done" and verdict == "ok", (tag, result.status, result.error, why)
 
@@ -56,21 +56,21 @@ def _health(handle, what: str) -> dict:
     return s
 
 
-def _expectation(frames: list[bytes], allowed) -> tuple[P.Kind | None, object, str | None]:
+def _expectation(frames: list[bytes], allowed) -> tuple[protocol.Kind | None, object, str | None]:
     """(expected reply kind, decoded message or None, expected error code)."""
     try:
-        _identity, _delimited, kind, payload = P.split_envelope([b"peer"] + frames, allowed)
-        msg = P.decode(kind, payload)
-    except P.ProtocolError as exc:
-        return P.Kind.ERROR, None, exc.kind
+        _identity, _delimited, kind, payload = protocol.split_envelope([b"peer"] + frames, allowed)
+        msg = protocol.decode(kind, payload)
+    except protocol.ProtocolError as exc:
+        return protocol.Kind.ERROR, None, exc.kind
     except RecursionError:  # nested too deeply to read: as unreadable as bad msgpack
-        return P.Kind.ERROR, None, "bad_msgpack"
+        return protocol.Kind.ERROR, None, "bad_msgpack"
     return kind, msg, None
 
 
 def _fuzz_socket(handle, endpoint: str, allowed, corpus, n: int, bursts: int, rnd, marker, reliability, name: str,
                  reply_kinds, skip=None) -> None:
-    mut = Mutator(rnd, corpus, list(P.Kind), str(marker))
+    mut = Mutator(rnd, corpus, list(protocol.Kind), str(marker))
     tried = Counter()
     outcome = Counter()
     problems: list[str] = []
@@ -89,7 +89,7 @@ def _fuzz_socket(handle, endpoint: str, allowed, corpus, n: int, bursts: int, rn
                     continue
                 tried[strategy.split(":")[0]] += 1
                 sent += 1
-                groups["requests"] += kind is P.Kind.SUBMIT
+                groups["requests"] += kind is protocol.Kind.SUBMIT
                 peer.send(frames)
                 reply = peer.recv(REPLY_TIMEOUT_S)
                 if reply is None:
@@ -100,21 +100,21 @@ def _fuzz_socket(handle, endpoint: str, allowed, corpus, n: int, bursts: int, rn
                     continue
                 try:
                     got_kind, got = decode_reply(reply, reply_kinds)
-                except P.ProtocolError as exc:
+                except protocol.ProtocolError as exc:
                     problems.append(f"unreadable reply to {strategy}: {exc}")
                     continue
-                if got_kind is P.Kind.ERROR:
+                if got_kind is protocol.Kind.ERROR:
                     outcome[f"error:{got.error_code}"] += 1
-                    if kind is not P.Kind.ERROR or got.error_code != code or got.error_code not in ERROR_CODES:
+                    if kind is not protocol.Kind.ERROR or got.error_code != code or got.error_code not in ERROR_CODES:
                         problems.append(f"{strategy}: ERROR {got.error_code} where {kind} / {code} was due")
                     continue
-                if kind is P.Kind.ERROR:
+                if kind is protocol.Kind.ERROR:
                     problems.append(f"{strategy}: {got_kind.name} where ERROR {code} was due")
                     continue
-                if got_kind is P.Kind.RESULT:
+                if got_kind is protocol.Kind.RESULT:
                     outcome[f"result:{got.status}"] += 1
                     groups["replies"] += 1
-                    if kind is not P.Kind.SUBMIT:
+                    if kind is not protocol.Kind.SUBMIT:
                         problems.append(f"{strategy}: RESULT for a {kind.name}")
                         continue
                     if got.request_id != msg.request_id and not (got.status == "invalid" and got.request_id == ""):
@@ -126,13 +126,13 @@ def _fuzz_socket(handle, endpoint: str, allowed, corpus, n: int, bursts: int, rn
                     if verdict != "ok":
                         groups["partial_aggregates" if verdict == "partial" else "wrong_results"] += 1
                         problems.append(f"{strategy}: {verdict}: {why}")
-                elif got_kind is P.Kind.PONG:
+                elif got_kind is protocol.Kind.PONG:
                     outcome["pong"] += 1
-                    if kind is not P.Kind.PING or got.nonce != msg.nonce:
+                    if kind is not protocol.Kind.PING or got.nonce != msg.nonce:
                         problems.append(f"{strategy}: PONG where {kind} was due")
-                elif got_kind is P.Kind.CONTROL_REPLY:
+                elif got_kind is protocol.Kind.CONTROL_REPLY:
                     outcome[f"control:{'ok' if got.ok else 'not-ok'}"] += 1
-                    if kind not in P.CONTROL_KINDS or kind is P.Kind.PING:
+                    if kind not in protocol.CONTROL_KINDS or kind is protocol.Kind.PING:
                         problems.append(f"{strategy}: CONTROL_REPLY where {kind} was due")
                 # nothing else may follow the one reply
                 extra = peer.recv(0.0)
@@ -164,7 +164,7 @@ def _request_corpus() -> list[list[bytes]]:
                      seed_policy="offset"),
     ]
     small = make_request(IMAGE[:16, :16], "p", request_id="fz-s", count=2, seed=6, height=16, width=16)
-    return [P.encode(P.Kind.SUBMIT, r) for r in reqs + [small, small]] + [P.encode(P.Kind.PING, P.Ping(7))]
+    return [protocol.encode(protocol.Kind.SUBMIT, r) for r in reqs + [small, small]] + [protocol.encode(protocol.Kind.PING, protocol.Ping(7))]
 
 
 def test_fuzz_request_socket(services, reliability, rng_seed, tmp_path):
@@ -172,9 +172,9 @@ def test_fuzz_request_socket(services, reliability, rng_seed, tmp_path):
     services.worker(sched, capacity=8)
     sched.wait_workers(1)
     s = reliability.scale
-    _fuzz_socket(sched, sched.request, P.REQUEST_KINDS, _request_corpus(), s.fuzz_request, s.fuzz_bursts,
+    _fuzz_socket(sched, sched.request, protocol.REQUEST_KINDS, _request_corpus(), s.fuzz_request, s.fuzz_bursts,
                  random.Random(rng_seed), tmp_path / "pwned", reliability, "request",
-                 {P.Kind.RESULT, P.Kind.ERROR, P.Kind.PONG})
+                 {protocol.Kind.RESULT, protocol.Kind.ERROR, protocol.Kind.PONG})
 
 
 def test_fuzz_control_socket(services, reliability, rng_seed, tmp_path):
@@ -185,20 +185,20 @@ def test_fuzz_control_socket(services, reliability, rng_seed, tmp_path):
     with sched.client() as c:
         c.send(make_request(IMAGE, "pick", request_id="ctl-target", count=2, steps=4))
     corpus = [
-        P.encode(P.Kind.CANCEL, P.CancelRequest("ctl-target")),
-        P.encode(P.Kind.CANCEL, P.CancelRequest("never-seen")),
-        P.encode(P.Kind.STATUS, P.StatusRequest("ctl-target")),
-        P.encode(P.Kind.STATS, P.Empty()),
-        P.encode(P.Kind.PING, P.Ping(3)),
+        protocol.encode(protocol.Kind.CANCEL, protocol.CancelRequest("ctl-target")),
+        protocol.encode(protocol.Kind.CANCEL, protocol.CancelRequest("never-seen")),
+        protocol.encode(protocol.Kind.STATUS, protocol.StatusRequest("ctl-target")),
+        protocol.encode(protocol.Kind.STATS, protocol.Empty()),
+        protocol.encode(protocol.Kind.PING, protocol.Ping(3)),
     ]
 
     def skip(kind, _msg):  # a readable DRAIN or SHUTDOWN does exactly what it says; the fuzzer must not send it
-        return kind in (P.Kind.DRAIN, P.Kind.SHUTDOWN)
+        return kind in (protocol.Kind.DRAIN, protocol.Kind.SHUTDOWN)
 
     s = reliability.scale
-    _fuzz_socket(sched, sched.control, P.CONTROL_KINDS, corpus, s.fuzz_control, s.fuzz_bursts,
+    _fuzz_socket(sched, sched.control, protocol.CONTROL_KINDS, corpus, s.fuzz_control, s.fuzz_bursts,
                  random.Random(rng_seed), tmp_path / "pwned", reliability, "control",
-                 {P.Kind.CONTROL_REPLY, P.Kind.ERROR, P.Kind.PONG}, skip=skip)
+                 {protocol.Kind.CONTROL_REPLY, protocol.Kind.ERROR, protocol.Kind.PONG}, skip=skip)
     assert not stats(sched)["draining"]
 
 
@@ -214,15 +214,15 @@ def test_fuzz_worker_link(services, reliability, rng_seed, tmp_path):
     real_id = next(iter(sched.wait_workers(1)["workers"]))
     rnd = random.Random(rng_seed)
     marker = tmp_path / "pwned"
-    arr = P.array_to_wire(np.zeros((1, 1, 16, 7), np.float32))
+    arr = protocol.array_to_wire(np.zeros((1, 1, 16, 7), np.float32))
     corpus = [
-        P.encode(P.Kind.REGISTER, P.RegisterMsg("fuzz-w", _null_capability(), 8, pid=1)),
-        P.encode(P.Kind.HEARTBEAT, P.HeartbeatMsg(real_id, 1, 2)),
-        P.encode(P.Kind.HEARTBEAT, P.HeartbeatMsg("fuzz-w", None, None)),
-        P.encode(P.Kind.BATCH_RESULT, P.BatchResultMsg(real_id, 1, [P.GroupOutputMsg("g", "ok", [0], arr)])),
-        P.encode(P.Kind.BATCH_RESULT, P.BatchResultMsg("fuzz-w", 7, [P.GroupOutputMsg("g", "error", error="x")])),
+        protocol.encode(protocol.Kind.REGISTER, protocol.RegisterMsg("fuzz-w", _null_capability(), 8, pid=1)),
+        protocol.encode(protocol.Kind.HEARTBEAT, protocol.HeartbeatMsg(real_id, 1, 2)),
+        protocol.encode(protocol.Kind.HEARTBEAT, protocol.HeartbeatMsg("fuzz-w", None, None)),
+        protocol.encode(protocol.Kind.BATCH_RESULT, protocol.BatchResultMsg(real_id, 1, [protocol.GroupOutputMsg("g", "ok", [0], arr)])),
+        protocol.encode(protocol.Kind.BATCH_RESULT, protocol.BatchResultMsg("fuzz-w", 7, [protocol.GroupOutputMsg("g", "error", error="x")])),
     ]
-    mut = Mutator(rnd, corpus, list(P.Kind), str(marker))
+    mut = Mutator(rnd, corpus, list(protocol.Kind), str(marker))
     s = reliability.scale
     tried = Counter()
     replies = Counter()
@@ -244,20 +244,20 @@ def test_fuzz_worker_link(services, reliability, rng_seed, tmp_path):
                 # barrier: a REGISTER under a fresh id is answered REGISTERED(that id) after everything this
                 # peer sent before it; every message on the way must be a well-formed link message
                 barrier_id = f"barrier-{burst}-{k}"
-                peer.send(P.encode(P.Kind.REGISTER, P.RegisterMsg(barrier_id, _null_capability(), 8)))
+                peer.send(protocol.encode(protocol.Kind.REGISTER, protocol.RegisterMsg(barrier_id, _null_capability(), 8)))
                 while True:
                     frames = peer.recv(REPLY_TIMEOUT_S)
                     if frames is None:
                         problems.append("the worker link stopped answering (barrier REGISTER)")
                         break
                     try:
-                        kind, msg = decode_reply(frames, {P.Kind.REGISTERED, P.Kind.WORKER_STOP, P.Kind.BATCH,
-                                                          P.Kind.CANCEL_ROWS})
-                    except P.ProtocolError as exc:
+                        kind, msg = decode_reply(frames, {protocol.Kind.REGISTERED, protocol.Kind.WORKER_STOP, protocol.Kind.BATCH,
+                                                          protocol.Kind.CANCEL_ROWS})
+                    except protocol.ProtocolError as exc:
                         problems.append(f"unreadable link message: {exc}")
                         continue
                     replies[kind.name] += 1
-                    if kind is P.Kind.REGISTERED and msg.worker_id == barrier_id:
+                    if kind is protocol.Kind.REGISTERED and msg.worker_id == barrier_id:
                         break
             _health(sched, f"worker-link fuzz burst {burst}")
             # fuzz-registered workers never heartbeat: they lapse; the real one must still be there
@@ -302,26 +302,26 @@ class FakeWorker(threading.Thread):
         self.adapter = NullAdapter(8)
         self.error: BaseException | None = None
 
-    def _result(self, batch: P.BatchMsg) -> P.BatchResultMsg:
-        from candidate_scheduler.work import CandidateWork, GroupWork, SamplingSpec
+    def _result(self, batch: protocol.BatchMsg) -> protocol.BatchResultMsg:
+        from candidate_scheduler.core.work import CandidateWork, GroupWork, SamplingSpec
 
-        items = [GroupWork(g.request_id, P.array_from_wire(g.images), list(g.prompts),
+        items = [GroupWork(g.request_id, protocol.array_from_wire(g.images), list(g.prompts),
                            SamplingSpec(**{k: getattr(g.sampling, k) for k in g.sampling.__struct_fields__}),
                            [CandidateWork(c.candidate_id, c.seed, c.snapshot) for c in g.candidates])
                  for g in batch.groups]
         outs, _report = self.adapter.run_batch(items)
-        msgs = [P.GroupOutputMsg(o.request_id, o.status, list(o.candidate_ids),
-                                 None if o.actions is None else P.array_to_wire(np.asarray(o.actions, np.float32)))
+        msgs = [protocol.GroupOutputMsg(o.request_id, o.status, list(o.candidate_ids),
+                                 None if o.actions is None else protocol.array_to_wire(np.asarray(o.actions, np.float32)))
                 for o in outs]
-        return P.BatchResultMsg(self.worker_id, batch.batch_id, msgs, {})
+        return protocol.BatchResultMsg(self.worker_id, batch.batch_id, msgs, {})
 
-    def _mutate(self, what: str, res: P.BatchResultMsg) -> list[list[bytes]]:
+    def _mutate(self, what: str, res: protocol.BatchResultMsg) -> list[list[bytes]]:
         import msgspec
 
         outs = list(res.outputs)
         i = self.rnd.randrange(len(outs))
         o = outs[i]
-        acts = P.array_from_wire(o.actions) if o.actions is not None else np.zeros((1, 1, 16, 7), np.float32)
+        acts = protocol.array_from_wire(o.actions) if o.actions is not None else np.zeros((1, 1, 16, 7), np.float32)
         if what == "outputs:drop":
             outs.pop(i)
         elif what == "outputs:extra":
@@ -331,28 +331,28 @@ class FakeWorker(threading.Thread):
         elif what == "output:wrong-ids":
             outs[i] = msgspec.structs.replace(o, candidate_ids=[c + 1 for c in o.candidate_ids])
         elif what == "output:wrong-shape":
-            outs[i] = msgspec.structs.replace(o, actions=P.array_to_wire(np.ascontiguousarray(acts[..., :-1])))
+            outs[i] = msgspec.structs.replace(o, actions=protocol.array_to_wire(np.ascontiguousarray(acts[..., :-1])))
         elif what == "output:wrong-batch-axis":
-            outs[i] = msgspec.structs.replace(o, actions=P.array_to_wire(np.concatenate([acts, acts], axis=1)))
+            outs[i] = msgspec.structs.replace(o, actions=protocol.array_to_wire(np.concatenate([acts, acts], axis=1)))
         elif what == "output:nan":
             bad = acts.copy()
             bad.reshape(-1)[0] = np.nan
-            outs[i] = msgspec.structs.replace(o, actions=P.array_to_wire(bad))
+            outs[i] = msgspec.structs.replace(o, actions=protocol.array_to_wire(bad))
         elif what == "output:bad-status":
             outs[i] = msgspec.structs.replace(o, status=self.rnd.choice(["", "OK", "partial"]))
         elif what == "output:no-actions":
             outs[i] = msgspec.structs.replace(o, actions=None)
         elif what == "output:array-lie":
-            lie = self.rnd.choice([P.Array("object", [1], b"\x00" * 8), P.Array("float32", [2**31, 2**31], b""),
-                                   P.Array("float32", [2**62, 2**62], b""), P.Array("<U4", [1], b"abcd"),
-                                   P.Array("float32", [1, 1, 16, 7], b"\x00" * 5)])
+            lie = self.rnd.choice([protocol.Array("object", [1], b"\x00" * 8), protocol.Array("float32", [2**31, 2**31], b""),
+                                   protocol.Array("float32", [2**62, 2**62], b""), protocol.Array("<U4", [1], b"abcd"),
+                                   protocol.Array("float32", [1, 1, 16, 7], b"\x00" * 5)])
             outs[i] = msgspec.structs.replace(o, actions=lie)
         res = msgspec.structs.replace(res, outputs=outs)
-        frames = P.encode(P.Kind.BATCH_RESULT, res)
+        frames = protocol.encode(protocol.Kind.BATCH_RESULT, res)
         if what == "result:wrong-batch-id":
-            frames = P.encode(P.Kind.BATCH_RESULT, msgspec.structs.replace(res, batch_id=res.batch_id + 10**6))
+            frames = protocol.encode(protocol.Kind.BATCH_RESULT, msgspec.structs.replace(res, batch_id=res.batch_id + 10**6))
         elif what == "result:foreign-worker-id":
-            frames = P.encode(P.Kind.BATCH_RESULT, msgspec.structs.replace(res, worker_id=self.other))
+            frames = protocol.encode(protocol.Kind.BATCH_RESULT, msgspec.structs.replace(res, worker_id=self.other))
         elif what == "result:garbage":
             frames = [frames[0], os.urandom(64)]
         elif what == "result:truncated":
@@ -376,7 +376,7 @@ class FakeWorker(threading.Thread):
         sock.setsockopt(zmq.IDENTITY, self.worker_id.encode())
         sock.connect(self.endpoint)
         # capacity 16 > the real worker's 8: the scheduler offers every batch to the fake first
-        register = P.encode(P.Kind.REGISTER, P.RegisterMsg(self.worker_id, _null_capability(16), 16, pid=os.getpid()))
+        register = protocol.encode(protocol.Kind.REGISTER, protocol.RegisterMsg(self.worker_id, _null_capability(16), 16, pid=os.getpid()))
         sock.send_multipart(register)
         busy: int | None = None
         mute_until = 0.0  # "late": no heartbeats until declared dead, then the (valid) result
@@ -392,22 +392,22 @@ class FakeWorker(threading.Thread):
                         late = []
                         busy = None
                     if now - last_beat > 0.1:
-                        sock.send_multipart(P.encode(P.Kind.HEARTBEAT, P.HeartbeatMsg(self.worker_id, busy, None)))
+                        sock.send_multipart(protocol.encode(protocol.Kind.HEARTBEAT, protocol.HeartbeatMsg(self.worker_id, busy, None)))
                         last_beat = now
                 if not sock.poll(20):
                     continue
                 frames = sock.recv_multipart()
-                kind = P.parse_header(frames[0], {P.Kind.REGISTERED, P.Kind.BATCH, P.Kind.CANCEL_ROWS, P.Kind.WORKER_STOP})
-                msg = P.decode(kind, frames[1])
-                if kind is P.Kind.WORKER_STOP:
+                kind = protocol.parse_header(frames[0], {protocol.Kind.REGISTERED, protocol.Kind.BATCH, protocol.Kind.CANCEL_ROWS, protocol.Kind.WORKER_STOP})
+                msg = protocol.decode(kind, frames[1])
+                if kind is protocol.Kind.WORKER_STOP:
                     sock.send_multipart(register)
-                elif kind is P.Kind.BATCH:
+                elif kind is protocol.Kind.BATCH:
                     busy = msg.batch_id
                     what = "valid" if self.rnd.random() < 0.4 else self.rnd.choice(RESULT_MUTATIONS)
                     self.applied[what] += 1
                     res = self._result(msg)
                     if what == "result:late":
-                        late = [P.encode(P.Kind.BATCH_RESULT, res)]
+                        late = [protocol.encode(protocol.Kind.BATCH_RESULT, res)]
                         mute_until = time.monotonic() + 2.0  # > the scheduler's 1.5 s heartbeat timeout
                         continue
                     for f in self._mutate(what, res):
@@ -466,7 +466,7 @@ def test_fuzz_worker_link_fake_worker_corrupts_real_batches(services, reliabilit
 
 
 def _compat_usable() -> str | None:
-    if importlib.util.find_spec("candidate_scheduler.compat_bridge") is None:
+    if importlib.util.find_spec("candidate_scheduler.compat.bridge") is None:
         return "candidate_scheduler/compat_bridge.py does not exist yet"
     return None
 
@@ -478,7 +478,7 @@ def test_fuzz_compat_socket(services, reliability, rng_seed, tmp_path):
     why = _compat_usable()
     if why:
         pytest.skip(f"compat fuzzing skipped: {why}")
-    from candidate_scheduler import sglang_compat as C
+    from candidate_scheduler.compat import sglang as C
 
     sched = services.scheduler(compat=True)
     services.worker(sched, capacity=8)
@@ -607,10 +607,10 @@ def test_oversize_message_drops_only_that_peer(services, reliability):
     sched = services.scheduler()
     services.worker(sched, capacity=8)
     sched.wait_workers(1)
-    big = b"\x00" * (P.MAX_MESSAGE_BYTES + 1)
+    big = b"\x00" * (protocol.MAX_MESSAGE_BYTES + 1)
     for endpoint in (sched.request, sched.control, sched.worker):
         with RawPeer(endpoint) as peer:
-            peer.send([P.header(P.Kind.PING), big])
+            peer.send([protocol.header(protocol.Kind.PING), big])
             assert peer.recv(1.0) is None
     _health(sched, "oversize messages")
     _valid_roundtrip(sched, random.Random(1), "oversize")

@@ -22,7 +22,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from candidate_scheduler import protocol as P
+from candidate_scheduler import protocol
 from tests.reliability.helpers import (
     Ledger, decode_reply, proc_fds, proc_rss_kb, random_request, stats, wait_quiescent,
 )
@@ -34,23 +34,23 @@ class AsyncPeer:
     def __init__(self, ctx: zmq.asyncio.Context, endpoint: str):
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.MAXMSGSIZE, P.MAX_MESSAGE_BYTES)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
         self.sock.connect(endpoint)
         self.nonce = 0
 
     async def recv(self, timeout_s: float):
         frames = await asyncio.wait_for(self.sock.recv_multipart(), timeout_s)
-        return decode_reply(frames, {P.Kind.RESULT, P.Kind.ERROR, P.Kind.PONG, P.Kind.CONTROL_REPLY})
+        return decode_reply(frames, {protocol.Kind.RESULT, protocol.Kind.ERROR, protocol.Kind.PONG, protocol.Kind.CONTROL_REPLY})
 
     async def barrier(self, ledger: Ledger, timeout_s: float = 10.0) -> None:
         """PING, and take every RESULT queued before the PONG."""
         self.nonce += 1
-        await self.sock.send_multipart(P.encode(P.Kind.PING, P.Ping(self.nonce)))
+        await self.sock.send_multipart(protocol.encode(protocol.Kind.PING, protocol.Ping(self.nonce)))
         while True:
             kind, msg = await self.recv(timeout_s)
-            if kind is P.Kind.PONG and msg.nonce == self.nonce:
+            if kind is protocol.Kind.PONG and msg.nonce == self.nonce:
                 return
-            if kind is P.Kind.RESULT:
+            if kind is protocol.Kind.RESULT:
                 ledger.got(msg)
 
     def close(self) -> None:
@@ -67,7 +67,7 @@ async def _client(ctx, endpoint: str, cid: int, n: int, window: int, ledger: Led
     sent = 0
     reconnects = 0
     next_churn = churn_every
-    retries: list[P.SubmitRequest] = []
+    retries: list[protocol.SubmitRequest] = []
     try:
         while True:
             more = sent < n if stop_at is None else time.monotonic() < stop_at
@@ -81,7 +81,7 @@ async def _client(ctx, endpoint: str, cid: int, n: int, window: int, ledger: Led
                 ledger.sent(req)
                 if recent is not None:
                     recent.append(req.request_id)
-                await peer.sock.send_multipart(P.encode(P.Kind.SUBMIT, req))
+                await peer.sock.send_multipart(protocol.encode(protocol.Kind.SUBMIT, req))
                 pending.add(req.request_id)
                 more = sent < n if stop_at is None else time.monotonic() < stop_at
                 draining = bool(churn_every) and sent >= next_churn
@@ -97,7 +97,7 @@ async def _client(ctx, endpoint: str, cid: int, n: int, window: int, ledger: Led
                     break  # whatever is pending now is lost; the ledger says so
             else:
                 kind = None
-            if kind is P.Kind.RESULT:
+            if kind is protocol.Kind.RESULT:
                 ledger.got(msg)
                 pending.discard(msg.request_id)
                 if msg.status == "overloaded":
@@ -179,14 +179,14 @@ async def _noise(handle, stop_at: float, rnd: random.Random, counts: dict, recen
             r = rnd.random()
             if r < 0.5:
                 rid = rnd.choice(list(recent)) if recent else "nothing-yet"
-                await ctl.sock.send_multipart(P.encode(P.Kind.CANCEL, P.CancelRequest(rid)))
+                await ctl.sock.send_multipart(protocol.encode(protocol.Kind.CANCEL, protocol.CancelRequest(rid)))
                 counts["cancels"] += 1
             elif r < 0.7:
-                await ctl.sock.send_multipart(P.encode(P.Kind.STATUS, P.StatusRequest(f"c0-{rnd.randrange(400)}")))
+                await ctl.sock.send_multipart(protocol.encode(protocol.Kind.STATUS, protocol.StatusRequest(f"c0-{rnd.randrange(400)}")))
             elif r < 0.8:
-                await ctl.sock.send_multipart(P.encode(P.Kind.STATS, P.Empty()))
+                await ctl.sock.send_multipart(protocol.encode(protocol.Kind.STATS, protocol.Empty()))
             else:
-                await junk.sock.send_multipart([P.header(P.Kind.SUBMIT), os.urandom(rnd.randrange(1, 200))])
+                await junk.sock.send_multipart([protocol.header(protocol.Kind.SUBMIT), os.urandom(rnd.randrange(1, 200))])
                 await junk.recv(10)
                 counts["malformed"] += 1
                 continue

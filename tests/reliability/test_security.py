@@ -19,8 +19,8 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from candidate_scheduler import protocol as P
-from candidate_scheduler.client import make_request
+from candidate_scheduler import protocol
+from candidate_scheduler.service.client import make_request
 from tests.conftest import ENV, ROOT, Proc, free_port, wait_for
 from tests.reliability.fuzz import Evil, EvilShell
 from tests.reliability.helpers import IMAGE, RawPeer, check_result, decode_reply, stats
@@ -30,7 +30,7 @@ CLI = [sys.executable, "-m", "candidate_scheduler.cli"]
 
 
 def _compat_available() -> bool:
-    return importlib.util.find_spec("candidate_scheduler.compat_bridge") is not None
+    return importlib.util.find_spec("candidate_scheduler.compat.bridge") is not None
 
 
 def _evil_payloads(marker) -> list[bytes]:
@@ -55,37 +55,37 @@ def test_no_pickle_is_ever_executed(services, reliability, tmp_path):
         with RawPeer(endpoint) as peer:
             for kind in kinds:
                 for p in payloads:
-                    for frames in ([P.header(kind), p], [b"", P.header(kind), p], [p]):
+                    for frames in ([protocol.header(kind), p], [b"", protocol.header(kind), p], [p]):
                         peer.send(frames)
                         n += 1
                         if reply_due:
                             reply = peer.recv(10)
                             assert reply is not None, (name, kind)
-                            k, msg = decode_reply(reply, {P.Kind.ERROR})
+                            k, msg = decode_reply(reply, {protocol.Kind.ERROR})
                             assert msg.error_code in ("bad_msgpack", "bad_type", "bad_frames", "version",
                                                       "unknown_kind"), msg
             if not reply_due:  # barrier: REGISTERED(barrier id) comes after everything sent before it
-                peer.send(P.encode(P.Kind.REGISTER, P.RegisterMsg("pickle-barrier", _null_cap(), 8)))
+                peer.send(protocol.encode(protocol.Kind.REGISTER, protocol.RegisterMsg("pickle-barrier", _null_cap(), 8)))
                 while True:
                     reply = peer.recv(10)
                     assert reply is not None
-                    k, msg = decode_reply(reply, {P.Kind.REGISTERED, P.Kind.WORKER_STOP})
-                    if k is P.Kind.REGISTERED and msg.worker_id == "pickle-barrier":
+                    k, msg = decode_reply(reply, {protocol.Kind.REGISTERED, protocol.Kind.WORKER_STOP})
+                    if k is protocol.Kind.REGISTERED and msg.worker_id == "pickle-barrier":
                         break
         tried[name] = n
 
-    native(sched.request, list(P.Kind), True, "request socket")
-    native(sched.control, list(P.Kind), True, "control socket")
-    native(sched.worker, list(P.WORKER_KINDS), False, "worker link")
+    native(sched.request, list(protocol.Kind), True, "request socket")
+    native(sched.control, list(protocol.Kind), True, "control socket")
+    native(sched.worker, list(protocol.WORKER_KINDS), False, "worker link")
     # pickle bytes as *data* inside a valid message are only ever data: a picklish image is just pixels
     blob = pickle.dumps(Evil(str(marker)))
     pixels = np.frombuffer((blob * (3 * 16 * 16 // len(blob) + 1))[: 3 * 16 * 16], np.uint8).reshape(16, 16, 3)
     req = make_request(pixels, blob.decode("latin-1"), request_id="picklish-data", count=2, height=16, width=16)
     with RawPeer(sched.request) as peer:
-        peer.send(P.encode(P.Kind.SUBMIT, req))
+        peer.send(protocol.encode(protocol.Kind.SUBMIT, req))
         reply = peer.recv(30)
     assert reply is not None
-    _k, res = decode_reply(reply, {P.Kind.RESULT})
+    _k, res = decode_reply(reply, {protocol.Kind.RESULT})
     assert res.status == "done" and check_result(req, res) == ("ok", None)
 
     # the worker's own DEALER: a fake scheduler sends it pickles under every scheduler->worker kind
@@ -99,7 +99,7 @@ def test_no_pickle_is_ever_executed(services, reliability, tmp_path):
                 n += 1
                 assert peer.sock.poll(30_000), "the compat bridge did not answer a refused pickle"
                 reply = peer.sock.recv_multipart()
-                from candidate_scheduler import sglang_compat as C
+                from candidate_scheduler.compat import sglang as C
 
                 out = C.safe_loads(reply[-1])
                 assert getattr(out, "error", None) or out.__dict__.get("error"), "a refused pickle got no error"
@@ -119,7 +119,7 @@ def test_no_pickle_is_ever_executed(services, reliability, tmp_path):
 
 
 def _null_cap() -> dict:
-    from workers.worker import NullAdapter
+    from candidate_scheduler.worker.null_adapter import NullAdapter
 
     return NullAdapter(8).capability_dict()
 
@@ -141,17 +141,17 @@ def _pickle_a_worker(services, payloads) -> int:
     try:
         assert router.poll(60_000), "the worker never connected"
         identity, header, _payload = router.recv_multipart()
-        assert P.parse_header(header, {P.Kind.REGISTER}) is P.Kind.REGISTER
-        for kind in (P.Kind.REGISTERED, P.Kind.BATCH, P.Kind.CANCEL_ROWS, P.Kind.WORKER_STOP):
+        assert protocol.parse_header(header, {protocol.Kind.REGISTER}) is protocol.Kind.REGISTER
+        for kind in (protocol.Kind.REGISTERED, protocol.Kind.BATCH, protocol.Kind.CANCEL_ROWS, protocol.Kind.WORKER_STOP):
             for p in payloads:
-                router.send_multipart([identity, P.header(kind), p])
+                router.send_multipart([identity, protocol.header(kind), p])
                 n += 1
         # still alive and speaking the protocol: it re-sends REGISTER (no REGISTERED came) within ~2 s
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             assert router.poll(int((deadline - time.monotonic()) * 1000)), "the worker went silent"
             frames = router.recv_multipart()
-            if P.parse_header(frames[1], P.WORKER_KINDS) is P.Kind.REGISTER:
+            if protocol.parse_header(frames[1], protocol.WORKER_KINDS) is protocol.Kind.REGISTER:
                 break
         assert proc.alive()
     finally:
@@ -223,7 +223,7 @@ def _handshake_events(endpoint: str, curve=None, timeout_s: float = 20.0) -> lis
         s.curve_publickey, s.curve_secretkey, s.curve_serverkey = curve
     mon = s.get_monitor_socket()
     s.connect(endpoint)
-    s.send_multipart(P.encode(P.Kind.REGISTER, P.RegisterMsg("raw-intruder", _null_cap(), 8)))
+    s.send_multipart(protocol.encode(protocol.Kind.REGISTER, protocol.RegisterMsg("raw-intruder", _null_cap(), 8)))
     events = []
     deadline = time.monotonic() + timeout_s
     try:

@@ -3,7 +3,7 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from candidate_scheduler.admission import (
+from candidate_scheduler.core.admission import (
     ADMISSION_REASONS,
     AdmissionDecision,
     AdmissionMode,
@@ -11,8 +11,8 @@ from candidate_scheduler.admission import (
     decide,
     split_balanced,
 )
-from candidate_scheduler.errors import CandidateContractError
-from candidate_scheduler.spec import CandidateTrajectorySpec, ModelCapability
+from candidate_scheduler.core.errors import CandidateContractError
+from candidate_scheduler.core.spec import CandidateTrajectorySpec, ModelCapability
 
 SETTINGS = settings(max_examples=100, deadline=None)
 

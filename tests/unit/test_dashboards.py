@@ -9,8 +9,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from candidate_scheduler import dashboards_check as dc
-from candidate_scheduler.metrics import PREFIX, SchedulerMetrics
+from candidate_scheduler.service import dashboards_check as dc
+from candidate_scheduler.service.metrics import PREFIX, SchedulerMetrics
 
 REPO = Path(__file__).resolve().parents[2]
 GRAFANA = REPO / "grafana"
@@ -49,7 +49,7 @@ def test_real_dashboards_pass(capsys):
 
 def test_make_target_style_invocation_passes():
     result = subprocess.run(
-        [sys.executable, "-m", "candidate_scheduler.dashboards_check", "grafana"],
+        [sys.executable, "-m", "candidate_scheduler.service.dashboards_check", "grafana"],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 0, result.stderr
@@ -118,7 +118,7 @@ def test_undefined_metric_fails(tmp_path, capsys):
 def test_undefined_metric_fails_as_a_process(tmp_path):
     make_dashboard(tmp_path, [f"{PREFIX}no_such_gauge"])
     result = subprocess.run(
-        [sys.executable, "-m", "candidate_scheduler.dashboards_check", str(tmp_path)],
+        [sys.executable, "-m", "candidate_scheduler.service.dashboards_check", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )
     assert result.returncode != 0

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from candidate_scheduler import rng
-from candidate_scheduler.admission import AdmissionPolicy, decide
-from candidate_scheduler.errors import CandidateContractError
-from candidate_scheduler.group_state import (
+from candidate_scheduler.core import rng
+from candidate_scheduler.core.admission import AdmissionPolicy, decide
+from candidate_scheduler.core.errors import CandidateContractError
+from candidate_scheduler.core.group_state import (
     ALLOWED_TRANSITIONS,
     FINISHED_REASONS,
     GroupState,
@@ -19,8 +19,8 @@ from candidate_scheduler.group_state import (
     WorkStatus,
     is_finished,
 )
-from candidate_scheduler.reducers import reduce
-from candidate_scheduler.spec import CandidateTrajectorySpec, ModelCapability
+from candidate_scheduler.core.reducers import reduce
+from candidate_scheduler.core.spec import CandidateTrajectorySpec, ModelCapability
 
 CAP = ModelCapability("m", max_candidates_per_batch=4, max_candidates_per_group=64)
 

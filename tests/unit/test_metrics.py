@@ -9,10 +9,11 @@ from hypothesis import given, settings, strategies as st
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from candidate_scheduler import __version__, admission, group_state
-from candidate_scheduler import metrics as m
-from candidate_scheduler.metrics import SchedulerMetrics
-from candidate_scheduler.work import BatchReport
+from candidate_scheduler import __version__
+from candidate_scheduler.core import admission, group_state
+from candidate_scheduler.service import metrics as m
+from candidate_scheduler.service.metrics import SchedulerMetrics
+from candidate_scheduler.core.work import BatchReport
 
 P = m.PREFIX
 REPO = Path(__file__).resolve().parents[2]
@@ -224,7 +225,7 @@ def test_every_call_the_server_makes_is_a_method():
     # server.py reaches SchedulerMetrics through a shim that turns unknown names into no-ops, so a
     # renamed method would silently stop recording; this catches it.
     calls = set()
-    for path in (REPO / "candidate_scheduler").glob("*.py"):
+    for path in (REPO / "candidate_scheduler").rglob("*.py"):
         calls |= set(re.findall(r"self\.metrics\.(\w+)\(", path.read_text()))
     sm = SchedulerMetrics(CollectorRegistry())
     assert calls, "expected server.py to record metrics"

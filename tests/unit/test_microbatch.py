@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from candidate_scheduler.admission import split_balanced
-from candidate_scheduler.errors import CandidateContractError
-from candidate_scheduler.microbatch import BatchKey, PhysicalBatch, QueuedGroup, plan_batches
+from candidate_scheduler.core.admission import split_balanced
+from candidate_scheduler.core.errors import CandidateContractError
+from candidate_scheduler.core.microbatch import BatchKey, PhysicalBatch, QueuedGroup, plan_batches
 
 SETTINGS = settings(max_examples=100, deadline=None)
 K1 = BatchKey("m", 64, 64, 4, 1.0, "policy", 16, 12)

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from candidate_scheduler import reducers
-from candidate_scheduler.errors import CandidateContractError
-from candidate_scheduler.reducers import PartialReduction, reduce
+from candidate_scheduler.core import reducers
+from candidate_scheduler.core.errors import CandidateContractError
+from candidate_scheduler.core.reducers import PartialReduction, reduce
 
 SETTINGS = settings(max_examples=60, deadline=None)
 REDUCING = ["mean", "median", "medoid"]

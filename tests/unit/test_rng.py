@@ -6,9 +6,9 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from candidate_scheduler import rng
-from candidate_scheduler.errors import CandidateContractError
-from candidate_scheduler.spec import SeedPolicy
+from candidate_scheduler.core import rng
+from candidate_scheduler.core.errors import CandidateContractError
+from candidate_scheduler.core.spec import SeedPolicy
 
 SETTINGS = settings(max_examples=60, deadline=None)
 seeds64 = st.integers(min_value=0, max_value=2**64 - 1)
@@ -119,8 +119,8 @@ def test_explicit_seed_out_of_range_names_its_index():
 def test_rng_imports_without_torch():
     # The scheduler process imports rng (and the other pure rooms) without paying for torch.
     code = (
-        "import sys; import candidate_scheduler.rng, candidate_scheduler.spec, candidate_scheduler.reducers, "
-        "candidate_scheduler.admission, candidate_scheduler.group_state, candidate_scheduler.microbatch; "
+        "import sys; import candidate_scheduler.core.rng, candidate_scheduler.core.spec, candidate_scheduler.core.reducers, "
+        "candidate_scheduler.core.admission, candidate_scheduler.core.group_state, candidate_scheduler.core.microbatch; "
         "bad = [m for m in ('torch', 'zmq', 'asyncio', 'sglang') if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )

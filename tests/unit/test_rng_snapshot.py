@@ -2,8 +2,8 @@
 
 import pytest
 
-from candidate_scheduler import rng
-from candidate_scheduler.errors import CandidateContractError
+from candidate_scheduler.core import rng
+from candidate_scheduler.core.errors import CandidateContractError
 
 torch = pytest.importorskip("torch")
 

@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from candidate_scheduler import protocol as P
-from candidate_scheduler import sglang_compat as C
-from candidate_scheduler.compat_bridge import is_loopback_endpoint
-from candidate_scheduler.sglang_compat import ForeignObject as F
+from candidate_scheduler import protocol
+from candidate_scheduler.compat import sglang as C
+from candidate_scheduler.compat.bridge import is_loopback_endpoint
+from candidate_scheduler.compat.sglang import ForeignObject as F
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -164,7 +164,7 @@ def test_oversized_payload_is_refused_before_reading(tmp_path):
     with pytest.raises(C.RefusedPickle, match="over the 1024-byte limit"):
         C.safe_loads(payload, max_bytes=1024)
     assert not marker.exists()
-    assert C.MAX_PICKLE_BYTES == P.MAX_MESSAGE_BYTES
+    assert C.MAX_PICKLE_BYTES == protocol.MAX_MESSAGE_BYTES
 
 
 @pytest.mark.parametrize("payload, match", [
@@ -281,9 +281,9 @@ def test_plain_req_maps_to_count_one():
     s = plan.submit
     assert plan.kind == "single" and s.seed == 5 and s.prompt == "pick" and not s.batched
     assert (s.candidates.count, s.candidates.return_candidates) == (1, True)
-    assert s.sampling == P.SamplingMsg(height=64, width=64, steps=2, horizon=4, guidance_scale=1.0, action_mode="policy",
+    assert s.sampling == protocol.SamplingMsg(height=64, width=64, steps=2, horizon=4, guidance_scale=1.0, action_mode="policy",
                                        domain_id=0, raw_action_dim=7, fps=5, negative_prompt="")
-    np.testing.assert_array_equal(P.array_from_wire(s.images), _image())
+    np.testing.assert_array_equal(protocol.array_from_wire(s.images), _image())
     assert s.request_id.startswith("sglang:r1#")
 
 
@@ -360,8 +360,8 @@ def test_reply_is_an_output_batch_with_every_field():
     pytest.importorskip("torch")
     plan = C.plan_generation(C.classify(load(req(extra={"candidates": {"count": 3, "return_candidates": True}}))).reqs)
     cands = np.arange(3 * 4 * 7, dtype=np.float32).reshape(3, 4, 7)
-    result = P.GroupResult(request_id=plan.submit.request_id, status="done", action=P.array_to_wire(cands.mean(0)),
-                           candidates=P.array_to_wire(cands), candidate_seeds=[5, 6, 7])
+    result = protocol.GroupResult(request_id=plan.submit.request_id, status="done", action=protocol.array_to_wire(cands.mean(0)),
+                           candidates=protocol.array_to_wire(cands), candidate_seeds=[5, 6, 7])
     ob = C.safe_loads(C.reply_for_result(plan, result))  # our own reader accepts our own replies
     assert isinstance(ob, C.OutputBatchStub) and set(ob.__dict__) == set(C.OUTPUT_BATCH_DEFAULTS)
     [entry] = ob.output
@@ -369,7 +369,7 @@ def test_reply_is_an_output_batch_with_every_field():
     np.testing.assert_array_equal(entry["reduced_actions"], cands.mean(0))
     assert entry["candidate_group"]["candidate_seeds"] == [5, 6, 7] and entry["request_id"] == "r1"
     assert tuple(ob.action_pred.shape) == (3, 4, 7) and ob.error is None
-    failed = C.safe_loads(C.reply_for_result(plan, P.GroupResult(request_id="x", status="rejected", error="too big",
+    failed = C.safe_loads(C.reply_for_result(plan, protocol.GroupResult(request_id="x", status="rejected", error="too big",
                                                                  error_code="does_not_fit")))
     assert failed.output is None and failed.error == "candidate_scheduler: group rejected [does_not_fit]: too big"
 
@@ -416,7 +416,7 @@ def test_batched_observations():
     imgs = [_pil_state(_image(i)) for i in range(3)]
     plan = C.plan_generation(C.classify(load(req(sp={"image_path": imgs, "prompt": ["a", "b", "c"]}))).reqs)
     assert plan.batched and plan.submit.batched and plan.submit.prompt == ["a", "b", "c"]
-    assert P.array_from_wire(plan.submit.images).shape == (3, 64, 64, 3)
+    assert protocol.array_from_wire(plan.submit.images).shape == (3, 64, 64, 3)
 
 
 def test_loopback_detection():
@@ -427,6 +427,6 @@ def test_loopback_detection():
 
 
 def test_bridge_refuses_a_public_bind_without_the_flag():
-    out = subprocess.run([sys.executable, "-m", "candidate_scheduler.compat_bridge", "--bind", "tcp://0.0.0.0:0",
+    out = subprocess.run([sys.executable, "-m", "candidate_scheduler.compat.bridge", "--bind", "tcp://0.0.0.0:0",
                           "--scheduler", "tcp://127.0.0.1:1"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode != 0 and "refusing to bind" in out.stderr + out.stdout

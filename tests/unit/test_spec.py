@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from candidate_scheduler import rng
-from candidate_scheduler.errors import ERROR_CODES, CandidateContractError
-from candidate_scheduler.spec import (
+from candidate_scheduler.core import rng
+from candidate_scheduler.core.errors import ERROR_CODES, CandidateContractError
+from candidate_scheduler.core.spec import (
     CandidateGroup,
     CandidateTrajectorySpec,
     EquivalenceRule,

@@ -1,6 +1,6 @@
 """The sglang compat bridge: sglang 0.5.23's scheduler socket in front of candidate_scheduler.
 
-    python -m candidate_scheduler.compat_bridge --bind tcp://127.0.0.1:5558 \\
+    python -m candidate_scheduler.compat.bridge --bind tcp://127.0.0.1:5558 \\
         --scheduler tcp://127.0.0.1:5555 [--control tcp://127.0.0.1:5556] [--allow-nonlocal]
 
 A separate process, so the scheduler itself never unpickles. It binds a ZMQ ROUTER exactly like
@@ -39,10 +39,10 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from candidate_scheduler import protocol as P
-from candidate_scheduler import sglang_compat as C
+from candidate_scheduler import protocol
+from candidate_scheduler.compat import sglang as C
 
-log = logging.getLogger("candidate_scheduler.compat_bridge")
+log = logging.getLogger("candidate_scheduler.compat.bridge")
 
 DEFAULT_BIND = "tcp://127.0.0.1:5558"
 DEFAULT_SCHEDULER = "tcp://127.0.0.1:5555"
@@ -199,23 +199,23 @@ class Bridge:
             self._spawn(self._handle(identity, payload, obj))
 
     async def _recv_scheduler(self) -> None:
-        allowed = frozenset({P.Kind.RESULT, P.Kind.ERROR, P.Kind.PONG})
+        allowed = frozenset({protocol.Kind.RESULT, protocol.Kind.ERROR, protocol.Kind.PONG})
         while True:
             frames = await self.dealer.recv_multipart()
             try:
                 if len(frames) != 2:
-                    raise P.ProtocolError("bad_frames", f"expected [header, payload], got {len(frames)} frames")
-                kind = P.parse_header(frames[0], allowed)
-                msg = P.decode(kind, frames[1])
-            except P.ProtocolError as exc:
+                    raise protocol.ProtocolError("bad_frames", f"expected [header, payload], got {len(frames)} frames")
+                kind = protocol.parse_header(frames[0], allowed)
+                msg = protocol.decode(kind, frames[1])
+            except protocol.ProtocolError as exc:
                 log.warning("unreadable message from the scheduler: %s", exc)
                 continue
-            if kind is P.Kind.PONG:
+            if kind is protocol.Kind.PONG:
                 continue
             rid = msg.request_id
             entry = self.in_flight.get(rid) if rid else None
             if entry is None:
-                if kind is P.Kind.ERROR and not rid:
+                if kind is protocol.Kind.ERROR and not rid:
                     log.error("the scheduler could not read a message from the bridge: %s", msg.error)
                 continue
             if not entry.future.done():
@@ -230,9 +230,9 @@ class Bridge:
         while True:
             await asyncio.sleep(REPORT_INTERVAL_S)
             if self._report_requests or self._report_errors:
-                report = P.CompatReport(requests=self._report_requests, errors=self._report_errors)
+                report = protocol.CompatReport(requests=self._report_requests, errors=self._report_errors)
                 self._report_requests, self._report_errors = {}, {}
-                await self.control.send_multipart(P.encode(P.Kind.COMPAT_REPORT, report))
+                await self.control.send_multipart(protocol.encode(protocol.Kind.COMPAT_REPORT, report))
 
     async def _drain_control(self) -> None:
         while True:
@@ -274,7 +274,7 @@ class Bridge:
                 self._count("shutdown")
                 await self._reply(identity, C.dumps_output_batch())
                 if self.config.shutdown_scheduler and self.control is not None:
-                    await self.control.send_multipart(P.encode(P.Kind.SHUTDOWN, P.Empty()))
+                    await self.control.send_multipart(protocol.encode(protocol.Kind.SHUTDOWN, protocol.Empty()))
                 log.warning("ShutdownReq received: stopping the compat bridge")
                 self.stop()
             elif isinstance(msg, C.Warmup):
@@ -305,7 +305,7 @@ class Bridge:
         self.in_flight[rid] = _InFlight(future, identity)
         try:
             self.stats.forwarded += 1
-            await self.dealer.send_multipart(P.encode(P.Kind.SUBMIT, plan.submit))
+            await self.dealer.send_multipart(protocol.encode(protocol.Kind.SUBMIT, plan.submit))
             try:
                 result = await asyncio.wait_for(future, self.config.request_timeout_s)
             except asyncio.TimeoutError:
@@ -317,7 +317,7 @@ class Bridge:
             except _BridgeStopping:
                 await self._reply(identity, C.error_reply("candidate_scheduler: the compat bridge is shutting down"))
                 return
-            if isinstance(result, P.ErrorReply):
+            if isinstance(result, protocol.ErrorReply):
                 self.stats.failed += 1
                 await self._reply(identity, C.error_reply(f"candidate_scheduler: {result.error_code}: {result.error}"))
                 return
@@ -332,7 +332,7 @@ class Bridge:
 
     async def _cancel(self, rid: str) -> None:
         if self.control is not None:
-            await self.control.send_multipart(P.encode(P.Kind.CANCEL, P.CancelRequest(request_id=rid)))
+            await self.control.send_multipart(protocol.encode(protocol.Kind.CANCEL, protocol.CancelRequest(request_id=rid)))
 
 
 class _BridgeStopping(Exception):
@@ -372,7 +372,7 @@ async def run_bridge(config: BridgeConfig, on_bound=None) -> BridgeStats:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m candidate_scheduler.compat_bridge", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m candidate_scheduler.compat.bridge", description=__doc__.split("\n")[0])
     p.add_argument("--bind", default=DEFAULT_BIND,
                    help=f"sglang-compatible ROUTER endpoint (default {DEFAULT_BIND}; tcp://127.0.0.1:0 picks a port)")
     p.add_argument("--scheduler", default=DEFAULT_SCHEDULER,

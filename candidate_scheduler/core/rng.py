@@ -27,7 +27,7 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING, Sequence
 
-from candidate_scheduler.errors import CandidateContractError
+from candidate_scheduler.core.errors import CandidateContractError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch

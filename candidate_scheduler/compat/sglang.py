@@ -43,15 +43,15 @@ from typing import Any
 
 import numpy as np
 
-from candidate_scheduler import protocol as P
-from candidate_scheduler.errors import CandidateContractError
-from candidate_scheduler.spec import CandidateTrajectorySpec
+from candidate_scheduler import protocol
+from candidate_scheduler.core.errors import CandidateContractError
+from candidate_scheduler.core.spec import CandidateTrajectorySpec
 
 SGLANG_VERSION = "0.5.23"
 
-MAX_PICKLE_BYTES = P.MAX_MESSAGE_BYTES
+MAX_PICKLE_BYTES = protocol.MAX_MESSAGE_BYTES
 # One decoded observation (and every array/tensor/image rebuilt from a pickle) stays under this.
-MAX_ARRAY_BYTES = P.MAX_OBSERVATION_BYTES
+MAX_ARRAY_BYTES = protocol.MAX_OBSERVATION_BYTES
 MAX_IMAGE_PIXELS = MAX_ARRAY_BYTES // 4
 MAX_IMAGE_FILE_BYTES = MAX_ARRAY_BYTES
 MAX_OBSERVATIONS = 64
@@ -316,7 +316,7 @@ PIL_IMAGE_CLASSES = (
 
 
 def _stub_type(base: type, module: str, name: str, **attrs: Any) -> type:
-    return type(name, (base,), {"__module__": "candidate_scheduler.sglang_compat.inert",
+    return type(name, (base,), {"__module__": "candidate_scheduler.compat.sglang.inert",
                                 "__qualname__": name, "__sglang_class__": f"{module}.{name}", **attrs})
 
 
@@ -692,7 +692,7 @@ class GroupPlan:
     (a list[Req] from expand_request_outputs: one output per candidate)."""
 
     kind: str
-    submit: P.SubmitRequest
+    submit: protocol.SubmitRequest
     request_ids: tuple  # sglang request_id of each output entry (None allowed)
     spec: CandidateTrajectorySpec
     batched: bool
@@ -778,8 +778,8 @@ def parse_candidate_spec(raw: Any) -> CandidateTrajectorySpec:
         spec = CandidateTrajectorySpec.from_dict(raw)
     except CandidateContractError as exc:
         raise CompatError(f"bad candidate spec: {exc}") from None
-    if spec.count > P.MAX_CANDIDATES:
-        raise CompatError(f"bad candidate spec: count must be at most {P.MAX_CANDIDATES}")
+    if spec.count > protocol.MAX_CANDIDATES:
+        raise CompatError(f"bad candidate spec: count must be at most {protocol.MAX_CANDIDATES}")
     return spec
 
 
@@ -913,7 +913,7 @@ def _seed(value: Any, name: str = "seed") -> int:
     return seed
 
 
-def _sampling(req: ReqStub) -> tuple[P.SamplingMsg, int, int]:
+def _sampling(req: ReqStub) -> tuple[protocol.SamplingMsg, int, int]:
     height = _int(_attr(req, "height"), "height", 1)
     width = _int(_attr(req, "width"), "width", 1)
     steps = _int(_attr(req, "num_inference_steps"), "num_inference_steps", 1)
@@ -924,7 +924,7 @@ def _sampling(req: ReqStub) -> tuple[P.SamplingMsg, int, int]:
         raise CompatError("candidate_scheduler needs domain_id and raw_action_dim "
                           "(domain_name alone is not resolved by the compat bridge)")
     negative = _attr(req, "negative_prompt")
-    sampling = P.SamplingMsg(
+    sampling = protocol.SamplingMsg(
         height=height, width=width, steps=steps, horizon=num_frames - 1,
         guidance_scale=_float(_attr(req, "guidance_scale", 1.0), "guidance_scale"),
         action_mode="policy", domain_id=_int(domain_id, "domain_id", 0),
@@ -989,19 +989,19 @@ def plan_generation(reqs: tuple) -> GroupPlan:
         else:
             spec = CandidateTrajectorySpec(count=len(reqs), reducer="none", return_candidates=True,
                                            seeds=tuple(seeds))
-        if spec.count > P.MAX_CANDIDATES:
-            raise CompatError(f"at most {P.MAX_CANDIDATES} outputs per request")
+        if spec.count > protocol.MAX_CANDIDATES:
+            raise CompatError(f"at most {protocol.MAX_CANDIDATES} outputs per request")
         kind = "outputs"
         request_ids = tuple(_request_id(_attr(r, "request_id")) for r in reqs)
         extra = head.__dict__.get("extra")
         parent = extra.get("parent_request_id") if isinstance(extra, dict) else None
         native_base = parent if isinstance(parent, str) else rid
 
-    submit = P.SubmitRequest(
+    submit = protocol.SubmitRequest(
         request_id=_native_id(native_base),
-        images=P.array_to_wire(images),
+        images=protocol.array_to_wire(images),
         prompt=prompt,
-        candidates=P.CandidateSpecMsg(
+        candidates=protocol.CandidateSpecMsg(
             count=spec.count, reducer=spec.reducer, return_candidates=spec.return_candidates,
             seed_policy=spec.seed_policy.value, seeds=None if spec.seeds is None else list(spec.seeds),
         ),
@@ -1019,10 +1019,10 @@ def plan_generation(reqs: tuple) -> GroupPlan:
 # ---------------------------------------------------------------------------------------------------
 
 
-def _as_float32(a: P.Array | None, name: str) -> np.ndarray | None:
+def _as_float32(a: protocol.Array | None, name: str) -> np.ndarray | None:
     if a is None:
         return None
-    arr = P.array_from_wire(a)
+    arr = protocol.array_from_wire(a)
     if not np.issubdtype(arr.dtype, np.floating):
         raise CompatError(f"scheduler returned {name} of dtype {arr.dtype}")
     return np.ascontiguousarray(arr, dtype=np.float32)
@@ -1034,12 +1034,12 @@ def _tensor(arr: np.ndarray):
     return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32).copy())
 
 
-def result_error(result: P.GroupResult) -> str:
+def result_error(result: protocol.GroupResult) -> str:
     code = f" [{result.error_code}]" if result.error_code else ""
     return f"candidate_scheduler: group {result.status}{code}: {result.error or 'no detail'}"
 
 
-def output_fields_for_result(plan: GroupPlan, result: P.GroupResult) -> dict[str, Any]:
+def output_fields_for_result(plan: GroupPlan, result: protocol.GroupResult) -> dict[str, Any]:
     """The OutputBatch fields (a dict for dumps_output_batch) for one group's GroupResult."""
     if result.status != "done":
         return {"error": result_error(result)}
@@ -1108,7 +1108,7 @@ def output_fields_for_result(plan: GroupPlan, result: P.GroupResult) -> dict[str
     return {"output": [entry], "action_pred": _tensor(pred), **batch_meta}
 
 
-def reply_for_result(plan: GroupPlan, result: P.GroupResult) -> bytes:
+def reply_for_result(plan: GroupPlan, result: protocol.GroupResult) -> bytes:
     try:
         return dumps_output_batch(**output_fields_for_result(plan, result))
     except CompatError as exc:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from candidate_scheduler.errors import CandidateContractError
+from candidate_scheduler.core.errors import CandidateContractError
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from candidate_scheduler import reducers, rng
-from candidate_scheduler.errors import CandidateContractError
+from candidate_scheduler.core import reducers, rng
+from candidate_scheduler.core.errors import CandidateContractError
 
 MAX_REQUEST_ID_LEN = 256
 ACTION_DTYPES = ("float16", "bfloat16", "float32", "float64")

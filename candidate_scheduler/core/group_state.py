@@ -23,10 +23,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from candidate_scheduler import reducers
-from candidate_scheduler.admission import AdmissionDecision, AdmissionMode
-from candidate_scheduler.errors import CandidateContractError
-from candidate_scheduler.spec import CandidateTrajectorySpec
+from candidate_scheduler.core import reducers
+from candidate_scheduler.core.admission import AdmissionDecision, AdmissionMode
+from candidate_scheduler.core.errors import CandidateContractError
+from candidate_scheduler.core.spec import CandidateTrajectorySpec
 
 
 class GroupStatus(enum.IntEnum):

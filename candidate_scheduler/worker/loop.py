@@ -26,8 +26,8 @@ from typing import Protocol
 import numpy as np
 import zmq
 
-from candidate_scheduler import protocol as P
-from candidate_scheduler.work import BatchReport, CandidateWork, GroupOutput, GroupWork, SamplingSpec
+from candidate_scheduler import protocol
+from candidate_scheduler.core.work import BatchReport, CandidateWork, GroupOutput, GroupWork, SamplingSpec
 
 log = logging.getLogger("candidate_scheduler.worker")
 
@@ -86,20 +86,20 @@ class Worker:
                     return
                 self._current = (batch.batch_id, None)  # busy from the moment it is taken: heartbeats say so
                 try:
-                    frames = P.encode(P.Kind.BATCH_RESULT, self._run(batch))
+                    frames = protocol.encode(protocol.Kind.BATCH_RESULT, self._run(batch))
                 except Exception as exc:  # noqa: BLE001 - if this thread died, the worker would heartbeat on
                     # and never answer again (e.g. an adapter returning fewer outputs than groups)
                     log.exception("batch %d could not be answered", batch.batch_id)
-                    outputs = [P.GroupOutputMsg(g.request_id, "error", error=f"{type(exc).__name__}: {exc}",
+                    outputs = [protocol.GroupOutputMsg(g.request_id, "error", error=f"{type(exc).__name__}: {exc}",
                                                 error_code="model_error") for g in batch.groups]
-                    frames = P.encode(P.Kind.BATCH_RESULT, P.BatchResultMsg(self.worker_id, batch.batch_id, outputs))
+                    frames = protocol.encode(protocol.Kind.BATCH_RESULT, protocol.BatchResultMsg(self.worker_id, batch.batch_id, outputs))
                 finally:
                     self._current = None
                 out.send_multipart(frames)
         finally:
             out.close(0)
 
-    def _run(self, batch: P.BatchMsg) -> P.BatchResultMsg:
+    def _run(self, batch: protocol.BatchMsg) -> protocol.BatchResultMsg:
         items: list[GroupWork] = []
         decode_errors: dict[int, GroupOutput] = {}
         for i, g in enumerate(batch.groups):
@@ -107,19 +107,19 @@ class Worker:
                 items.append(
                     GroupWork(
                         request_id=g.request_id,
-                        images=P.array_from_wire(g.images),
+                        images=protocol.array_from_wire(g.images),
                         prompts=list(g.prompts),
                         sampling=SamplingSpec(**{k: getattr(g.sampling, k) for k in g.sampling.__struct_fields__}),
                         candidates=[
                             CandidateWork(
                                 c.candidate_id, c.seed, c.snapshot,
-                                None if c.initial_noise is None else P.array_from_wire(c.initial_noise),
+                                None if c.initial_noise is None else protocol.array_from_wire(c.initial_noise),
                             )
                             for c in g.candidates
                         ],
                     )
                 )
-            except (ValueError, TypeError, P.ProtocolError) as exc:
+            except (ValueError, TypeError, protocol.ProtocolError) as exc:
                 decode_errors[i] = GroupOutput(g.request_id, "error", error=str(exc), error_code="bad_request")
                 items.append(None)
         runnable = [it for it in items if it is not None]
@@ -149,11 +149,11 @@ class Worker:
         for i in range(len(items)):
             merged.append(decode_errors[i] if i in decode_errors else next(it))
         msgs = [
-            P.GroupOutputMsg(
+            protocol.GroupOutputMsg(
                 request_id=o.request_id,
                 status=o.status,
                 candidate_ids=list(o.candidate_ids),
-                actions=None if o.actions is None else P.array_to_wire(np.asarray(o.actions, dtype=np.float32)),
+                actions=None if o.actions is None else protocol.array_to_wire(np.asarray(o.actions, dtype=np.float32)),
                 error=o.error,
                 error_code=o.error_code,
                 rollout=_wire_dict(o.rollout),
@@ -163,14 +163,14 @@ class Worker:
         ]
         rep = report.to_dict()
         rep["wall_s"] = time.perf_counter() - t0
-        return P.BatchResultMsg(worker_id=self.worker_id, batch_id=batch.batch_id, outputs=msgs, report=rep)
+        return protocol.BatchResultMsg(worker_id=self.worker_id, batch_id=batch.batch_id, outputs=msgs, report=rep)
 
     # ---- I/O side --------------------------------------------------------------------------------------
     def _socket(self) -> zmq.Socket:
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IDENTITY, self.worker_id.encode())
-        sock.setsockopt(zmq.MAXMSGSIZE, P.MAX_MESSAGE_BYTES)
+        sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
         if self.curve_dir is not None:
@@ -183,14 +183,14 @@ class Worker:
         return sock
 
     def _register_msg(self) -> list[bytes]:
-        msg = P.RegisterMsg(
+        msg = protocol.RegisterMsg(
             worker_id=self.worker_id,
             capability=self.adapter.capability_dict(),
             capacity=self.capacity,
             device=self.device,
             pid=os.getpid(),
         )
-        return P.encode(P.Kind.REGISTER, msg)
+        return protocol.encode(protocol.Kind.REGISTER, msg)
 
     def serve(self) -> None:
         """Run until WORKER_STOP (other than "reregister") or stop()."""
@@ -219,8 +219,8 @@ class Worker:
                         last_register = now
                 elif now - last_beat >= self.heartbeat_interval_s:
                     current = self._current
-                    beat = P.HeartbeatMsg(self.worker_id, *(current if current else (None, None)))
-                    sock.send_multipart(P.encode(P.Kind.HEARTBEAT, beat))
+                    beat = protocol.HeartbeatMsg(self.worker_id, *(current if current else (None, None)))
+                    sock.send_multipart(protocol.encode(protocol.Kind.HEARTBEAT, beat))
                     last_beat = now
         finally:
             self._stop.set()
@@ -234,22 +234,22 @@ class Worker:
         """Handle one scheduler message; True means stop."""
         try:
             if len(frames) != 2:
-                raise P.ProtocolError("bad_frames", f"expected 2 frames, got {len(frames)}")
-            kind = P.parse_header(frames[0], {P.Kind.REGISTERED, P.Kind.BATCH, P.Kind.CANCEL_ROWS, P.Kind.WORKER_STOP})
-            msg = P.decode(kind, frames[1])
-        except P.ProtocolError as exc:
+                raise protocol.ProtocolError("bad_frames", f"expected 2 frames, got {len(frames)}")
+            kind = protocol.parse_header(frames[0], {protocol.Kind.REGISTERED, protocol.Kind.BATCH, protocol.Kind.CANCEL_ROWS, protocol.Kind.WORKER_STOP})
+            msg = protocol.decode(kind, frames[1])
+        except protocol.ProtocolError as exc:
             log.warning("ignoring a malformed scheduler message: %s", exc)
             return False
-        if kind is P.Kind.REGISTERED:
+        if kind is protocol.Kind.REGISTERED:
             self.heartbeat_interval_s = max(0.05, float(msg.heartbeat_interval_s))
             self.registered.set()
             log.info("registered with %s as %s", self.endpoint, self.worker_id)
-        elif kind is P.Kind.BATCH:
+        elif kind is protocol.Kind.BATCH:
             self._inbox.put(msg)
-        elif kind is P.Kind.CANCEL_ROWS:
+        elif kind is protocol.Kind.CANCEL_ROWS:
             with self._cancel_lock:
                 self._cancelled.setdefault(msg.batch_id, set()).update(msg.request_ids)
-        elif kind is P.Kind.WORKER_STOP:
+        elif kind is protocol.Kind.WORKER_STOP:
             if msg.reason == "reregister":
                 self.registered.clear()
                 sock.send_multipart(self._register_msg())
@@ -265,70 +265,16 @@ class Worker:
 def _wire_dict(arrays: dict | None) -> dict | None:
     if arrays is None:
         return None
-    return {k: P.array_to_wire(np.ascontiguousarray(v)) for k, v in arrays.items()}
-
-
-class NullAdapter:
-    """A model-free adapter for scheduler tests and the admission benchmark: actions are a pure
-    function of (seed, observation mean), so results are checkable; optional per-step delay and a
-    per-step hook let tests place a cancel or a kill at a chosen step. Never the product."""
-
-    def __init__(self, max_candidates_per_batch: int = 8):
-        self.max_candidates_per_batch = max_candidates_per_batch
-
-    def capability_dict(self) -> dict:
-        return {
-            "model_name": "null",
-            "action_tensor": "actions",
-            "action_shape": [None, None],
-            "action_dtype": "float32",
-            "reduce_after_denormalize": True,
-            "reducers": ["none", "mean", "median", "medoid"],
-            "action_modes": ["policy"],
-            "candidate_invariant": [],
-            "auxiliary_branch_required": False,
-            "max_candidates_per_batch": self.max_candidates_per_batch,
-            "max_candidates_per_group": 256,
-            "equivalence": {"dtype": "float32", "atol": 0.0, "rtol": 0.0, "bitwise_on_cpu": True},
-        }
-
-    @staticmethod
-    def expected(seed: int, image_mean: float, sampling: SamplingSpec) -> np.ndarray:
-        rng = np.random.default_rng(int(seed))
-        return (rng.standard_normal((sampling.horizon, sampling.raw_action_dim)) + image_mean).astype(np.float32)
-
-    def run_batch(self, items, should_drop=None, on_step=None):
-        report = BatchReport()
-        outputs = []
-        dropped: set[str] = set()
-        steps = max((it.sampling.steps for it in items), default=0)
-        for i in range(steps):
-            if on_step is not None:
-                on_step(i)
-            if should_drop is not None:
-                dropped |= set(should_drop() or ())
-                if dropped >= {it.request_id for it in items}:
-                    break  # every group left: the batch slot is free now
-            report.transformer_forwards += 1
-            report.steps_run += 1
-        for it in items:
-            report.rows += len(it.candidates) * len(it.images)
-            if it.request_id in dropped:
-                outputs.append(GroupOutput(it.request_id, "cancelled"))
-                continue
-            means = [float(np.asarray(img, dtype=np.float64).mean()) for img in it.images]
-            actions = np.stack(
-                [np.stack([self.expected(c.seed, m, it.sampling) for m in means]) for c in it.candidates]
-            )
-            outputs.append(GroupOutput(it.request_id, "ok", [c.candidate_id for c in it.candidates], actions))
-        return outputs, report
+    return {k: protocol.array_to_wire(np.ascontiguousarray(v)) for k, v in arrays.items()}
 
 
 def build_adapter(kind: str, model_dir: str | None, device: str, capacity: int | None):
     if kind == "null":
+        from candidate_scheduler.worker.null_adapter import NullAdapter
+
         return NullAdapter(capacity or 8)
     if kind == "cosmos3":
-        from workers.cosmos3 import Cosmos3CandidateAdapter
+        from candidate_scheduler.worker.cosmos3 import Cosmos3CandidateAdapter
 
         if model_dir is None:
             raise SystemExit("--model DIR is required for the cosmos3 adapter")

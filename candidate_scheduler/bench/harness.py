@@ -3,14 +3,14 @@
 Methods (one run, interleaved per repeat, rotating the order so no method always runs first):
 
 - (a) ``a_sequential``    N calls of sglang's own Cosmos3 pipeline, one per candidate seed
-                          (`workers.cosmos3.sglang_reference_actions`): the reference.
+                          (`candidate_scheduler.worker.cosmos3.sglang_reference_actions`): the reference.
 - (b) ``b_sglang_batch``  sglang's own observation batching: ONE request whose image list holds N
                           copies of the observation. All noise comes from one generator, so its
                           candidates match no candidate seed's sequential result (parity reported).
 - (c) ``c_worker_batch``  our worker's batched group, in process: `adapter.run_batch` with one
                           GroupWork of N candidates.
 - (d) ``d_scheduler_e2e`` end to end: a `serve` process and a `worker --adapter cosmos3` process,
-                          submitted over ZMQ with `candidate_scheduler.client.Client`.
+                          submitted over ZMQ with `candidate_scheduler.service.client.Client`.
 
 (a), (b) and (c) share one in-process pipeline (the adapter's hooks leave B=1 results unchanged) and
 run on one dedicated compute thread, as the worker process runs its batches. Every method ends with
@@ -49,9 +49,9 @@ from typing import Any
 
 import numpy as np
 
-from candidate_scheduler.procs import ChildProcess
+from candidate_scheduler.service.processes import ChildProcess
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL = ROOT / ".cache" / "tiny-cosmos3"
 
 METHODS = ("a_sequential", "b_sglang_batch", "c_worker_batch", "d_scheduler_e2e")
@@ -211,7 +211,7 @@ class Service:
         return child
 
     def client(self):
-        from candidate_scheduler.client import Client
+        from candidate_scheduler.service.client import Client
 
         return Client(self.request, self.control)
 
@@ -339,7 +339,7 @@ class Bench:
     """The four ways to get N candidates for one shape (one observation, one prompt)."""
 
     def __init__(self, adapter, service: Service, device: str, main_thread: bool = False, sglang_cache: str = "text"):
-        from candidate_scheduler.client import synthetic_image
+        from candidate_scheduler.service.client import synthetic_image
 
         self.adapter = adapter
         self.pipeline = adapter.pipeline
@@ -357,7 +357,7 @@ class Bench:
         self.sglang_cache = sglang_cache
 
     def set_shape(self, shape: dict) -> None:
-        from candidate_scheduler.work import SamplingSpec
+        from candidate_scheduler.core.work import SamplingSpec
 
         self.sampling = SamplingSpec(height=shape["height"], width=shape["width"], steps=shape["steps"])
         self.set_image(0)
@@ -367,7 +367,7 @@ class Bench:
         self.image = self._synthetic_image(self.sampling.height, self.sampling.width, seed=seed)
 
     def seeds(self, n: int) -> tuple[int, ...]:
-        from candidate_scheduler import rng
+        from candidate_scheduler.core import rng
 
         return rng.candidate_seeds(BASE_SEED, n, "per_candidate")
 
@@ -378,7 +378,7 @@ class Bench:
             torch.cuda.synchronize()
 
     def _reduce(self, actions: np.ndarray) -> tuple[np.ndarray, float]:
-        from candidate_scheduler import reducers
+        from candidate_scheduler.core import reducers
 
         t0 = time.perf_counter()
         action = reducers.reduce(REDUCER, actions)
@@ -424,7 +424,7 @@ class Bench:
 
     # (a) -----------------------------------------------------------------------------------------
     def a_sequential(self, n: int) -> Run:
-        from workers.cosmos3 import sglang_reference_actions
+        from candidate_scheduler.worker.cosmos3 import sglang_reference_actions
 
         seeds = self.seeds(n)
         cond0 = self.timer.total
@@ -446,7 +446,7 @@ class Bench:
 
     # (b) -----------------------------------------------------------------------------------------
     def b_sglang_batch(self, n: int) -> Run:
-        from workers.cosmos3 import build_sglang_request
+        from candidate_scheduler.worker.cosmos3 import build_sglang_request
 
         cond0 = self.timer.total
         hits0, misses0 = self._cache_counts()
@@ -464,7 +464,7 @@ class Bench:
 
     # (c) -----------------------------------------------------------------------------------------
     def c_worker_batch(self, n: int) -> Run:
-        from candidate_scheduler.work import CandidateWork, GroupWork
+        from candidate_scheduler.core.work import CandidateWork, GroupWork
 
         seeds = self.seeds(n)
         self._rid += 1
@@ -519,10 +519,10 @@ class Bench:
 # ---- null worker: admission and scheduler throughput ---------------------------------------------------
 def pure_admission(n_groups: int, count: int, capacity: int, rounds: int) -> dict:
     """admission.decide + GroupState.admit for n_groups queued groups, in process (no IO)."""
-    from candidate_scheduler.admission import AdmissionPolicy, decide
-    from candidate_scheduler.group_state import GroupState
-    from candidate_scheduler.spec import CandidateTrajectorySpec, ModelCapability
-    from workers.worker import NullAdapter
+    from candidate_scheduler.core.admission import AdmissionPolicy, decide
+    from candidate_scheduler.core.group_state import GroupState
+    from candidate_scheduler.core.spec import CandidateTrajectorySpec, ModelCapability
+    from candidate_scheduler.worker.null_adapter import NullAdapter
 
     capability = ModelCapability.from_dict(NullAdapter(capacity).capability_dict())
     spec = CandidateTrajectorySpec(count=count, reducer=REDUCER)
@@ -560,21 +560,21 @@ def null_worker_bench(service: Service, n_groups: int, count: int, bursts: int, 
     first send), and each group's time to its reply."""
     import zmq
 
-    from candidate_scheduler import protocol as P
-    from candidate_scheduler.client import make_request, synthetic_image
+    from candidate_scheduler import protocol
+    from candidate_scheduler.service.client import make_request, synthetic_image
 
     image = synthetic_image(64, 64, seed=3)
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, 0)
     sock.setsockopt(zmq.RCVHWM, 0)
-    sock.setsockopt(zmq.MAXMSGSIZE, P.MAX_MESSAGE_BYTES)
+    sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
     sock.connect(service.request)
-    allowed = {P.Kind.RESULT, P.Kind.PONG, P.Kind.ERROR}
+    allowed = {protocol.Kind.RESULT, protocol.Kind.PONG, protocol.Kind.ERROR}
 
     def burst(tag: str, n: int) -> dict:
         frames = [
-            P.encode(P.Kind.SUBMIT, make_request(image, PROMPT, request_id=f"{tag}-{i}", count=count, seed=i,
+            protocol.encode(protocol.Kind.SUBMIT, make_request(image, PROMPT, request_id=f"{tag}-{i}", count=count, seed=i,
                                                  reducer=REDUCER, height=64, width=64, steps=4))
             for i in range(n)
         ]
@@ -583,7 +583,7 @@ def null_worker_bench(service: Service, n_groups: int, count: int, bursts: int, 
         for f in frames:
             sock.send_multipart(f)
         t_sent = time.perf_counter()
-        sock.send_multipart(P.encode(P.Kind.PING, P.Ping(nonce)))
+        sock.send_multipart(protocol.encode(protocol.Kind.PING, protocol.Ping(nonce)))
         t_pong = None
         done_at: list[float] = []
         statuses: dict[str, int] = {}
@@ -592,11 +592,11 @@ def null_worker_bench(service: Service, n_groups: int, count: int, bursts: int, 
                 raise TimeoutError(f"null burst {tag}: {len(done_at)}/{n} replies, pong={t_pong is not None}")
             msg = sock.recv_multipart()
             now = time.perf_counter()
-            kind = P.parse_header(msg[0], allowed)
-            body = P.decode(kind, msg[1])
-            if kind is P.Kind.PONG:
+            kind = protocol.parse_header(msg[0], allowed)
+            body = protocol.decode(kind, msg[1])
+            if kind is protocol.Kind.PONG:
                 t_pong = now
-            elif kind is P.Kind.ERROR:
+            elif kind is protocol.Kind.ERROR:
                 raise RuntimeError(f"null burst {tag}: {body.error_code}: {body.error}")
             else:
                 done_at.append(now)
@@ -619,7 +619,7 @@ def null_worker_bench(service: Service, n_groups: int, count: int, bursts: int, 
         (client -> scheduler -> null worker -> scheduler -> client) with no model work."""
         lat = []
         for i in range(n):
-            frames = P.encode(P.Kind.SUBMIT, make_request(image, PROMPT, request_id=f"{tag}-{i}", count=count,
+            frames = protocol.encode(protocol.Kind.SUBMIT, make_request(image, PROMPT, request_id=f"{tag}-{i}", count=count,
                                                           seed=i, reducer=REDUCER, height=64, width=64, steps=4))
             t0 = time.perf_counter()
             sock.send_multipart(frames)
@@ -627,7 +627,7 @@ def null_worker_bench(service: Service, n_groups: int, count: int, bursts: int, 
                 raise TimeoutError(f"null round trip {tag}-{i}: no reply")
             msg = sock.recv_multipart()
             lat.append(time.perf_counter() - t0)
-            if P.parse_header(msg[0], allowed) is not P.Kind.RESULT:
+            if protocol.parse_header(msg[0], allowed) is not protocol.Kind.RESULT:
                 raise RuntimeError(f"null round trip {tag}-{i}: unexpected reply")
         return lat
 
@@ -678,7 +678,7 @@ def _options(args) -> dict:
 def _ensure_model(model: str) -> None:
     path = Path(model)
     if path == DEFAULT_MODEL.resolve() or (not path.exists() and path.name == "tiny-cosmos3"):
-        from workers.tiny_checkpoint import ensure_checkpoint
+        from candidate_scheduler.worker.tiny_checkpoint import ensure_checkpoint
 
         ensure_checkpoint(path)
     elif not (path / "model_index.json").exists():
@@ -714,7 +714,7 @@ def run(args) -> tuple[dict, dict]:
         null_service.add_worker("null", NULL_CAPACITY)
         progress.set_description("loading sglang + the worker")
         _quiet_logs()
-        from workers.cosmos3 import Cosmos3CandidateAdapter
+        from candidate_scheduler.worker.cosmos3 import Cosmos3CandidateAdapter
 
         adapter = Cosmos3CandidateAdapter(opts["model"], device=device, max_candidates_per_batch=max(WORKER_CAPACITY, max(ns)))
         adapter.server_args.batching_max_size = max(int(getattr(adapter.server_args, "batching_max_size", 1)), max(ns))

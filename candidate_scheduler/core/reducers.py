@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from candidate_scheduler.errors import CandidateContractError
+from candidate_scheduler.core.errors import CandidateContractError
 
 NO_REDUCTION = "none"
 BUILTIN_REDUCERS = ("none", "mean", "median", "medoid")

@@ -12,8 +12,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from candidate_scheduler.errors import CandidateContractError
-from candidate_scheduler.spec import CandidateTrajectorySpec, ModelCapability
+from candidate_scheduler.core.errors import CandidateContractError
+from candidate_scheduler.core.spec import CandidateTrajectorySpec, ModelCapability
 
 
 class AdmissionPolicy(str, enum.Enum):

@@ -17,7 +17,7 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from candidate_scheduler import protocol as P
+from candidate_scheduler import protocol
 
 
 @dataclass
@@ -42,12 +42,12 @@ class Result:
         return self.status == "done"
 
     @classmethod
-    def from_wire(cls, r: P.GroupResult) -> "Result":
+    def from_wire(cls, r: protocol.GroupResult) -> "Result":
         return cls(
             request_id=r.request_id,
             status=r.status,
-            action=None if r.action is None else P.array_from_wire(r.action),
-            candidates=None if r.candidates is None else P.array_from_wire(r.candidates),
+            action=None if r.action is None else protocol.array_from_wire(r.action),
+            candidates=None if r.candidates is None else protocol.array_from_wire(r.candidates),
             candidate_seeds=list(r.candidate_seeds),
             chosen_candidate=r.chosen_candidate,
             error=r.error,
@@ -71,8 +71,8 @@ class Result:
         }
 
 
-def _decode_rollout(r: P.RolloutResult) -> dict[str, np.ndarray]:
-    out = {name: P.array_from_wire(getattr(r, name)) for name in r.__struct_fields__ if name != "step_indices"}
+def _decode_rollout(r: protocol.RolloutResult) -> dict[str, np.ndarray]:
+    out = {name: protocol.array_from_wire(getattr(r, name)) for name in r.__struct_fields__ if name != "step_indices"}
     out["step_indices"] = np.asarray(r.step_indices, dtype=np.int64)
     return out
 
@@ -80,7 +80,7 @@ def _decode_rollout(r: P.RolloutResult) -> dict[str, np.ndarray]:
 class ServiceError(RuntimeError):
     """The scheduler could not read a message at all (ErrorReply)."""
 
-    def __init__(self, reply: P.ErrorReply):
+    def __init__(self, reply: protocol.ErrorReply):
         super().__init__(f"{reply.error_code}: {reply.error}")
         self.reply = reply
 
@@ -99,22 +99,22 @@ def make_request(
     deadline_s: float | None = None,
     initial_noise: np.ndarray | None = None,
     **sampling: Any,
-) -> P.SubmitRequest:
+) -> protocol.SubmitRequest:
     """Build a SUBMIT payload. `image`: uint8 [H, W, 3], or [B, H, W, 3] for B observations (one
     reduced action each). Sampling keywords: height, width, steps, horizon, guidance_scale,
     action_mode, domain_id, raw_action_dim, fps, negative_prompt, and for RL rollouts rollout,
     noise_level, return_step_indices. `initial_noise`: float [count, horizon, D] caller-provided x_T."""
     image = np.asarray(image)
-    return P.SubmitRequest(
+    return protocol.SubmitRequest(
         request_id=request_id or uuid.uuid4().hex,
-        images=P.array_to_wire(image),
+        images=protocol.array_to_wire(image),
         prompt=prompt,
-        candidates=P.CandidateSpecMsg(count, reducer, return_candidates, seed_policy, seeds),
+        candidates=protocol.CandidateSpecMsg(count, reducer, return_candidates, seed_policy, seeds),
         seed=seed,
-        sampling=P.SamplingMsg(**sampling),
+        sampling=protocol.SamplingMsg(**sampling),
         batched=image.ndim == 4,
         deadline_s=deadline_s,
-        initial_noise=None if initial_noise is None else P.array_to_wire(np.asarray(initial_noise, dtype=np.float32)),
+        initial_noise=None if initial_noise is None else protocol.array_to_wire(np.asarray(initial_noise, dtype=np.float32)),
     )
 
 
@@ -134,17 +134,17 @@ class Client:
         self.timeout_s = timeout_s
         self._sock = self._dealer(endpoint)
         self._ctl = None
-        self._pending: dict[str, P.GroupResult] = {}
+        self._pending: dict[str, protocol.GroupResult] = {}
 
     def _dealer(self, endpoint: str) -> zmq.Socket:
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, P.MAX_MESSAGE_BYTES)
+        sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
         sock.connect(endpoint)
         return sock
 
-    def send(self, request: P.SubmitRequest) -> str:
-        self._sock.send_multipart(P.encode(P.Kind.SUBMIT, request))
+    def send(self, request: protocol.SubmitRequest) -> str:
+        self._sock.send_multipart(protocol.encode(protocol.Kind.SUBMIT, request))
         return request.request_id
 
     def wait(self, request_id: str, timeout_s: float | None = None) -> Result:
@@ -154,9 +154,9 @@ class Client:
             if remaining <= 0 or not self._sock.poll(int(remaining * 1000)):
                 raise TimeoutError(f"no reply for {request_id!r}")
             frames = self._sock.recv_multipart()
-            kind = P.parse_header(frames[0], {P.Kind.RESULT, P.Kind.ERROR})
-            msg = P.decode(kind, frames[1])
-            if kind is P.Kind.ERROR:
+            kind = protocol.parse_header(frames[0], {protocol.Kind.RESULT, protocol.Kind.ERROR})
+            msg = protocol.decode(kind, frames[1])
+            if kind is protocol.Kind.ERROR:
                 raise ServiceError(msg)
             self._pending[msg.request_id] = msg
         return Result.from_wire(self._pending.pop(request_id))
@@ -165,42 +165,42 @@ class Client:
         return self.wait(self.send(make_request(image, prompt, **kwargs)), timeout_s)
 
     def ping(self, timeout_s: float = 2.0) -> bool:
-        self._sock.send_multipart(P.encode(P.Kind.PING, P.Ping(1)))
+        self._sock.send_multipart(protocol.encode(protocol.Kind.PING, protocol.Ping(1)))
         if not self._sock.poll(int(timeout_s * 1000)):
             return False
         frames = self._sock.recv_multipart()
-        return P.parse_header(frames[0], {P.Kind.PONG, P.Kind.RESULT}) is P.Kind.PONG
+        return protocol.parse_header(frames[0], {protocol.Kind.PONG, protocol.Kind.RESULT}) is protocol.Kind.PONG
 
     # ---- control ------------------------------------------------------------------------------------
-    def control(self, kind: P.Kind, payload, timeout_s: float = 10.0) -> P.ControlReply:
+    def control(self, kind: protocol.Kind, payload, timeout_s: float = 10.0) -> protocol.ControlReply:
         if self.control_endpoint is None:
             raise ValueError("this client has no control endpoint")
         if self._ctl is None:
             self._ctl = self._dealer(self.control_endpoint)
-        self._ctl.send_multipart(P.encode(kind, payload))
+        self._ctl.send_multipart(protocol.encode(kind, payload))
         if not self._ctl.poll(int(timeout_s * 1000)):
             raise TimeoutError(f"no control reply to {kind.name}")
         frames = self._ctl.recv_multipart()
-        reply_kind = P.parse_header(frames[0], {P.Kind.CONTROL_REPLY, P.Kind.ERROR})
-        msg = P.decode(reply_kind, frames[1])
-        if reply_kind is P.Kind.ERROR:
+        reply_kind = protocol.parse_header(frames[0], {protocol.Kind.CONTROL_REPLY, protocol.Kind.ERROR})
+        msg = protocol.decode(reply_kind, frames[1])
+        if reply_kind is protocol.Kind.ERROR:
             raise ServiceError(msg)
         return msg
 
-    def cancel(self, request_id: str) -> P.ControlReply:
-        return self.control(P.Kind.CANCEL, P.CancelRequest(request_id))
+    def cancel(self, request_id: str) -> protocol.ControlReply:
+        return self.control(protocol.Kind.CANCEL, protocol.CancelRequest(request_id))
 
-    def status(self, request_id: str) -> P.ControlReply:
-        return self.control(P.Kind.STATUS, P.StatusRequest(request_id))
+    def status(self, request_id: str) -> protocol.ControlReply:
+        return self.control(protocol.Kind.STATUS, protocol.StatusRequest(request_id))
 
     def stats(self) -> dict:
-        return dict(self.control(P.Kind.STATS, P.Empty()).detail)
+        return dict(self.control(protocol.Kind.STATS, protocol.Empty()).detail)
 
-    def drain(self) -> P.ControlReply:
-        return self.control(P.Kind.DRAIN, P.Empty())
+    def drain(self) -> protocol.ControlReply:
+        return self.control(protocol.Kind.DRAIN, protocol.Empty())
 
-    def shutdown(self) -> P.ControlReply:
-        return self.control(P.Kind.SHUTDOWN, P.Empty())
+    def shutdown(self) -> protocol.ControlReply:
+        return self.control(protocol.Kind.SHUTDOWN, protocol.Empty())
 
     def close(self) -> None:
         self._sock.close(0)
@@ -221,7 +221,7 @@ class AsyncClient:
         self.ctx = zmq.asyncio.Context.instance()
         self._sock = self.ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, P.MAX_MESSAGE_BYTES)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
         self._sock.connect(endpoint)
         self._futures: dict[str, asyncio.Future] = {}
         self._pongs: dict[int, asyncio.Future] = {}
@@ -236,13 +236,13 @@ class AsyncClient:
         while self._futures or self._pongs:
             frames = await self._sock.recv_multipart()
             try:
-                kind = P.parse_header(frames[0], {P.Kind.RESULT, P.Kind.ERROR, P.Kind.PONG})
-                msg = P.decode(kind, frames[1])
-            except P.ProtocolError:
+                kind = protocol.parse_header(frames[0], {protocol.Kind.RESULT, protocol.Kind.ERROR, protocol.Kind.PONG})
+                msg = protocol.decode(kind, frames[1])
+            except protocol.ProtocolError:
                 continue
-            if kind is P.Kind.PONG:
+            if kind is protocol.Kind.PONG:
                 fut = self._pongs.pop(msg.nonce, None)
-            elif kind is P.Kind.ERROR:
+            elif kind is protocol.Kind.ERROR:
                 # An unreadable message has no request id to match; fail the oldest waiter.
                 fut = self._futures.pop(msg.request_id, None) if msg.request_id else None
                 if fut is None and self._futures:
@@ -255,10 +255,10 @@ class AsyncClient:
             if fut is not None and not fut.done():
                 fut.set_result(msg)
 
-    async def submit_request(self, request: P.SubmitRequest) -> Result:
+    async def submit_request(self, request: protocol.SubmitRequest) -> Result:
         fut = asyncio.get_running_loop().create_future()
         self._futures[request.request_id] = fut
-        await self._sock.send_multipart(P.encode(P.Kind.SUBMIT, request))
+        await self._sock.send_multipart(protocol.encode(protocol.Kind.SUBMIT, request))
         self._ensure_reader()
         return Result.from_wire(await fut)
 
@@ -269,7 +269,7 @@ class AsyncClient:
         nonce = next(self._nonce)
         fut = asyncio.get_running_loop().create_future()
         self._pongs[nonce] = fut
-        await self._sock.send_multipart(P.encode(P.Kind.PING, P.Ping(nonce)))
+        await self._sock.send_multipart(protocol.encode(protocol.Kind.PING, protocol.Ping(nonce)))
         self._ensure_reader()
         try:
             await asyncio.wait_for(fut, timeout_s)

@@ -1,6 +1,6 @@
 """Check Grafana dashboards against the metrics the code defines.
 
-    python -m candidate_scheduler.dashboards_check grafana
+    python -m candidate_scheduler.service.dashboards_check grafana
 
 Exits non-zero, naming the dashboard, panel and expression, when a panel queries a series that
 SchedulerMetrics does not export, when a dashboard has no panels, or when a panel is not wired to the
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from candidate_scheduler.metrics import SchedulerMetrics
+from candidate_scheduler.service.metrics import SchedulerMetrics
 
 DATASOURCE_VARIABLE = "${datasource}"
 

@@ -29,15 +29,15 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from candidate_scheduler import protocol as P
-from candidate_scheduler.admission import AdmissionPolicy, decide
-from candidate_scheduler.errors import CandidateContractError
-from candidate_scheduler.group_state import GroupReply, GroupState, GroupStatus
-from candidate_scheduler.microbatch import PhysicalBatch, QueuedGroup, plan_batches
-from candidate_scheduler.spec import CandidateTrajectorySpec, ModelCapability
-from candidate_scheduler.work import SamplingSpec
+from candidate_scheduler import protocol
+from candidate_scheduler.core.admission import AdmissionPolicy, decide
+from candidate_scheduler.core.errors import CandidateContractError
+from candidate_scheduler.core.group_state import GroupReply, GroupState, GroupStatus
+from candidate_scheduler.core.microbatch import PhysicalBatch, QueuedGroup, plan_batches
+from candidate_scheduler.core.spec import CandidateTrajectorySpec, ModelCapability
+from candidate_scheduler.core.work import SamplingSpec
 
-log = logging.getLogger("candidate_scheduler.server")
+log = logging.getLogger("candidate_scheduler.service.server")
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_REQUEST_PORT = 5555
@@ -68,7 +68,7 @@ class _Group:
     state: GroupState
     identity: bytes
     delimited: bool
-    request: P.SubmitRequest
+    request: protocol.SubmitRequest
     images: np.ndarray  # [B, H, W, 3] uint8
     prompts: list[str]
     sampling: SamplingSpec
@@ -146,7 +146,7 @@ class Scheduler:
         def router(endpoint: str, name: str) -> zmq.asyncio.Socket:
             sock = self.ctx.socket(zmq.ROUTER)
             sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.MAXMSGSIZE, P.MAX_MESSAGE_BYTES)
+            sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
             sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
             if name == "worker":
                 sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting worker takes its identity back
@@ -252,38 +252,38 @@ class Scheduler:
     # ---- request socket -------------------------------------------------------------------------------
     async def _on_request(self, frames: list[bytes]) -> None:
         try:
-            identity, delimited, kind, msg = _read(frames, P.REQUEST_KINDS)
-        except P.ProtocolError as exc:
+            identity, delimited, kind, msg = _read(frames, protocol.REQUEST_KINDS)
+        except protocol.ProtocolError as exc:
             self.metrics.protocol_error("request", exc.kind)
             await self._answer_error(self.request_sock, frames, exc)
             return
-        if kind is P.Kind.PING:
-            await self.request_sock.send_multipart(P.reply_frames(identity, delimited, P.Kind.PONG, P.Pong(msg.nonce)))
+        if kind is protocol.Kind.PING:
+            await self.request_sock.send_multipart(protocol.reply_frames(identity, delimited, protocol.Kind.PONG, protocol.Pong(msg.nonce)))
             return
         await self._submit(identity, delimited, msg)
 
-    async def _answer_error(self, sock, frames: list[bytes], exc: P.ProtocolError) -> None:
+    async def _answer_error(self, sock, frames: list[bytes], exc: protocol.ProtocolError) -> None:
         if not frames or len(frames[0]) == 0 or len(frames[0]) > 256:
             return  # no usable identity: nobody to answer
         delimited = len(frames) > 1 and frames[1] == b""
-        reply = P.ErrorReply(error=str(exc)[:2000], error_code=exc.kind)
-        await sock.send_multipart(P.reply_frames(frames[0], delimited, P.Kind.ERROR, reply))
+        reply = protocol.ErrorReply(error=str(exc)[:2000], error_code=exc.kind)
+        await sock.send_multipart(protocol.reply_frames(frames[0], delimited, protocol.Kind.ERROR, reply))
 
-    async def _submit(self, identity: bytes, delimited: bool, req: P.SubmitRequest) -> None:
+    async def _submit(self, identity: bytes, delimited: bool, req: protocol.SubmitRequest) -> None:
         now = time.monotonic()
         self.metrics.group_received()
         rid = req.request_id
 
         async def refuse(status: str, code: str, message: str, field_name: str | None = None) -> None:
             self.metrics.group_completed(status, 0.0)
-            result = P.GroupResult(
+            result = protocol.GroupResult(
                 request_id=rid if isinstance(rid, str) else "", status=status, error=message, error_code=code,
                 metrics={"error_field": field_name} if field_name else {},
             )
-            await self.request_sock.send_multipart(P.reply_frames(identity, delimited, P.Kind.RESULT, result))
+            await self.request_sock.send_multipart(protocol.reply_frames(identity, delimited, protocol.Kind.RESULT, result))
 
-        if not rid or len(rid) > P.MAX_REQUEST_ID_LEN:
-            await refuse("invalid", "invalid_value", f"request_id must be 1..{P.MAX_REQUEST_ID_LEN} characters", "request_id")
+        if not rid or len(rid) > protocol.MAX_REQUEST_ID_LEN:
+            await refuse("invalid", "invalid_value", f"request_id must be 1..{protocol.MAX_REQUEST_ID_LEN} characters", "request_id")
             return
         if rid in self.groups:
             await refuse("invalid", "duplicate_request_id", f"request {rid!r} is already in flight", "request_id")
@@ -302,8 +302,8 @@ class Scheduler:
                 seed_policy=req.candidates.seed_policy,
                 seeds=tuple(req.candidates.seeds) if req.candidates.seeds is not None else None,
             )
-            if spec.count > P.MAX_CANDIDATES:
-                raise CandidateContractError("count", "count_over_limit", f"at most {P.MAX_CANDIDATES}", spec.count)
+            if spec.count > protocol.MAX_CANDIDATES:
+                raise CandidateContractError("count", "count_over_limit", f"at most {protocol.MAX_CANDIDATES}", spec.count)
             sampling = SamplingSpec(**{k: getattr(req.sampling, k) for k in req.sampling.__struct_fields__})
             images = _observations(req)
             prompts = _prompts(req.prompt, images.shape[0])
@@ -319,7 +319,7 @@ class Scheduler:
         except CandidateContractError as exc:
             await refuse("invalid", exc.code, str(exc), exc.field)
             return
-        except (ValueError, TypeError, P.ProtocolError) as exc:
+        except (ValueError, TypeError, protocol.ProtocolError) as exc:
             await refuse("invalid", getattr(exc, "kind", "bad_request"), str(exc))
             return
         group = _Group(state, identity, delimited, req, images, prompts, sampling, req.batched, now,
@@ -384,15 +384,15 @@ class Scheduler:
             g.physical_batches += 1
             g.co_batched += int(shared)
             groups_msg.append(
-                P.GroupWorkMsg(
+                protocol.GroupWorkMsg(
                     request_id=entry.request_id,
-                    images=P.array_to_wire(g.images),
+                    images=protocol.array_to_wire(g.images),
                     prompts=g.prompts,
-                    sampling=P.SamplingMsg(**g.sampling.to_dict()),
+                    sampling=protocol.SamplingMsg(**g.sampling.to_dict()),
                     candidates=[
-                        P.CandidateMsg(
+                        protocol.CandidateMsg(
                             cid, seed, snap,
-                            None if g.initial_noise is None else P.array_to_wire(g.initial_noise[cid]),
+                            None if g.initial_noise is None else protocol.array_to_wire(g.initial_noise[cid]),
                         )
                         for cid, seed, snap in zip(d.candidate_ids, d.seeds, d.snapshots)
                     ],
@@ -401,30 +401,30 @@ class Scheduler:
         worker.batch_id = batch_id
         self.batches[batch_id] = _Batch(batch_id, worker.worker_id, plan, time.monotonic())
         self.metrics.physical_batch(plan.size, worker.capacity)
-        await self.worker_sock.send_multipart([worker.identity, *P.encode(P.Kind.BATCH, P.BatchMsg(batch_id, groups_msg))])
+        await self.worker_sock.send_multipart([worker.identity, *protocol.encode(protocol.Kind.BATCH, protocol.BatchMsg(batch_id, groups_msg))])
 
     # ---- worker link ------------------------------------------------------------------------------------
     async def _on_worker(self, frames: list[bytes]) -> None:
         try:
-            identity, _delimited, kind, msg = _read(frames, P.WORKER_KINDS)
-        except P.ProtocolError as exc:
+            identity, _delimited, kind, msg = _read(frames, protocol.WORKER_KINDS)
+        except protocol.ProtocolError as exc:
             self.metrics.protocol_error("worker", exc.kind)
             return  # a worker that speaks garbage gets no answer; its heartbeats lapse if it is broken
         now = time.monotonic()
-        if kind is P.Kind.REGISTER:
+        if kind is protocol.Kind.REGISTER:
             await self._register(identity, msg, now)
             return
         worker = self.workers.get(msg.worker_id)
         if worker is None or worker.identity != identity:
             # Unknown (e.g. the scheduler restarted, or we declared it dead): ask it to register again.
-            stop = P.WorkerStopMsg(reason="reregister")
-            await self.worker_sock.send_multipart([identity, *P.encode(P.Kind.WORKER_STOP, stop)])
-            if kind is P.Kind.BATCH_RESULT:
+            stop = protocol.WorkerStopMsg(reason="reregister")
+            await self.worker_sock.send_multipart([identity, *protocol.encode(protocol.Kind.WORKER_STOP, stop)])
+            if kind is protocol.Kind.BATCH_RESULT:
                 self.counters["late_results_discarded"] += 1
                 self.metrics.late_result()
             return
         worker.last_seen = now
-        if kind is P.Kind.HEARTBEAT:
+        if kind is protocol.Kind.HEARTBEAT:
             worker.step = msg.step
             self.metrics.heartbeat()
             await self._check_batch_alive(worker, msg.busy_batch, now)
@@ -453,15 +453,15 @@ class Scheduler:
             await self._slice_failed(entry, worker, "worker_error", "batch lost: the worker is idle, its result never arrived")
         await self._schedule()
 
-    async def _register(self, identity: bytes, msg: P.RegisterMsg, now: float) -> None:
+    async def _register(self, identity: bytes, msg: protocol.RegisterMsg, now: float) -> None:
         try:
             capability = ModelCapability.from_dict(msg.capability)
             if msg.capacity < 1:
                 raise ValueError("capacity must be >= 1")
         except (CandidateContractError, ValueError, TypeError) as exc:
             self.metrics.protocol_error("worker", "bad_type")
-            stop = P.WorkerStopMsg(reason=f"bad registration: {exc}")
-            await self.worker_sock.send_multipart([identity, *P.encode(P.Kind.WORKER_STOP, stop)])
+            stop = protocol.WorkerStopMsg(reason=f"bad registration: {exc}")
+            await self.worker_sock.send_multipart([identity, *protocol.encode(protocol.Kind.WORKER_STOP, stop)])
             return
         old = self.workers.get(msg.worker_id)
         if old is not None:
@@ -470,8 +470,8 @@ class Scheduler:
             msg.worker_id, identity, capability, min(msg.capacity, capability.max_candidates_per_batch), msg.device, now
         )
         log.info("worker %s registered (capacity %d, %s)", msg.worker_id, msg.capacity, msg.device)
-        reply = P.RegisteredMsg(msg.worker_id, self.config.heartbeat_interval_s)
-        await self.worker_sock.send_multipart([identity, *P.encode(P.Kind.REGISTERED, reply)])
+        reply = protocol.RegisteredMsg(msg.worker_id, self.config.heartbeat_interval_s)
+        await self.worker_sock.send_multipart([identity, *protocol.encode(protocol.Kind.REGISTERED, reply)])
         for rid in list(self.waiting):
             self.waiting.pop(rid)
             g = self.groups.get(rid)
@@ -498,7 +498,7 @@ class Scheduler:
                     await self._end_group(g, hit="failed")
         await self._schedule()
 
-    async def _batch_result(self, worker: _Worker, msg: P.BatchResultMsg) -> None:
+    async def _batch_result(self, worker: _Worker, msg: protocol.BatchResultMsg) -> None:
         batch = self.batches.get(msg.batch_id)
         if batch is None or batch.worker_id != worker.worker_id:
             self.counters["late_results_discarded"] += 1
@@ -528,7 +528,7 @@ class Scheduler:
                 continue
             if out.status == "ok":
                 try:
-                    actions = P.array_from_wire(out.actions) if out.actions is not None else None
+                    actions = protocol.array_from_wire(out.actions) if out.actions is not None else None
                     # [n, B, horizon, raw_action_dim] exactly: the partial reducer takes its shape from the
                     # first slice folded, so a wrong-shaped first slice would be served as "done"
                     want = (g.images.shape[0], g.sampling.horizon, g.sampling.raw_action_dim)
@@ -541,8 +541,8 @@ class Scheduler:
                             if parts is not None:
                                 g.rollout_parts[int(cid)] = {name: arr[k] for name, arr in parts.items()}
                         if out.rollout_meta is not None and g.rollout_meta is None:
-                            g.rollout_meta = {k: P.array_from_wire(v) for k, v in out.rollout_meta.items()}
-                except (ValueError, P.ProtocolError) as exc:  # ValueError: CandidateContractError, or an
+                            g.rollout_meta = {k: protocol.array_from_wire(v) for k, v in out.rollout_meta.items()}
+                except (ValueError, protocol.ProtocolError) as exc:  # ValueError: CandidateContractError, or an
                     # Array whose shape product overflows in array_from_wire (escaping here strands the batch)
                     await self._slice_failed(entry, worker, "worker_error", f"malformed result: {exc}")
                     continue
@@ -579,8 +579,8 @@ class Scheduler:
                 batch = self.batches.get(worker.batch_id)
                 if batch is not None and rid not in batch.cancelled:
                     batch.cancelled.add(rid)
-                    msg = P.CancelRowsMsg(batch.batch_id, [rid])
-                    await self.worker_sock.send_multipart([worker.identity, *P.encode(P.Kind.CANCEL_ROWS, msg)])
+                    msg = protocol.CancelRowsMsg(batch.batch_id, [rid])
+                    await self.worker_sock.send_multipart([worker.identity, *protocol.encode(protocol.Kind.CANCEL_ROWS, msg)])
         reply = g.state.take_reply()
         self.groups.pop(rid, None)
         self.queue.pop(rid, None)
@@ -592,16 +592,16 @@ class Scheduler:
             return
         result = self._result(g, reply)
         self.metrics.group_completed(result.status, time.monotonic() - g.received_at)
-        await self.request_sock.send_multipart(P.reply_frames(g.identity, g.delimited, P.Kind.RESULT, result))
+        await self.request_sock.send_multipart(protocol.reply_frames(g.identity, g.delimited, protocol.Kind.RESULT, result))
 
-    def _result(self, g: _Group, reply: GroupReply) -> P.GroupResult:
+    def _result(self, g: _Group, reply: GroupReply) -> protocol.GroupResult:
         def shaped(arr, candidate_axis: bool):
             if arr is None:
                 return None
             arr = np.asarray(arr, dtype=np.float32)
             if not g.batched:  # one observation: drop the observation axis
                 arr = arr[:, 0] if candidate_axis else arr[0]
-            return P.array_to_wire(arr)
+            return protocol.array_to_wire(arr)
 
         metrics = dict(reply.metrics)
         metrics.update(
@@ -612,7 +612,7 @@ class Scheduler:
             denoise_s=g.denoise_s,
             postprocess_s=g.postprocess_s,
         )
-        return P.GroupResult(
+        return protocol.GroupResult(
             rollout=self._rollout_result(g) if reply.status is GroupStatus.DONE else None,
             request_id=reply.request_id,
             status=_public_status(reply),
@@ -625,25 +625,25 @@ class Scheduler:
             metrics={k: v for k, v in metrics.items() if v is not None},
         )
 
-    def _rollout_result(self, g: _Group) -> P.RolloutResult | None:
+    def _rollout_result(self, g: _Group) -> protocol.RolloutResult | None:
         if not g.sampling.rollout or not g.rollout_parts or g.rollout_meta is None:
             return None
         ids = range(g.state.spec.count)
 
         def stacked(name: str):
             arr = np.stack([g.rollout_parts[c][name] for c in ids]).astype(np.float32, copy=False)
-            return P.array_to_wire(arr if g.batched else arr[:, 0])
+            return protocol.array_to_wire(arr if g.batched else arr[:, 0])
 
         meta = g.rollout_meta
-        return P.RolloutResult(
+        return protocol.RolloutResult(
             log_probs=stacked("log_probs"),
             latents=stacked("latents"),
             next_latents=stacked("next_latents"),
             means=stacked("means"),
             stds=stacked("stds"),
             final_latents=stacked("final_latents"),
-            sigmas=P.array_to_wire(meta["sigmas"].astype(np.float32, copy=False)),
-            timesteps=P.array_to_wire(meta["timesteps"].astype(np.float32, copy=False)),
+            sigmas=protocol.array_to_wire(meta["sigmas"].astype(np.float32, copy=False)),
+            timesteps=protocol.array_to_wire(meta["timesteps"].astype(np.float32, copy=False)),
             step_indices=[int(i) for i in meta["step_indices"]],
         )
 
@@ -654,47 +654,47 @@ class Scheduler:
             await self._end_group(g, hit="failed")
         for w in list(self.workers.values()):
             try:
-                msg = P.WorkerStopMsg(reason="reregister")  # the scheduler may come back on the same port
-                await self.worker_sock.send_multipart([w.identity, *P.encode(P.Kind.WORKER_STOP, msg)])
+                msg = protocol.WorkerStopMsg(reason="reregister")  # the scheduler may come back on the same port
+                await self.worker_sock.send_multipart([w.identity, *protocol.encode(protocol.Kind.WORKER_STOP, msg)])
             except zmq.ZMQError:
                 pass
 
     # ---- control socket ------------------------------------------------------------------------------------
     async def _on_control(self, frames: list[bytes]) -> None:
         try:
-            identity, delimited, kind, msg = _read(frames, P.CONTROL_KINDS)
-        except P.ProtocolError as exc:
+            identity, delimited, kind, msg = _read(frames, protocol.CONTROL_KINDS)
+        except protocol.ProtocolError as exc:
             self.metrics.protocol_error("control", exc.kind)
             await self._answer_error(self.control_sock, frames, exc)
             return
-        if kind is P.Kind.PING:
-            await self.control_sock.send_multipart(P.reply_frames(identity, delimited, P.Kind.PONG, P.Pong(msg.nonce)))
+        if kind is protocol.Kind.PING:
+            await self.control_sock.send_multipart(protocol.reply_frames(identity, delimited, protocol.Kind.PONG, protocol.Pong(msg.nonce)))
             return
         reply = await self._control(kind, msg)
-        await self.control_sock.send_multipart(P.reply_frames(identity, delimited, P.Kind.CONTROL_REPLY, reply))
-        if kind is P.Kind.SHUTDOWN:
+        await self.control_sock.send_multipart(protocol.reply_frames(identity, delimited, protocol.Kind.CONTROL_REPLY, reply))
+        if kind is protocol.Kind.SHUTDOWN:
             self.stopping.set()
 
-    async def _control(self, kind: P.Kind, msg) -> P.ControlReply:
-        if kind is P.Kind.CANCEL:
+    async def _control(self, kind: protocol.Kind, msg) -> protocol.ControlReply:
+        if kind is protocol.Kind.CANCEL:
             g = self.groups.get(msg.request_id)
             if g is None:
                 state = self.finished.get(msg.request_id, "unknown")
                 self.metrics.cancellation("done" if state != "unknown" else "unknown")
-                return P.ControlReply(ok=True, changed=False, state=state)
+                return protocol.ControlReply(ok=True, changed=False, state=state)
             hit = g.state.status.name.lower()
             changed = g.state.cancel()
             if changed:
                 self.metrics.cancellation(hit)
                 await self._end_group(g, hit="cancelled")
                 await self._schedule()
-            return P.ControlReply(ok=True, changed=changed, state=hit)
-        if kind is P.Kind.STATUS:
+            return protocol.ControlReply(ok=True, changed=changed, state=hit)
+        if kind is protocol.Kind.STATUS:
             g = self.groups.get(msg.request_id)
             if g is None:
-                return P.ControlReply(ok=True, state=self.finished.get(msg.request_id, "unknown"))
+                return protocol.ControlReply(ok=True, state=self.finished.get(msg.request_id, "unknown"))
             s = g.state
-            return P.ControlReply(
+            return protocol.ControlReply(
                 ok=True,
                 state=s.status.name.lower(),
                 detail={
@@ -705,9 +705,9 @@ class Scheduler:
                     "candidates_done": len(s.partial.done()),
                 },
             )
-        if kind is P.Kind.STATS:
-            return P.ControlReply(ok=True, detail=self.stats())
-        if kind is P.Kind.COMPAT_REPORT:
+        if kind is protocol.Kind.STATS:
+            return protocol.ControlReply(ok=True, detail=self.stats())
+        if kind is protocol.Kind.COMPAT_REPORT:
             # bounded: each count is capped so a hostile report cannot spin the loop
             for name, n in msg.requests.items():
                 for _ in range(max(0, min(int(n), 100_000))):
@@ -715,14 +715,14 @@ class Scheduler:
             for name, n in msg.errors.items():
                 for _ in range(max(0, min(int(n), 100_000))):
                     self.metrics.protocol_error("compat", name)
-            return P.ControlReply(ok=True)
-        if kind is P.Kind.DRAIN:
+            return protocol.ControlReply(ok=True)
+        if kind is protocol.Kind.DRAIN:
             changed = not self.draining
             self.draining = True
-            return P.ControlReply(ok=True, changed=changed, state="draining", detail={"in_flight": len(self.groups)})
-        if kind is P.Kind.SHUTDOWN:
-            return P.ControlReply(ok=True, changed=True, state="stopping", detail={"in_flight": len(self.groups)})
-        return P.ControlReply(ok=False, error=f"unsupported control kind {kind.name}")
+            return protocol.ControlReply(ok=True, changed=changed, state="draining", detail={"in_flight": len(self.groups)})
+        if kind is protocol.Kind.SHUTDOWN:
+            return protocol.ControlReply(ok=True, changed=True, state="stopping", detail={"in_flight": len(self.groups)})
+        return protocol.ControlReply(ok=False, error=f"unsupported control kind {kind.name}")
 
     def stats(self) -> dict:
         return {
@@ -758,14 +758,14 @@ def _public_status(reply: GroupReply) -> str:
     return reply.reason
 
 
-def _read(frames: list[bytes], allowed) -> tuple[bytes, bool, P.Kind, Any]:
+def _read(frames: list[bytes], allowed) -> tuple[bytes, bool, protocol.Kind, Any]:
     """split_envelope + decode: every unreadable message is a ProtocolError."""
-    identity, delimited, kind, payload = P.split_envelope(frames, allowed)
-    return identity, delimited, kind, P.decode(kind, payload)
+    identity, delimited, kind, payload = protocol.split_envelope(frames, allowed)
+    return identity, delimited, kind, protocol.decode(kind, payload)
 
 
-def _observations(req: P.SubmitRequest) -> np.ndarray:
-    images = P.array_from_wire(req.images, max_bytes=P.MAX_OBSERVATION_BYTES)
+def _observations(req: protocol.SubmitRequest) -> np.ndarray:
+    images = protocol.array_from_wire(req.images, max_bytes=protocol.MAX_OBSERVATION_BYTES)
     if images.dtype != np.uint8:
         raise ValueError(f"images must be uint8, got {images.dtype}")
     if req.batched:
@@ -783,23 +783,23 @@ def _observations(req: P.SubmitRequest) -> np.ndarray:
 ROLLOUT_PARTS = ("log_probs", "latents", "next_latents", "means", "stds", "final_latents")
 
 
-def _rollout_parts(g: _Group, out: P.GroupOutputMsg, n: int) -> dict[str, np.ndarray] | None:
+def _rollout_parts(g: _Group, out: protocol.GroupOutputMsg, n: int) -> dict[str, np.ndarray] | None:
     """A slice's rollout arrays ([n, B, ...] each), checked before anything is folded."""
     if not g.sampling.rollout:
         return None
     if out.rollout is None or set(out.rollout) != set(ROLLOUT_PARTS) or out.rollout_meta is None:
         raise CandidateContractError("rollout", "shape_mismatch", f"a rollout slice must carry {ROLLOUT_PARTS}", None)
-    parts = {k: P.array_from_wire(v) for k, v in out.rollout.items()}
+    parts = {k: protocol.array_from_wire(v) for k, v in out.rollout.items()}
     for name, arr in parts.items():
         if arr.ndim < 2 or arr.shape[0] != n or arr.shape[1] != g.images.shape[0]:
             raise CandidateContractError("rollout", "shape_mismatch", f"{name} must be [n, B, ...]", list(arr.shape))
     return parts
 
 
-def _initial_noise(req: P.SubmitRequest, spec: CandidateTrajectorySpec, sampling: SamplingSpec) -> np.ndarray | None:
+def _initial_noise(req: protocol.SubmitRequest, spec: CandidateTrajectorySpec, sampling: SamplingSpec) -> np.ndarray | None:
     if req.initial_noise is None:
         return None
-    noise = P.array_from_wire(req.initial_noise)
+    noise = protocol.array_from_wire(req.initial_noise)
     want = (spec.count, sampling.horizon)
     if noise.dtype not in (np.float32, np.float64) or noise.ndim != 3 or noise.shape[:2] != want:
         raise ValueError(f"initial_noise must be float [count={want[0]}, horizon={want[1]}, D], got "
@@ -821,8 +821,8 @@ def _prompts(prompt, n: int) -> list[str]:
     if len(prompts) != n:
         raise ValueError(f"got {len(prompts)} prompt(s) for {n} observation(s)")
     for p in prompts:
-        if len(p) > P.MAX_PROMPT_CHARS:
-            raise ValueError(f"prompt longer than {P.MAX_PROMPT_CHARS} characters")
+        if len(p) > protocol.MAX_PROMPT_CHARS:
+            raise ValueError(f"prompt longer than {protocol.MAX_PROMPT_CHARS} characters")
     return prompts
 
 

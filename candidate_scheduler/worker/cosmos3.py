@@ -37,7 +37,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from candidate_scheduler.work import (
+from candidate_scheduler.core.work import (
     BatchReport,
     CandidateWork,
     GroupOutput,
@@ -390,7 +390,7 @@ class Cosmos3CandidateAdapter:
     def _generator(self, cand: CandidateWork):
         torch = self._torch
         if cand.snapshot is not None:
-            from candidate_scheduler import rng
+            from candidate_scheduler.core import rng
 
             return rng.restore(cand.snapshot, self.device)
         return torch.Generator(device=self.device).manual_seed(int(cand.seed))
@@ -566,7 +566,7 @@ class Cosmos3CandidateAdapter:
                 if raw_dim is not None and raw_dim < action_pred.shape[-1]:
                     action_pred[..., raw_dim:] = 0.0
                 if rollout:
-                    from workers.rollout import sde_step
+                    from candidate_scheduler.worker.rollout import sde_step
 
                     out = sde_step(action_latents, action_pred, sigmas[i], sigmas[i + 1], sigmas[min(1, len(sigmas) - 1)],
                                    float(sampling.noise_level), generators, raw_dim)

@@ -1,0 +1,1 @@
+"""The benchmarks behind `make bench` (results in bench/results/)."""
