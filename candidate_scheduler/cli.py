@@ -4,7 +4,6 @@ drain | shutdown | make-checkpoint | keys | bench | http."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import os
@@ -38,6 +37,9 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-port", type=int, default=9464, help="Prometheus /metrics port (default 9464; 0 = any free port; -1 = off)")
     p.add_argument("--policy", default="microbatch", choices=["microbatch", "sequential", "reject"],
                    help="what to do with a group larger than a physical batch (default microbatch)")
+    p.add_argument("--batching", default="dispatch", choices=["dispatch", "step"],
+                   help="dispatch: a worker runs one batch from first step to last; step: groups join and leave a "
+                        "worker's running batch at denoise-step boundaries (default dispatch)")
     p.add_argument("--max-queued-groups", type=int, default=1024, help="groups in flight before answering 'overloaded'")
     p.add_argument("--retry-limit", type=int, default=3, help="attempts per slice before the group fails (default 3)")
     p.add_argument("--heartbeat-interval", type=float, default=0.5, help="seconds between worker heartbeats")
@@ -55,6 +57,7 @@ def _config(args) -> server.SchedulerConfig:
         metrics_host=args.host,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         policy=AdmissionPolicy(args.policy),
+        batching=args.batching,
         max_queued_groups=args.max_queued_groups,
         retry_limit=args.retry_limit,
         heartbeat_interval_s=args.heartbeat_interval,
@@ -111,7 +114,7 @@ def _spawn_bridge(args, bound: dict[str, str]) -> tuple[subprocess.Popen | None,
     return proc, found[0]
 
 
-async def _serve(args, on_ready=None) -> None:
+def _serve(args, on_ready=None) -> None:
     config = _config(args)
     metrics, metrics_url = _start_metrics(config)
     scheduler = server.Scheduler(config, metrics)
@@ -122,13 +125,12 @@ async def _serve(args, on_ready=None) -> None:
     print(f"candidate-scheduler: metrics           {metrics_url or 'off'}", flush=True)
     bridge, compat = _spawn_bridge(args, bound)
     print(f"candidate-scheduler: sglang compat     {compat or 'off'}", flush=True)
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, scheduler.stopping.set)
+        signal.signal(sig, lambda *_: scheduler.stopping.set())
     if on_ready is not None:
         on_ready(scheduler, bound)
     try:
-        await scheduler.serve()
+        scheduler.serve()
     finally:
         if bridge is not None:
             bridge.terminate()
@@ -139,7 +141,7 @@ async def _serve(args, on_ready=None) -> None:
 
 
 def cmd_serve(args) -> int:
-    asyncio.run(_serve(args))
+    _serve(args)
     return 0
 
 
@@ -163,7 +165,7 @@ def cmd_up(args) -> int:
             print(f"candidate-scheduler: worker {i} pid {procs[-1].pid} ({args.adapter}, {args.device})", flush=True)
 
     try:
-        asyncio.run(_serve(args, on_ready))
+        _serve(args, on_ready)
     finally:
         for p in procs:
             p.terminate()

@@ -17,14 +17,16 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from candidate_scheduler.core import request
+from candidate_scheduler.core.spec import CandidateTrajectorySpec
+from candidate_scheduler.core.work import ROLLOUT_FIELDS, SamplingSpec
+
 PROTOCOL_VERSION = 1
 
 # Size limits. The ZMQ socket option MAXMSGSIZE enforces the first before any byte is decoded.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 MAX_OBSERVATION_BYTES = 32 * 1024 * 1024
-MAX_CANDIDATES = 256
-MAX_REQUEST_ID_LEN = 256
-MAX_PROMPT_CHARS = 4096
+MAX_CANDIDATES, MAX_REQUEST_ID_LEN, MAX_PROMPT_CHARS = request.MAX_CANDIDATES, request.MAX_REQUEST_ID_LEN, request.MAX_PROMPT_CHARS
 
 
 class Kind(enum.IntEnum):
@@ -46,6 +48,7 @@ class Kind(enum.IntEnum):
     CANCEL_ROWS = 0x24
     REGISTERED = 0x25
     WORKER_STOP = 0x26
+    JOIN = 0x27  # like BATCH, sent to a busy worker: join its running batch at the next step boundary
     # scheduler -> client
     RESULT = 0x80
     ERROR = 0x81
@@ -97,28 +100,23 @@ def array_from_wire(a: Array, *, max_bytes: int = MAX_MESSAGE_BYTES) -> np.ndarr
 # ---- client <-> scheduler -------------------------------------------------------------------------
 
 
-class CandidateSpecMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    count: int = 1
-    reducer: str = "mean"
-    return_candidates: bool = False
-    seed_policy: str = "per_candidate"
-    seeds: list[int] | None = None
+def _wire_struct(name: str, source: type, overrides: dict[str, Any] | None = None) -> type:
+    """A frozen msgspec struct with the fields (names, types, defaults) of a core dataclass: the core
+    type stays the one definition; unknown fields on the wire are an error, never silently dropped."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(source)
+    hints.update(overrides or {})
+    spec = [(f.name, hints[f.name], getattr(f.default, "value", f.default)) for f in dataclasses.fields(source)]
+    return msgspec.defstruct(name, spec, forbid_unknown_fields=True, frozen=True, module=__name__)
 
 
-class SamplingMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    height: int = 64
-    width: int = 64
-    steps: int = 4
-    horizon: int = 16
-    guidance_scale: float = 1.0
-    action_mode: str = "policy"
-    domain_id: int = 0
-    raw_action_dim: int = 7
-    fps: int = 5
-    negative_prompt: str | None = None
-    rollout: bool = False
-    noise_level: float = 0.7
-    return_step_indices: list[int] | None = None
+# The sampling fields of a group: SamplingSpec's, field for field (convert.py maps one to the other).
+SamplingMsg = _wire_struct("SamplingMsg", SamplingSpec, {"return_step_indices": list[int] | None})
+# A group's candidate spec: CandidateTrajectorySpec's fields (its checks run in core/request.py).
+CandidateSpecMsg = _wire_struct("CandidateSpecMsg", CandidateTrajectorySpec,
+                                {"seed_policy": str, "seeds": list[int] | None})
 
 
 class SubmitRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -139,21 +137,18 @@ class SubmitRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     initial_noise: Array | None = None
 
 
-class RolloutResult(msgspec.Struct, frozen=True):
-    """Per-candidate rollout data (candidate axis first; S = returned steps) plus group-level
-    metadata that is never sliced per candidate. Align per-step data by absolute step index:
-    entry s belongs to step `step_indices[s]`, whose sigma is `sigmas[step_indices[s]]` and whose
-    target sigma is `sigmas[step_indices[s] + 1]`."""
-
-    log_probs: Array  # [N, S] float32: log N(x_next; mean, std^2) summed over the active action dims
-    latents: Array  # [N, S, H, D] x_t entering each returned step (normalised action space)
-    next_latents: Array  # [N, S, H, D] x after the step
-    means: Array  # [N, S, H, D] the Gaussian mean of each transition
-    stds: Array  # [N, S] the Gaussian std of each transition
-    final_latents: Array  # [N, H, D] x_0
-    sigmas: Array  # [T+1] float32, the scheduler's own sigmas (post-shift, final 0)
-    timesteps: Array  # [T]
-    step_indices: list[int]
+# Per-candidate rollout data (candidate axis first; S = returned steps) plus group-level metadata that is
+# never sliced per candidate. log_probs [N, S] float32: log N(x_next; mean, std^2) summed over the active
+# action dims; latents / next_latents / means [N, S, H, D]: x_t entering each returned step, x after it,
+# the Gaussian mean (normalised action space); stds [N, S]; final_latents [N, H, D]; sigmas [T+1]: the
+# scheduler's own sigmas (post-shift, final 0); timesteps [T]. Align per-step data by absolute step index:
+# entry s belongs to step step_indices[s], whose sigma is sigmas[step_indices[s]] and whose target sigma
+# is sigmas[step_indices[s] + 1].
+RolloutResult = msgspec.defstruct(
+    "RolloutResult",
+    [(name, Array) for name in ROLLOUT_FIELDS] + [("sigmas", Array), ("timesteps", Array), ("step_indices", list[int])],
+    frozen=True, module=__name__,
+)
 
 
 class GroupResult(msgspec.Struct, frozen=True):
@@ -240,8 +235,10 @@ class RegisteredMsg(msgspec.Struct, frozen=True):
 
 class HeartbeatMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     worker_id: str
-    busy_batch: int | None = None
+    busy_batch: int | None = None  # the first of `running` (kept for older readers)
     step: int | None = None
+    running: list[int] = []  # every assignment id the worker holds, queued or in its running batch
+    forwards: list[tuple[int, float]] = []  # (rows, seconds) of each forward since the last heartbeat
 
 
 class CandidateMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -304,6 +301,7 @@ PAYLOAD_TYPES: dict[Kind, type] = {
     Kind.HEARTBEAT: HeartbeatMsg,
     Kind.BATCH: BatchMsg,
     Kind.BATCH_RESULT: BatchResultMsg,
+    Kind.JOIN: BatchMsg,
     Kind.CANCEL_ROWS: CancelRowsMsg,
     Kind.REGISTERED: RegisteredMsg,
     Kind.WORKER_STOP: WorkerStopMsg,

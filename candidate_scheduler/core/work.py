@@ -6,7 +6,7 @@ items as one physical batch and answers one `GroupOutput` per item plus one `Bat
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -15,8 +15,8 @@ ACTION_MODES = ("policy",)
 
 @dataclass(frozen=True)
 class SamplingSpec:
-    """Sampling parameters of one group. Everything here except domain_id must match for two
-    groups to share a physical batch (see `batch_key`)."""
+    """Sampling parameters of one group: the one definition of these fields (protocol.SamplingMsg is
+    derived from it). What must match for two groups to share a batch: `batch_key`, `forward_key`."""
 
     height: int = 64
     width: int = 64
@@ -25,6 +25,7 @@ class SamplingSpec:
     guidance_scale: float = 1.0
     action_mode: str = "policy"
     domain_id: int = 0
+    domain_name: str | None = None  # an sglang embodiment name; the worker hands it to sglang's request builder
     raw_action_dim: int = 7
     fps: int = 5
     negative_prompt: str | None = None
@@ -67,38 +68,21 @@ class SamplingSpec:
             object.__setattr__(self, "return_step_indices", idx)
 
     def batch_key(self) -> tuple:
-        # domain_id is a per-row tensor in the model, so groups of different domains can share.
-        return (
-            self.height,
-            self.width,
-            self.steps,
-            self.horizon,
-            float(self.guidance_scale),
-            self.action_mode,
-            self.raw_action_dim,
-            self.fps,
-            self.negative_prompt,
-            self.rollout,
-            float(self.noise_level) if self.rollout else None,
-            self.return_step_indices if self.rollout else None,
-        )
+        """What must match for two groups to share one physical batch from its first step to its last
+        (dispatch-level batching): every field but those a row carries on its own."""
+        key = {name: getattr(self, name) for name in _BATCH_KEY_FIELDS}
+        if not self.rollout:  # rollout knobs do nothing outside a rollout
+            key["noise_level"] = key["return_step_indices"] = None
+        return tuple(key.values())
+
+    def forward_key(self) -> tuple:
+        """What must match for two groups to share one transformer forward at some step (step-level
+        batching): the shape of a row and whether CFG doubles it. Step counts, current steps, seeds,
+        prompts and guidance values may differ; text length is checked by the worker, which tokenizes."""
+        return (self.height, self.width, self.horizon, self.fps, self.action_mode, self.guidance_scale > 1.0)
 
     def to_dict(self) -> dict:
-        return {
-            "height": self.height,
-            "width": self.width,
-            "steps": self.steps,
-            "horizon": self.horizon,
-            "guidance_scale": float(self.guidance_scale),
-            "action_mode": self.action_mode,
-            "domain_id": self.domain_id,
-            "raw_action_dim": self.raw_action_dim,
-            "fps": self.fps,
-            "negative_prompt": self.negative_prompt,
-            "rollout": self.rollout,
-            "noise_level": float(self.noise_level),
-            "return_step_indices": None if self.return_step_indices is None else list(self.return_step_indices),
-        }
+        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in fields(self)}
 
     @classmethod
     def from_dict(cls, data: dict) -> "SamplingSpec":
@@ -107,6 +91,16 @@ class SamplingSpec:
         if unknown:
             raise ValueError(f"unknown sampling parameter(s): {sorted(unknown)}")
         return cls(**known)
+
+
+# Row-level fields: each row carries its own (domain ids are a per-row tensor in the model).
+_ROW_FIELDS = frozenset({"domain_id", "domain_name"})
+_BATCH_KEY_FIELDS = tuple(f.name for f in fields(SamplingSpec) if f.name not in _ROW_FIELDS)
+
+# The per-candidate arrays of a rollout, candidate axis first (see rollout.py); named once, here.
+ROLLOUT_FIELDS = ("log_probs", "latents", "next_latents", "means", "stds", "final_latents")
+# Rollout metadata that is the same for every candidate of a group and never sliced per candidate.
+ROLLOUT_META_FIELDS = ("sigmas", "timesteps", "step_indices")
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,8 @@ SECONDS_BUCKETS = (
 # lands exactly on the common values (le is inclusive).
 COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MICROBATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128, 256)
+# forward latency is labelled by rows rounded up to a power of two: a closed set of 10 series
+ROW_LABELS = ("1", "2", "4", "8", "16", "32", "64", "128", "256", OTHER)
 OCCUPANCY_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
@@ -100,6 +102,13 @@ def clip_label(value: object, allowed: Iterable[str]) -> str:
         value = value.value if isinstance(value.value, str) else value.name.lower()
     text = str(value)
     return text if text in allowed else OTHER
+
+
+def row_label(rows: int) -> str:
+    bucket = 1
+    while bucket < rows and bucket < 256:
+        bucket *= 2
+    return str(bucket) if 0 < rows <= 256 else OTHER
 
 
 class SchedulerMetrics:
@@ -202,6 +211,23 @@ class SchedulerMetrics:
             buckets=SECONDS_BUCKETS, registry=r,
         )
 
+        # Step-level batching: groups joining running batches, time to first step, forwards by rows.
+        self.groups_joined_total = Counter(
+            p + "groups_joined", "Slices that joined a worker's running batch at a step boundary.", registry=r,
+        )
+        self.first_step_seconds = Histogram(
+            p + "first_step_seconds", "Receipt to the group's first denoise step, per group.",
+            buckets=SECONDS_BUCKETS, registry=r,
+        )
+        self.forward_rows = Histogram(
+            p + "forward_rows", "Candidate rows per transformer forward, as workers report them.",
+            buckets=COUNT_BUCKETS, registry=r,
+        )
+        self.forward_seconds = Histogram(
+            p + "forward_seconds", "Transformer forward latency, by rows per forward (a power-of-two bucket).",
+            ["rows"], buckets=SECONDS_BUCKETS, registry=r,
+        )
+
         # Cancellation and failure.
         self.cancellations_total = Counter(
             p + "cancellations", "Cancel requests, by the group state they found.", ["state"],
@@ -261,6 +287,8 @@ class SchedulerMetrics:
                 self.protocol_errors_total.labels(socket, kind)
         for kind in COMPAT_REQUEST_TYPES:
             self.compat_requests_total.labels(kind)
+        for rows in ROW_LABELS:
+            self.forward_seconds.labels(rows)
 
     # --- Recording methods (the calls server.py makes). ----------------------------------------------
 
@@ -338,13 +366,24 @@ class SchedulerMetrics:
     def heartbeat(self) -> None:
         self.worker_heartbeats_total.inc()
 
-    def protocol_error(self, socket: object, kind: object) -> None:
+    def protocol_error(self, socket: object, kind: object, count: int = 1) -> None:
         self.protocol_errors_total.labels(
             clip_label(socket, SOCKETS), clip_label(kind, PROTOCOL_ERROR_KINDS)
-        ).inc()
+        ).inc(count)
 
-    def compat_request(self, kind: object) -> None:
-        self.compat_requests_total.labels(clip_label(kind, COMPAT_REQUEST_TYPES)).inc()
+    def compat_request(self, kind: object, count: int = 1) -> None:
+        self.compat_requests_total.labels(clip_label(kind, COMPAT_REQUEST_TYPES)).inc(count)
+
+    def group_joined(self) -> None:
+        self.groups_joined_total.inc()
+
+    def first_step(self, seconds: float) -> None:
+        self.first_step_seconds.observe(seconds)
+
+    def forward(self, rows: int, seconds: float) -> None:
+        """One transformer forward a worker ran: its rows and its latency."""
+        self.forward_rows.observe(rows)
+        self.forward_seconds.labels(row_label(rows)).observe(seconds)
 
 
 def render(metrics: SchedulerMetrics) -> bytes:

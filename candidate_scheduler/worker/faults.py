@@ -1,7 +1,7 @@
 """Fault injection for worker adapters: reliability tests and drills only, never production.
 
-`FaultyAdapter` wraps any adapter (anything with `capability_dict()` and `run_batch(...)`) and, with
-configured per-batch probabilities, makes the worker answer the way a broken one would: malformed or
+`FaultyAdapter` wraps any step adapter (worker/stepping.py) and, with configured probabilities per
+assignment (one BATCH or JOIN), makes the worker answer the way a broken one would: malformed or
 wrong-shaped actions, candidate ids that are not the slice's, a missing or extra output, an output for
 another request, a bogus status, or an exception out of the model. The scheduler must notice every one
 of them, retry the slice from its snapshots, and still answer each group exactly once with the
@@ -11,9 +11,9 @@ while keeping the shape; `shuffle` reorders rows together with their ids, which 
     candidate-scheduler worker --adapter null --fault malformed:0.3,raise:0.1,seed=7
 
 Spec grammar: comma-separated `KIND:PROBABILITY` items plus an optional `seed=INT`. Probabilities are
-per physical batch; at most one fault is injected per batch (so they must sum to <= 1). Kinds:
+per assignment; at most one fault is injected per batch (so they must sum to <= 1). Kinds:
 
-    raise          the adapter raises (the worker answers model_error for every group of the batch)
+    raise          a transient fault (the worker answers worker_error for every group of the assignment)
     wrong_shape    actions with a wrong horizon or action dimension (consistent across rows)
     wrong_batch    actions whose observation axis has the wrong length
     wrong_ids      candidate ids that are not the slice's (shifted, duplicated or one short)
@@ -39,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from candidate_scheduler.worker.stepping import TransientFault, error_output
+
 log = logging.getLogger("candidate_scheduler.faults")
 
 MALFORMED_KINDS = (
@@ -55,8 +57,8 @@ MALFORMED_KINDS = (
 KINDS = MALFORMED_KINDS + ("raise", "shuffle", "malformed")
 
 
-class InjectedFault(RuntimeError):
-    """What the `raise` fault throws out of run_batch."""
+class InjectedFault(TransientFault):
+    """What the `raise` fault stands for: a transient worker failure, which the scheduler retries."""
 
 
 @dataclass(frozen=True)
@@ -123,22 +125,24 @@ class FaultyAdapter:
             raise AttributeError(name)
         return getattr(self.inner, name)
 
-    def run_batch(self, items, should_drop=None, on_step=None):
+    def mangle_result(self, items, outputs: list) -> list:
+        """The worker loop's hook on every assignment's outputs, just before they are sent: at most one
+        fault per assignment, drawn with the configured probabilities."""
         kind = self._draw()
+        if kind is None:
+            return outputs
         if kind == "raise":
             self._note(kind, items, "")
-            raise InjectedFault("injected fault: the adapter raised")
-        outputs, report = self.inner.run_batch(items, should_drop=should_drop, on_step=on_step)
-        if kind is None:
-            return outputs, report
+            fault = InjectedFault("injected fault: the adapter raised")
+            return [error_output(it.request_id, fault) for it in items]
         if kind == "malformed":
             kind = self._rng.choice(MALFORMED_KINDS)
         outputs = list(outputs)
         detail = self._apply(kind, items, outputs)
         if detail is None:  # nothing to corrupt (e.g. every group was cancelled)
-            return outputs, report
+            return outputs
         self._note(kind, items, detail)
-        return outputs, report
+        return outputs
 
     # -- internals -------------------------------------------------------------------------------------------
     def _draw(self) -> str | None:

@@ -1,12 +1,15 @@
-"""The worker process: one DEALER to the scheduler's worker link, one model adapter.
+"""The worker process: one DEALER to the scheduler's worker link, one model adapter, a running batch.
 
-Two threads, so heartbeats and cancels keep flowing while a batch runs:
+Two threads, so heartbeats and cancels keep flowing while the model computes:
 
-- the I/O thread owns the ZMQ DEALER: it registers, sends heartbeats, receives BATCH (handed to the
-  compute thread) and CANCEL_ROWS (recorded in a lock-guarded set the denoise loop polls at each step
-  boundary), and forwards results that the compute thread pushes through an inproc PAIR (so a result
-  leaves at once, not at the next poll tick);
-- the compute thread runs `adapter.run_batch`, one batch at a time.
+- the I/O thread owns the ZMQ DEALER: it registers, sends heartbeats (listing every assignment it holds
+  and the forwards run since the last one), receives BATCH and JOIN (handed to the compute thread) and
+  CANCEL_ROWS (recorded in a lock-guarded map the compute thread reads at each step boundary), and
+  forwards results that the compute thread pushes through an inproc PAIR (so a result leaves at once,
+  not at the next poll tick);
+- the compute thread owns the running batch (running.py): at every step boundary it admits the
+  assignments that arrived, drops cancelled groups, runs one denoise step of everything running, and
+  answers each assignment as soon as all its groups are done -- a short group never waits for a long one.
 
 If the scheduler forgets us (restart, or it declared us dead), it answers WORKER_STOP("reregister")
 and we register again; ZMQ reconnects the TCP link by itself.
@@ -21,28 +24,23 @@ import socket
 import threading
 import time
 import uuid
-from typing import Protocol
 
-import numpy as np
 import zmq
 
-from candidate_scheduler import protocol
-from candidate_scheduler.core.work import BatchReport, CandidateWork, GroupOutput, GroupWork, SamplingSpec
+from candidate_scheduler import convert, protocol
+from candidate_scheduler.worker.running import RunningBatch
+from candidate_scheduler.worker.stepping import StepAdapter
 
 log = logging.getLogger("candidate_scheduler.worker")
 
-
-class Adapter(Protocol):
-    def capability_dict(self) -> dict: ...
-
-    def run_batch(self, items, should_drop=None, on_step=None) -> tuple[list[GroupOutput], BatchReport]: ...
+_MAX_FORWARD_RECORDS = 1024  # per heartbeat; older ones are dropped rather than growing without bound
 
 
 class Worker:
     def __init__(
         self,
         scheduler_endpoint: str,
-        adapter: Adapter,
+        adapter: StepAdapter,
         *,
         capacity: int | None = None,
         device: str = "cpu",
@@ -65,105 +63,77 @@ class Worker:
         self.heartbeat_interval_s = 0.5
         self.ctx = zmq.Context()
         self._inbox: queue.Queue = queue.Queue()
-        self._cancel_lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _cancelled, _forwards and _step
         self._cancelled: dict[int, set[str]] = {}
-        self._current: tuple[int, int] | None = None  # (batch_id, step)
+        self._forwards: list[tuple[int, float]] = []
+        self._step: int | None = None
+        self._held: list[int] = []  # assignment ids received and not yet answered (I/O thread only)
         self._stop = threading.Event()
         self.registered = threading.Event()
         self._wake_addr = f"inproc://worker-results-{id(self)}"
+        self._mangle = getattr(adapter, "mangle_result", None)  # fault injection (faults.py) only
 
     # ---- compute side ------------------------------------------------------------------------------
     def _compute_loop(self) -> None:
         out = self.ctx.socket(zmq.PAIR)
         out.connect(self._wake_addr)
+        batch = RunningBatch(self.adapter)
         try:
             while not self._stop.is_set():
-                try:
-                    batch = self._inbox.get(timeout=0.2)
-                except queue.Empty:
-                    continue
-                if batch is None:
+                if not self._take_new(batch, block=batch.idle and not batch.assignments):
                     return
-                self._current = (batch.batch_id, None)  # busy from the moment it is taken: heartbeats say so
-                try:
-                    frames = protocol.encode(protocol.Kind.BATCH_RESULT, self._run(batch))
-                except Exception as exc:  # noqa: BLE001 - if this thread died, the worker would heartbeat on
-                    # and never answer again (e.g. an adapter returning fewer outputs than groups)
-                    log.exception("batch %d could not be answered", batch.batch_id)
-                    outputs = [protocol.GroupOutputMsg(g.request_id, "error", error=f"{type(exc).__name__}: {exc}",
-                                                error_code="model_error") for g in batch.groups]
-                    frames = protocol.encode(protocol.Kind.BATCH_RESULT, protocol.BatchResultMsg(self.worker_id, batch.batch_id, outputs))
-                finally:
-                    self._current = None
-                out.send_multipart(frames)
+                with self._lock:
+                    cancelled = {k: set(v) for k, v in self._cancelled.items()}
+                batch.drop(cancelled)
+                if not batch.idle:
+                    with self._lock:
+                        self._step = batch.steps_run
+                    if self.step_delay_s:
+                        time.sleep(self.step_delay_s)
+                    forwards, rows, seconds = batch.step()
+                    if forwards:
+                        # per forward: exact when the step ran one forward (groups of one cohort)
+                        record = (max(1, rows // forwards), seconds / forwards)
+                        with self._lock:
+                            self._forwards.extend([record] * forwards)
+                            del self._forwards[:-_MAX_FORWARD_RECORDS]
+                for a in batch.take_done():
+                    outputs = [a.outputs[i] for i in range(len(a.items))]
+                    if self._mangle is not None:
+                        outputs = self._mangle([it for it in a.items if it is not None], outputs)
+                    result = protocol.BatchResultMsg(self.worker_id, a.batch_id,
+                                                     [convert.output_to_wire(o) for o in outputs], a.wire_report())
+                    try:
+                        frames = protocol.encode(protocol.Kind.BATCH_RESULT, result)
+                    except Exception as exc:  # noqa: BLE001 - an unencodable result still gets an answer
+                        log.exception("assignment %d could not be encoded", a.batch_id)
+                        outputs = [protocol.GroupOutputMsg(o.request_id, "error", error=f"{type(exc).__name__}: {exc}",
+                                                           error_code="worker_error") for o in outputs]
+                        frames = protocol.encode(protocol.Kind.BATCH_RESULT,
+                                                 protocol.BatchResultMsg(self.worker_id, a.batch_id, outputs))
+                    with self._lock:
+                        self._cancelled.pop(a.batch_id, None)
+                    out.send_multipart([a.batch_id.to_bytes(8, "big"), *frames])
+                if batch.idle:
+                    with self._lock:
+                        self._step = None
         finally:
             out.close(0)
 
-    def _run(self, batch: protocol.BatchMsg) -> protocol.BatchResultMsg:
-        items: list[GroupWork] = []
-        decode_errors: dict[int, GroupOutput] = {}
-        for i, g in enumerate(batch.groups):
+    def _take_new(self, batch: RunningBatch, block: bool) -> bool:
+        """Admit every assignment that arrived; wait for one when there is nothing to run. False: stop."""
+        while True:
             try:
-                items.append(
-                    GroupWork(
-                        request_id=g.request_id,
-                        images=protocol.array_from_wire(g.images),
-                        prompts=list(g.prompts),
-                        sampling=SamplingSpec(**{k: getattr(g.sampling, k) for k in g.sampling.__struct_fields__}),
-                        candidates=[
-                            CandidateWork(
-                                c.candidate_id, c.seed, c.snapshot,
-                                None if c.initial_noise is None else protocol.array_from_wire(c.initial_noise),
-                            )
-                            for c in g.candidates
-                        ],
-                    )
-                )
-            except (ValueError, TypeError, protocol.ProtocolError) as exc:
-                decode_errors[i] = GroupOutput(g.request_id, "error", error=str(exc), error_code="bad_request")
-                items.append(None)
-        runnable = [it for it in items if it is not None]
-
-        def should_drop():
-            with self._cancel_lock:
-                return set(self._cancelled.get(batch.batch_id, ()))
-
-        def on_step(i: int) -> None:
-            self._current = (batch.batch_id, i)
-            if self.step_delay_s:
-                time.sleep(self.step_delay_s)
-
-        t0 = time.perf_counter()
-        try:
-            outputs, report = self.adapter.run_batch(runnable, should_drop=should_drop, on_step=on_step)
-        except Exception as exc:  # noqa: BLE001 - an adapter crash fails the batch, the worker lives on
-            log.exception("batch %d failed", batch.batch_id)
-            outputs = [GroupOutput(it.request_id, "error", error=f"{type(exc).__name__}: {exc}", error_code="model_error")
-                       for it in runnable]
-            report = BatchReport()
-        finally:
-            self._current = None
-            with self._cancel_lock:
-                self._cancelled.pop(batch.batch_id, None)
-        merged, it = [], iter(outputs)
-        for i in range(len(items)):
-            merged.append(decode_errors[i] if i in decode_errors else next(it))
-        msgs = [
-            protocol.GroupOutputMsg(
-                request_id=o.request_id,
-                status=o.status,
-                candidate_ids=list(o.candidate_ids),
-                actions=None if o.actions is None else protocol.array_to_wire(np.asarray(o.actions, dtype=np.float32)),
-                error=o.error,
-                error_code=o.error_code,
-                rollout=_wire_dict(o.rollout),
-                rollout_meta=_wire_dict(o.rollout_meta),
-            )
-            for o in merged
-        ]
-        rep = report.to_dict()
-        rep["wall_s"] = time.perf_counter() - t0
-        return protocol.BatchResultMsg(worker_id=self.worker_id, batch_id=batch.batch_id, outputs=msgs, report=rep)
+                item = self._inbox.get(timeout=0.2) if block else self._inbox.get_nowait()
+            except queue.Empty:
+                if block and not self._stop.is_set():
+                    continue
+                return not self._stop.is_set()
+            if item is None:
+                return False
+            msg, received_at = item
+            batch.admit(msg, received_at)
+            block = False
 
     # ---- I/O side --------------------------------------------------------------------------------------
     def _socket(self) -> zmq.Socket:
@@ -209,7 +179,10 @@ class Worker:
                 events = dict(poller.poll(timeout=int(self.heartbeat_interval_s * 250)))
                 now = time.monotonic()
                 if wake in events:
-                    sock.send_multipart(wake.recv_multipart())
+                    batch_id, *frames = wake.recv_multipart()
+                    if int.from_bytes(batch_id, "big") in self._held:  # answered: no longer held
+                        self._held.remove(int.from_bytes(batch_id, "big"))
+                    sock.send_multipart(frames)
                 if sock in events:
                     if self._on_message(sock, sock.recv_multipart()):
                         return
@@ -218,9 +191,7 @@ class Worker:
                         sock.send_multipart(self._register_msg())
                         last_register = now
                 elif now - last_beat >= self.heartbeat_interval_s:
-                    current = self._current
-                    beat = protocol.HeartbeatMsg(self.worker_id, *(current if current else (None, None)))
-                    sock.send_multipart(protocol.encode(protocol.Kind.HEARTBEAT, beat))
+                    sock.send_multipart(protocol.encode(protocol.Kind.HEARTBEAT, self._heartbeat()))
                     last_beat = now
         finally:
             self._stop.set()
@@ -235,7 +206,7 @@ class Worker:
         try:
             if len(frames) != 2:
                 raise protocol.ProtocolError("bad_frames", f"expected 2 frames, got {len(frames)}")
-            kind = protocol.parse_header(frames[0], {protocol.Kind.REGISTERED, protocol.Kind.BATCH, protocol.Kind.CANCEL_ROWS, protocol.Kind.WORKER_STOP})
+            kind = protocol.parse_header(frames[0], _FROM_SCHEDULER)
             msg = protocol.decode(kind, frames[1])
         except protocol.ProtocolError as exc:
             log.warning("ignoring a malformed scheduler message: %s", exc)
@@ -244,10 +215,11 @@ class Worker:
             self.heartbeat_interval_s = max(0.05, float(msg.heartbeat_interval_s))
             self.registered.set()
             log.info("registered with %s as %s", self.endpoint, self.worker_id)
-        elif kind is protocol.Kind.BATCH:
-            self._inbox.put(msg)
+        elif kind in (protocol.Kind.BATCH, protocol.Kind.JOIN):
+            self._held.append(msg.batch_id)
+            self._inbox.put((msg, time.perf_counter()))
         elif kind is protocol.Kind.CANCEL_ROWS:
-            with self._cancel_lock:
+            with self._lock:
                 self._cancelled.setdefault(msg.batch_id, set()).update(msg.request_ids)
         elif kind is protocol.Kind.WORKER_STOP:
             if msg.reason == "reregister":
@@ -258,14 +230,19 @@ class Worker:
                 return True
         return False
 
+    def _heartbeat(self) -> protocol.HeartbeatMsg:
+        with self._lock:
+            step, forwards = self._step, self._forwards
+            self._forwards = []
+        held = list(self._held)
+        return protocol.HeartbeatMsg(self.worker_id, held[0] if held else None, step, held, forwards)
+
     def stop(self) -> None:
         self._stop.set()
 
 
-def _wire_dict(arrays: dict | None) -> dict | None:
-    if arrays is None:
-        return None
-    return {k: protocol.array_to_wire(np.ascontiguousarray(v)) for k, v in arrays.items()}
+_FROM_SCHEDULER = frozenset({protocol.Kind.REGISTERED, protocol.Kind.BATCH, protocol.Kind.JOIN,
+                             protocol.Kind.CANCEL_ROWS, protocol.Kind.WORKER_STOP})
 
 
 def build_adapter(kind: str, model_dir: str | None, device: str, capacity: int | None):

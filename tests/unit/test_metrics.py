@@ -50,10 +50,11 @@ def test_naming_follows_prometheus_practice(registry, sm):
         if fam.type == "histogram" and "seconds" in name:
             assert name.endswith("_seconds")
         for sample in fam.samples:
-            # Ids as labels would be unbounded; only the closed label names are allowed.
+            # Ids as labels would be unbounded; only the closed label names are allowed ("rows" takes
+            # the ten values of metrics.ROW_LABELS).
             assert set(sample.labels) <= {
                 "api", "mode", "outcome", "reason", "state", "kind", "socket", "type", "le",
-                "version", "python_version",
+                "version", "python_version", "rows",
             }, sample
 
 

@@ -1,0 +1,138 @@
+"""What goes into the engine and what comes out of it: plain frozen dataclasses, no wire format.
+
+The shell (service/server.py) decodes a socket message into one of the inputs, calls the engine, and
+sends each output it gets back; `convert.py` maps both to and from protocol.py's wire structs. A client
+or a worker is known to the engine only by an opaque reference the shell hands it (`client`,
+`identity`), so the engine never learns what a socket is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from candidate_scheduler.core.group_state import SliceDispatch
+
+# ---- inputs from workers ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Registration:
+    worker_id: str
+    capability: Mapping[str, Any]  # ModelCapability.to_dict()
+    capacity: int  # candidate rows the worker holds at once
+    device: str = "cpu"
+    pid: int = 0
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    worker_id: str
+    running: tuple[int, ...] = ()  # assignment ids the worker holds (queued or in its running batch)
+    step: int | None = None
+    # (rows, seconds) of the transformer forwards since the last heartbeat
+    forwards: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class SliceOutcome:
+    """One group's answer inside a worker result; arrays already decoded. `malformed` says why the
+    shell could not decode it (the worker's fault: retried)."""
+
+    request_id: str
+    status: str  # "ok" | "cancelled" | "error"
+    candidate_ids: tuple[int, ...] = ()
+    actions: np.ndarray | None = None
+    error: str | None = None
+    error_code: str | None = None
+    rollout: Mapping[str, np.ndarray] | None = None
+    rollout_meta: Mapping[str, np.ndarray] | None = None
+    malformed: str | None = None
+
+
+@dataclass(frozen=True)
+class WorkerResult:
+    worker_id: str
+    batch_id: int
+    outputs: tuple[SliceOutcome, ...]
+    report: Mapping[str, Any] = field(default_factory=dict)
+
+
+# ---- outputs ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    """A group's one reply in core terms (numpy arrays); convert.result_to_wire makes the wire struct."""
+
+    request_id: str
+    status: str  # done | failed | cancelled | expired | rejected | overloaded | invalid
+    action: np.ndarray | None = None
+    candidates: np.ndarray | None = None
+    candidate_seeds: tuple[int, ...] = ()
+    chosen_candidate: int | None = None
+    error: str | None = None
+    error_code: str | None = None
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+    rollout: Mapping[str, Any] | None = None  # ROLLOUT_FIELDS and ROLLOUT_META_FIELDS -> arrays
+
+
+@dataclass(frozen=True)
+class Reply:
+    """Send `result` to the client that submitted the group."""
+
+    client: Any
+    result: GroupResult
+
+
+@dataclass(frozen=True)
+class SliceWork:
+    """One slice of one group inside a worker assignment. `group` is the engine's Group: the shell
+    reads its request and its cached wire form from it."""
+
+    group: Any
+    dispatch: SliceDispatch
+
+
+@dataclass(frozen=True)
+class SendWork:
+    """Give a worker an assignment. `join` is true when the worker is already running others: the
+    slices join its running batch at the next denoise-step boundary (step-level batching)."""
+
+    identity: Any
+    batch_id: int
+    slices: tuple[SliceWork, ...]
+    join: bool = False
+
+
+@dataclass(frozen=True)
+class CancelRows:
+    identity: Any
+    batch_id: int
+    request_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class AckRegistration:
+    identity: Any
+    worker_id: str
+    heartbeat_interval_s: float
+
+
+@dataclass(frozen=True)
+class StopWorker:
+    """Tell a worker to stop, or with reason "reregister" to register again (we forgot it)."""
+
+    identity: Any
+    reason: str
+
+
+@dataclass(frozen=True)
+class ControlAnswer:
+    ok: bool
+    changed: bool = False
+    state: str | None = None
+    detail: Mapping[str, Any] = field(default_factory=dict)
+    error: str | None = None

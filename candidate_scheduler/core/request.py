@@ -1,0 +1,130 @@
+"""One submitted group: what the shell decoded (`Submission`) and what the engine admits (`GroupRequest`).
+
+Every check of a client's request lives here, so every front (the native socket, the sglang bridge, the
+openpi websocket) gets the same answer for the same mistake: a `CandidateContractError` naming the field,
+or a ValueError; the engine answers either with status `invalid`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from candidate_scheduler.core.errors import CandidateContractError
+from candidate_scheduler.core.spec import CandidateTrajectorySpec
+from candidate_scheduler.core.work import SamplingSpec
+
+MAX_CANDIDATES = 256
+MAX_REQUEST_ID_LEN = 256
+MAX_PROMPT_CHARS = 4096
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A SUBMIT as the shell decoded it: arrays decoded, nothing else checked yet."""
+
+    request_id: str
+    images: np.ndarray
+    prompt: str | list[str] = ""
+    candidates: Mapping[str, Any] | None = None  # CandidateTrajectorySpec fields
+    seed: int = 42
+    sampling: Mapping[str, Any] | None = None  # SamplingSpec fields
+    batched: bool = False
+    deadline_s: float | None = None
+    initial_noise: np.ndarray | None = None  # rollouts: caller-provided x_T [count, horizon, D]
+
+
+@dataclass(frozen=True)
+class GroupRequest:
+    """A validated group: everything a worker needs, in domain types."""
+
+    request_id: str
+    spec: CandidateTrajectorySpec
+    seed: int
+    sampling: SamplingSpec
+    images: np.ndarray  # uint8 [B, H, W, 3]
+    prompts: tuple[str, ...]  # one per observation
+    batched: bool
+    deadline_s: float | None
+    initial_noise: np.ndarray | None  # float32 [count, horizon, D]
+
+    @property
+    def observations(self) -> int:
+        return int(self.images.shape[0])
+
+
+def check_request_id(request_id: Any) -> None:
+    if not isinstance(request_id, str) or not request_id or len(request_id) > MAX_REQUEST_ID_LEN:
+        raise CandidateContractError(
+            "request_id", "invalid_value", f"request_id must be 1..{MAX_REQUEST_ID_LEN} characters", request_id
+        )
+
+
+def validate(sub: Submission) -> GroupRequest:
+    """Raises CandidateContractError (a field is wrong) or ValueError (the shape of the request is)."""
+    check_request_id(sub.request_id)
+    spec = CandidateTrajectorySpec(**_spec_fields(sub.candidates or {}))
+    if spec.count > MAX_CANDIDATES:
+        raise CandidateContractError("count", "count_over_limit", f"at most {MAX_CANDIDATES}", spec.count)
+    sampling = SamplingSpec(**dict(sub.sampling or {}))
+    images = _observations(sub.images, sub.batched)
+    prompts = _prompts(sub.prompt, images.shape[0])
+    noise = _initial_noise(sub.initial_noise, spec, sampling)
+    if sampling.rollout and spec.reducer != "none":
+        raise CandidateContractError("reducer", "invalid_value", "a rollout returns every candidate; set reducer 'none'",
+                                     spec.reducer)
+    return GroupRequest(sub.request_id, spec, sub.seed, sampling, images, prompts, bool(sub.batched), sub.deadline_s,
+                        noise)
+
+
+def _spec_fields(raw: Mapping[str, Any]) -> dict[str, Any]:
+    fields = dict(raw)
+    if fields.get("seeds") is not None:
+        fields["seeds"] = tuple(fields["seeds"])
+    return fields
+
+
+def _observations(images: np.ndarray, batched: bool) -> np.ndarray:
+    images = np.asarray(images)
+    if images.dtype != np.uint8:
+        raise ValueError(f"images must be uint8, got {images.dtype}")
+    if batched:
+        if images.ndim != 4:
+            raise ValueError(f"batched images must be [B, H, W, 3], got shape {list(images.shape)}")
+    else:
+        if images.ndim != 3:
+            raise ValueError(f"images must be [H, W, 3] (set batched for [B, H, W, 3]), got shape {list(images.shape)}")
+        images = images[None]
+    if images.shape[0] < 1 or images.shape[-1] != 3:
+        raise ValueError(f"images must have 3 channels and at least one observation, got shape {list(images.shape)}")
+    return images
+
+
+def _prompts(prompt: Any, n: int) -> tuple[str, ...]:
+    prompts = [prompt] * n if isinstance(prompt, str) else list(prompt)
+    if len(prompts) == 1:
+        prompts = prompts * n
+    if len(prompts) != n:
+        raise ValueError(f"got {len(prompts)} prompt(s) for {n} observation(s)")
+    for p in prompts:
+        if not isinstance(p, str):
+            raise ValueError("prompts must be strings")
+        if len(p) > MAX_PROMPT_CHARS:
+            raise ValueError(f"prompt longer than {MAX_PROMPT_CHARS} characters")
+    return tuple(prompts)
+
+
+def _initial_noise(noise: np.ndarray | None, spec: CandidateTrajectorySpec, sampling: SamplingSpec) -> np.ndarray | None:
+    if noise is None:
+        return None
+    want = (spec.count, sampling.horizon)
+    if noise.dtype not in (np.float32, np.float64) or noise.ndim != 3 or noise.shape[:2] != want:
+        raise ValueError(f"initial_noise must be float [count={want[0]}, horizon={want[1]}, D], got "
+                         f"{noise.dtype}{list(noise.shape)}")
+    if noise.shape[2] < sampling.raw_action_dim:
+        raise ValueError(f"initial_noise has {noise.shape[2]} action dims, raw_action_dim is {sampling.raw_action_dim}")
+    if not np.all(np.isfinite(noise)):
+        raise ValueError("initial_noise must be finite")
+    return noise.astype(np.float32)

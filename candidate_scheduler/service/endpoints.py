@@ -1,0 +1,30 @@
+"""ZMQ endpoints: binding (port 0 picks a free port) and telling a loopback address from a network one."""
+
+from __future__ import annotations
+
+import ipaddress
+import urllib.parse
+
+import zmq
+
+
+def bind_socket(sock: zmq.Socket, endpoint: str) -> str:
+    """Bind; port 0 (tcp://host:0) picks a free port. Returns the endpoint actually bound."""
+    if endpoint.startswith("tcp://") and endpoint.endswith(":0"):
+        host = endpoint[len("tcp://"):-2]
+        port = sock.bind_to_random_port(f"tcp://{host}")
+        return f"tcp://{host}:{port}"
+    sock.bind(endpoint)
+    return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+def is_loopback_endpoint(endpoint: str) -> bool:
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return True
+    host = urllib.parse.urlparse(endpoint).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,127 @@
+"""A worker's running batch: the assignments it holds, advanced one denoise step at a time.
+
+The compute thread owns one `RunningBatch`. Each assignment (one BATCH or JOIN from the scheduler)
+brings groups; they join at the next step boundary (`admit`), every step advances all running groups
+together (`step`: the adapter shares forwards between the groups that can share them), a group that is
+done leaves at once, and an assignment whose groups all have an output is handed back (`take_done`) to
+be answered with one BATCH_RESULT. Cancelled groups leave at the next boundary (`drop`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from candidate_scheduler import convert, protocol
+from candidate_scheduler.core.work import BatchReport, GroupOutput, GroupWork
+from candidate_scheduler.worker import stepping
+
+log = logging.getLogger("candidate_scheduler.worker")
+
+
+@dataclass
+class Assignment:
+    batch_id: int
+    received_at: float  # perf_counter() when the IO thread read it
+    items: list[GroupWork | None]  # None: the group could not be decoded (its output says why)
+    outputs: dict[int, GroupOutput] = field(default_factory=dict)
+    running: dict[int, stepping.RunningGroup] = field(default_factory=dict)
+    report: BatchReport = field(default_factory=BatchReport)
+    first_step_at: float | None = None
+
+    @property
+    def complete(self) -> bool:
+        return len(self.outputs) == len(self.items)
+
+    def wire_report(self) -> dict:
+        wait = None if self.first_step_at is None else max(0.0, self.first_step_at - self.received_at)
+        return convert.report_to_wire(self.report, wait_s=wait, wall_s=time.perf_counter() - self.received_at)
+
+
+class RunningBatch:
+    def __init__(self, adapter: stepping.StepAdapter):
+        self.adapter = adapter
+        self.assignments: dict[int, Assignment] = {}
+        self.steps_run = 0
+
+    @property
+    def idle(self) -> bool:
+        return not any(a.running for a in self.assignments.values())
+
+    def admit(self, batch: protocol.BatchMsg, received_at: float) -> None:
+        """Start every group of a new assignment (conditioning, noise, its own solvers)."""
+        a = Assignment(batch.batch_id, received_at, [])
+        for i, g in enumerate(batch.groups):
+            try:
+                item = convert.work_from_wire(g)
+            except (ValueError, TypeError) as exc:  # ProtocolError is a ValueError
+                a.items.append(None)
+                a.outputs[i] = GroupOutput(g.request_id, "error", error=str(exc), error_code="bad_request")
+                continue
+            a.items.append(item)
+            try:
+                a.running[i] = self.adapter.start(item)
+            except Exception as exc:  # noqa: BLE001 - one bad group never fails the others
+                if not isinstance(exc, stepping.BadRequest):
+                    log.exception("group %s could not start", item.request_id)
+                a.outputs[i] = stepping.error_output(item.request_id, exc)
+        self.assignments[a.batch_id] = a
+
+    def drop(self, cancelled: dict[int, set[str]]) -> None:
+        """Release the groups the scheduler cancelled (by assignment id)."""
+        for batch_id, request_ids in cancelled.items():
+            a = self.assignments.get(batch_id)
+            if a is None:
+                continue
+            for i, g in list(a.running.items()):
+                if g.request_id in request_ids:
+                    self.adapter.release(a.running.pop(i))
+                    a.outputs[i] = GroupOutput(g.request_id, "cancelled")
+
+    def step(self) -> tuple[int, int, float]:
+        """One denoise step of every running group: (forwards, rows, seconds)."""
+        members = [(a, i, g) for a in self.assignments.values() for i, g in a.running.items()]
+        if not members:
+            return 0, 0, 0.0
+        groups = [g for _a, _i, g in members]
+        started = time.perf_counter()
+        for a, _i, _g in members:
+            if a.first_step_at is None:
+                a.first_step_at = started
+        try:
+            forwards = self.adapter.step(groups)
+        except Exception as exc:  # noqa: BLE001 - a failed forward fails the groups that shared it
+            log.exception("a denoise step failed")
+            for a, i, g in members:
+                self.adapter.release(a.running.pop(i))
+                a.outputs[i] = stepping.error_output(g.request_id, exc)
+            return 0, 0, time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        stepping.charge_step(groups, elapsed)
+        self.steps_run += 1
+        for a, i, g in members:
+            if g.done:
+                a.running.pop(i)
+                try:
+                    a.outputs[i] = self.adapter.finish(g)
+                except Exception as exc:  # noqa: BLE001
+                    log.exception("group %s could not finish", g.request_id)
+                    a.outputs[i] = stepping.error_output(g.request_id, exc)
+                self._account(a, g)
+        return forwards, sum(g.rows for g in groups), elapsed
+
+    @staticmethod
+    def _account(a: Assignment, g: stepping.RunningGroup) -> None:
+        r = g.report
+        stepping.add_group_report(a.report, r)
+        a.report.denoise_s += r.denoise_s
+        a.report.transformer_forwards = max(a.report.transformer_forwards, r.transformer_forwards)
+        a.report.steps_run = max(a.report.steps_run, r.steps_run)
+        a.report.peak_memory_bytes = max(a.report.peak_memory_bytes, r.peak_memory_bytes)
+
+    def take_done(self) -> list[Assignment]:
+        done = [a for a in self.assignments.values() if a.complete]
+        for a in done:
+            del self.assignments[a.batch_id]
+        return done
