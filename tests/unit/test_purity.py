@@ -1,0 +1,34 @@
+"""The pure rooms stay pure: importing every module of candidate_scheduler/core loads no socket, event
+loop, tensor or wire library, so the engine and its rules run (and are tested) in any process."""
+
+import pkgutil
+import subprocess
+import sys
+
+import candidate_scheduler.core
+
+FORBIDDEN = ("zmq", "asyncio", "torch", "sglang", "msgspec")
+
+
+def test_core_modules_import_none_of_the_io_libraries():
+    modules = sorted(f"candidate_scheduler.core.{m.name}" for m in pkgutil.iter_modules(candidate_scheduler.core.__path__))
+    assert "candidate_scheduler.core.engine" in modules and len(modules) >= 10
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}: importlib.import_module(name)\n"
+        f"bad = [m for m in {FORBIDDEN!r} if m in sys.modules]\n"
+        "print(bad); sys.exit(1 if bad else 0)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_package_root_is_light_and_still_offers_the_client():
+    code = (
+        "import sys, candidate_scheduler\n"
+        "assert 'zmq' not in sys.modules\n"
+        "from candidate_scheduler import Client, AsyncClient\n"
+        "assert 'zmq' in sys.modules and Client.__name__ == 'Client'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
