@@ -420,9 +420,11 @@ def test_engine_step_mode_small_groups_flow_to_workers_nobody_reserved():
     h.submit("r2", count=6, steps=100)
     h.submit("large", count=8)  # reserves one worker
     h.submit("small", count=1)  # joins the other one
-    placed = {w.slices[0].dispatch.request_id: w.identity for w in h.work}
-    assert "large" not in placed and placed["small"] != placed["r1"] or placed["small"] == placed["r2"]
-    assert len({placed["r1"], placed["r2"]}) == 2 and "small" in placed
+    placed = {w.slices[0].dispatch.request_id: w for w in h.work}
+    assert "large" not in placed
+    assert placed["small"].identity == placed["r2"].identity != placed["r1"].identity  # r1's worker is reserved
+    h.answer(placed["r1"])
+    assert h.work[-1].slices[0].dispatch.request_id == "large" and h.work[-1].identity == placed["r1"].identity
 
 
 def test_engine_step_mode_different_forward_keys_do_not_join():
