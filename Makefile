@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export SGLANG_DISABLE_COSMOS3_GUARDRAILS := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup system-deps checkpoint run test test-unit test-integration bench reliability dashboards-check clean
+.PHONY: setup system-deps checkpoint run test test-unit test-integration lint bench reliability dashboards-check clean
 
 setup: $(STAMP) $(CKPT_STAMP)
 
@@ -43,8 +43,11 @@ run: setup
 	$(BIN)/candidate-scheduler demo --model $(CHECKPOINT)
 
 # --timeout: no single test may hang CI; -rs: say why anything was skipped.
-test: setup system-deps
+test: setup system-deps lint
 	$(BIN)/python -m pytest -q -rs -p no:cacheprovider --timeout 900 tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
