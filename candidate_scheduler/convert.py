@@ -165,10 +165,12 @@ def worker_result_from_wire(msg: protocol.BatchResultMsg) -> messages.WorkerResu
 
 
 def registration_from_wire(msg: protocol.RegisterMsg) -> messages.Registration:
-    return messages.Registration(msg.worker_id, dict(msg.capability), msg.capacity, msg.device, msg.pid)
+    profile = tuple((str(label), int(rows), float(s)) for label, rows, s in msg.profile[:64])
+    return messages.Registration(msg.worker_id, dict(msg.capability), msg.capacity, msg.device, msg.pid,
+                                 msg.memory_budget_bytes, profile)
 
 
 def heartbeat_from_wire(msg: protocol.HeartbeatMsg) -> messages.Heartbeat:
     running = tuple(msg.running) or (() if msg.busy_batch is None else (msg.busy_batch,))
-    forwards = tuple((int(r), float(s)) for r, s in msg.forwards[:1024])
+    forwards = tuple((int(r), float(s), str(label)) for r, s, label in msg.forwards[:1024])
     return messages.Heartbeat(msg.worker_id, running, msg.step, forwards)

@@ -226,6 +226,7 @@ class RegisterMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     memory_budget_bytes: int = 0
     device: str = "cpu"
     pid: int = 0
+    profile: list[tuple[str, int, float]] = []  # warm-up forwards: (forward label, rows, seconds)
 
 
 class RegisteredMsg(msgspec.Struct, frozen=True):
@@ -238,7 +239,7 @@ class HeartbeatMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     busy_batch: int | None = None  # the first of `running` (kept for older readers)
     step: int | None = None
     running: list[int] = []  # every assignment id the worker holds, queued or in its running batch
-    forwards: list[tuple[int, float]] = []  # (rows, seconds) of each forward since the last heartbeat
+    forwards: list[tuple[int, float, str]] = []  # (rows, seconds, forward label) of each forward since the last one
 
 
 class CandidateMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

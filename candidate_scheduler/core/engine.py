@@ -25,7 +25,10 @@ import collections
 from dataclasses import dataclass
 from typing import Any
 
+from candidate_scheduler.core import deadlines
 from candidate_scheduler.core.admission import AdmissionPolicy, decide
+from candidate_scheduler.core.cost_model import CostModel
+from candidate_scheduler.core.forecast import duration as forecast_duration
 from candidate_scheduler.core.errors import CandidateContractError
 from candidate_scheduler.core.group import Group, refusal
 from candidate_scheduler.core.group_state import GroupStatus
@@ -49,6 +52,7 @@ from candidate_scheduler.core.workers import Assignment, WorkerState
 BATCHING_MODES = ("dispatch", "step")
 # Worker error codes a retry from snapshots can fix; every other error code ends the group at once.
 RETRYABLE_ERRORS = frozenset({"worker_error"})
+_ELASTIC_LOOKAHEAD = 4  # waiting elastic groups per worker whose count is reconsidered at each planning
 
 
 @dataclass
@@ -60,6 +64,7 @@ class EngineConfig:
     heartbeat_interval_s: float = 0.5
     heartbeat_timeout_s: float = 3.0
     finished_memory: int = 10_000  # finished groups remembered for STATUS
+    best_effort_s: float = 30.0  # a group without a deadline is ordered as if due this long after receipt
 
     def __post_init__(self) -> None:
         self.policy = AdmissionPolicy(self.policy)
@@ -89,6 +94,7 @@ class Engine:
         self._next_batch = first_batch_id
         self.draining = False
         self.counters: collections.Counter = collections.Counter()
+        self.cost = CostModel()
         self.now = 0.0
 
     def _clock(self) -> float:
@@ -124,6 +130,13 @@ class Engine:
         out: list = []
         if not self.workers:
             self.waiting[rid] = None  # admitted as soon as a worker registers
+        elif (predicted := deadlines.refuse_at_receipt(self, group, now)) is not None:
+            self.metrics.deadline_refusal()
+            group.fail("deadline_unmeetable",
+                       f"predicted completion in {predicted - now:.3f} s (at {request.spec.min_count} candidates) "
+                       f"misses the deadline of {request.deadline_s:.3f} s", field="deadline_s")
+            self._end(group, out)
+            return out
         else:
             self._admit(group, out)
         self._schedule(out)
@@ -155,33 +168,59 @@ class Engine:
 
     def _units(self) -> list[Unit]:
         units = []
-        for rid in self.queue:
-            g = self.groups[rid]
+        for g in deadlines.order([self.groups[rid] for rid in self.queue], self.config.best_effort_s):
             fkey = g.sampling.forward_key()
             bkey = g.sampling.batch_key()
             for slice_index, ids in g.pending_slices():
-                units.append(Unit(rid, slice_index, ids, bkey, fkey))
+                units.append(Unit(g.request_id, slice_index, ids, bkey, fkey))
         return units
 
     def _schedule(self, out: list) -> None:
         if not self.queue or not self.workers:
             return
+        placements = self._plan()
+        if self._shrink_starting(placements):
+            placements = self._plan()  # smaller slices: plan again with the counts now fixed
+        for worker_id, entries in placements:
+            self._send(self.workers[worker_id], entries, out)
+
+    def _plan(self) -> list[tuple[str, tuple]]:
         if self.config.batching == "dispatch":
             idle = [self._slot(w) for w in self.workers.values() if w.idle]
             if not idle:
-                return  # the common case under load: every worker busy, nothing to plan
-            for worker_id, batch in plan_dispatch(self._units(), idle):
-                self._send(self.workers[worker_id], batch.entries, out)
-            return
-        slots = [self._slot(w) for w in self.workers.values() if w.free_rows > 0]
+                return []  # the common case under load: every worker busy, nothing to plan
+            return [(wid, batch.entries) for wid, batch in plan_dispatch(self._units(), idle)]
+        slots = [s for s in (self._slot(w) for w in self.workers.values()) if s.free_rows > 0]
         if not slots:
-            return
-        for worker_id, unit in plan_step(self._units(), slots):
-            self._send(self.workers[worker_id], (unit.entry,), out)
+            return []
+        return [(wid, (unit.entry,)) for wid, unit in plan_step(self._units(), slots)]
 
-    @staticmethod
-    def _slot(w: WorkerState) -> WorkerSlot:
-        return WorkerSlot(w.worker_id, w.capacity, w.free_rows, w.forward_key)
+    def _shrink_starting(self, placements) -> bool:
+        """Elastic counts: fix the count of the groups about to start -- those placed now, and the first
+        few waiting at the head, which may start now with fewer candidates rather than later with all."""
+        placed = [self.groups[e.request_id] for _wid, entries in placements for e in entries]
+        head = [self.groups[rid] for rid in list(self.queue)[:_ELASTIC_LOOKAHEAD * len(self.workers)]]
+        changed = False
+        for g in dict.fromkeys(placed + head):
+            if g.status is not GroupStatus.ADMITTED or g.deadline is None or g.spec.min_count >= g.served_count:
+                continue
+            n = deadlines.choose_count(self, g, self.now)
+            if n < g.served_count:
+                capability, capacity = self._capability()
+                decision = decide(deadlines.served_spec(g.spec, n), capability, action_mode=g.sampling.action_mode,
+                                  policy=self.config.policy, batch_capacity=capacity)
+                g.serve_first(n, decision)
+                changed = True
+        return changed
+
+    def rows_of(self, w: WorkerState) -> int:
+        """The rows a worker may hold: its capacity, capped by its predicted peak memory (CUDA)."""
+        return self.cost.workers[w.worker_id].max_rows_for(w.memory_budget_bytes, w.capacity) \
+            if w.worker_id in self.cost.workers else w.capacity
+
+    def _slot(self, w: WorkerState) -> WorkerSlot:
+        rows = self.rows_of(w)
+        return WorkerSlot(w.worker_id, rows, rows - w.rows_in_use, w.forward_key)
 
     def _send(self, worker: WorkerState, entries, out: list) -> None:
         batch_id = self._next_batch
@@ -198,8 +237,12 @@ class Engine:
             g.co_batched += int(shared)
             g.joins += int(join)
             slices.append(SliceWork(g, dispatch))
-        fkey = self.groups[entries[0].request_id].sampling.forward_key()
-        assignment = Assignment(batch_id, worker.worker_id, tuple(entries), fkey, self.now, join)
+        sampling = self.groups[entries[0].request_id].sampling
+        assignment = Assignment(batch_id, worker.worker_id, tuple(entries), sampling.forward_key(), self.now, join,
+                                sampling.forward_label())
+        jobs = [j for e in entries for j in deadlines.jobs_of(self.groups[e.request_id], e)]
+        sim = deadlines.sim_workers(self, self.now, only=worker.worker_id)[0]
+        assignment.predicted_s = forecast_duration(self.cost, sim, jobs, self.config.batching)
         worker.assignments[batch_id] = assignment
         self.assignments[batch_id] = assignment
         self.metrics.physical_batch(assignment.rows, worker.capacity)
@@ -223,7 +266,11 @@ class Engine:
         if old is not None:
             self._worker_lost(old, "reregistered", out)
         self.workers[reg.worker_id] = WorkerState(
-            reg.worker_id, identity, capability, min(reg.capacity, capability.max_candidates_per_batch), reg.device, now)
+            reg.worker_id, identity, capability, min(reg.capacity, capability.max_candidates_per_batch), reg.device, now,
+            memory_budget_bytes=max(0, int(reg.memory_budget_bytes)))
+        self.cost.forget(reg.worker_id)
+        for label, rows, seconds in reg.profile:
+            self.cost.observe_forward(reg.worker_id, label, rows, seconds)
         out.append(AckRegistration(identity, reg.worker_id, self.config.heartbeat_interval_s))
         for rid in list(self.waiting):
             self.waiting.pop(rid)
@@ -250,8 +297,9 @@ class Engine:
             return out
         worker.step = beat.step
         self.metrics.heartbeat()
-        for rows, seconds in beat.forwards:
+        for rows, seconds, label in beat.forwards:
             self.metrics.forward(rows, seconds)
+            self.cost.observe_forward(worker.worker_id, label, rows, seconds)
         running = set(beat.running)
         for a in list(worker.assignments.values()):
             if a.batch_id in running:
@@ -282,6 +330,9 @@ class Engine:
         self._drop_assignment(a)
         report = dict(result.report or {})
         self.metrics.worker_report(report)
+        self.cost.observe_group(worker.worker_id, a.label, {**report, "groups": len(a.entries), "device": worker.device})
+        if a.predicted_s > 0:
+            self.metrics.prediction(a.predicted_s, now - a.sent_at)
         if len(result.outputs) != len(a.entries):
             # A wrong-shaped answer is the worker's fault: retry every member elsewhere.
             for entry in a.entries:
@@ -311,6 +362,8 @@ class Engine:
                     self._end(g, out)
             elif outcome.status == "cancelled":
                 continue  # we asked for it; the group already answered
+            elif outcome.status == "error" and outcome.error_code == "out_of_memory":
+                self._out_of_memory(g, entry, worker, outcome.error or "out of memory", out)
             elif outcome.status == "error" and outcome.error_code not in RETRYABLE_ERRORS and outcome.error_code:
                 g.fail(outcome.error_code, outcome.error or outcome.error_code)
                 self._end(g, out)
@@ -337,6 +390,24 @@ class Engine:
             self.metrics.retry(reason)
             if g.finished:
                 self._end(g, out)
+
+    def _out_of_memory(self, g: Group, entry, worker: WorkerState, detail: str, out: list) -> None:
+        """The slice did not fit the worker's memory: the worker holds fewer rows from now on, and the
+        slice is re-planned as smaller slices (each retried from its snapshots), not failed."""
+        rows = len(entry.candidate_ids)
+        if rows <= 1:
+            g.fail("out_of_memory", f"one candidate does not fit the worker's memory: {detail}", field="count")
+            self._end(g, out)
+            return
+        worker.capacity = max(1, min(worker.capacity, rows - 1))
+        if not g.fail_slice(entry.slice_index, f"out_of_memory: {detail}", 1 << 30, worker_id=worker.worker_id):
+            return
+        self.metrics.retry("out_of_memory")
+        todo = [entry.slice_index]
+        while todo:
+            i = todo.pop()
+            if len(g.slices[i]) > worker.capacity:
+                todo += [i, g.split_slice(i)]
 
     def _worker_lost(self, worker: WorkerState, reason: str, out: list) -> None:
         """The worker is gone (or presumed so): every slice it held goes back to pending, to be retried
@@ -373,6 +444,11 @@ class Engine:
             return
         result = g.result(reply)
         self.metrics.group_completed(result.status, self.now - g.received_at)
+        if result.status == "done":
+            self.metrics.served(g.spec.count, g.served_count)
+        if g.deadline is not None and result.status in ("done", "expired") and \
+                (result.status == "expired" or self.now > g.deadline):
+            self.metrics.deadline_miss()
         out.append(Reply(g.client, result))
 
     def tick(self, now: float) -> list:

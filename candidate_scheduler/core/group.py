@@ -19,7 +19,8 @@ from candidate_scheduler.core.request import GroupRequest
 from candidate_scheduler.core.work import ROLLOUT_FIELDS, ROLLOUT_META_FIELDS
 
 # Admission rejections end the group FAILED inside GroupState; the client sees them as "rejected".
-REJECT_CODES = frozenset({"unknown_reducer", "count_over_limit", "unsupported_action_mode", "does_not_fit"})
+REJECT_CODES = frozenset({"unknown_reducer", "count_over_limit", "unsupported_action_mode", "does_not_fit",
+                          "deadline_unmeetable"})
 
 
 class Group(GroupState):
@@ -127,7 +128,7 @@ class Group(GroupState):
     def _rollout(self) -> dict[str, Any] | None:
         if not self.sampling.rollout or not self.rollout_parts or self.rollout_meta is None:
             return None
-        ids = range(self.spec.count)
+        ids = range(self.served_count)
         out: dict[str, Any] = {}
         for name in ROLLOUT_FIELDS:
             arr = np.stack([self.rollout_parts[c][name] for c in ids]).astype(np.float32, copy=False)

@@ -155,6 +155,7 @@ class GroupState:
         self._slices: list[_Slice] = []
         self.candidate_status: list[WorkStatus] = [WorkStatus.PENDING] * spec.count
         self.partial = reducers.PartialReduction(spec.reducer, spec.count)
+        self.served_count = spec.count  # fewer under an elastic count (serve_first)
         self.created_at = clock()
         self.admitted_at: float | None = None
         self.first_started_at: float | None = None
@@ -207,6 +208,43 @@ class GroupState:
         self.slices = tuple(tuple(s) for s in decision.slices)
         self._slices = [_Slice(s) for s in self.slices]
         return True
+
+    def serve_first(self, n: int, decision: AdmissionDecision) -> None:
+        """Elastic count: serve candidates 0..n-1 only, sliced by `decision` (made for count n).
+
+        Allowed only while ADMITTED and before any slice started, and for n in [min_count, count]. The
+        seeds and snapshots are the first n of the full group's, so every served candidate is bitwise
+        the one the full group would have served; the reducer then runs over those n."""
+        if self.status is not GroupStatus.ADMITTED or any(s.attempts for s in self._slices):
+            raise IllegalTransition(f"group {self.request_id!r}: the count is fixed once work has started")
+        if not self.spec.min_count <= n <= self.spec.count:
+            raise CandidateContractError("served_count", "invalid_count",
+                                         f"must be in [{self.spec.min_count}, {self.spec.count}]", n)
+        flat = sorted(c for s in decision.slices for c in s)
+        if decision.mode is AdmissionMode.REJECTED or flat != list(range(n)):
+            raise CandidateContractError("slices", "candidate_mismatch", f"slices must partition 0..{n - 1}",
+                                         decision.slices)
+        self.served_count = n
+        self.seeds, self.snapshots = self.seeds[:n], self.snapshots[:n]
+        self.candidate_status = self.candidate_status[:n]
+        self.partial = reducers.PartialReduction(self.spec.reducer, n)
+        self.decision = decision
+        self.slices = tuple(tuple(s) for s in decision.slices)
+        self._slices = [_Slice(s) for s in self.slices]
+
+    def split_slice(self, slice_idx: int) -> int:
+        """Halve a pending slice (a worker ran out of memory on it): slice `slice_idx` keeps the first
+        half, the second half becomes a new slice at the end (indices of other slices never move).
+        Returns the new slice's index. Both halves start again from their snapshots with fresh attempts."""
+        sl = self._slice(slice_idx)
+        if sl.status is not WorkStatus.PENDING or len(sl.candidate_ids) < 2:
+            raise IllegalTransition(f"slice {slice_idx} of {self.request_id!r} cannot be split")
+        half = (len(sl.candidate_ids) + 1) // 2
+        first, second = sl.candidate_ids[:half], sl.candidate_ids[half:]
+        self._slices[slice_idx] = _Slice(first)
+        self._slices.append(_Slice(second))
+        self.slices = tuple(s.candidate_ids for s in self._slices)
+        return len(self._slices) - 1
 
     def start_slice(self, slice_idx: int, worker_id: str) -> SliceDispatch:
         """Assign a pending slice to a worker; returns what to send it."""
@@ -407,6 +445,8 @@ class GroupState:
             "slice_attempts": attempts,
             "retries": attempts - started_slices,
             "reducer_s": self.reducer_s,
+            "requested_count": self.spec.count,
+            "served_count": self.served_count,
         }
         return GroupReply(
             request_id=self.request_id,

@@ -25,6 +25,9 @@ class Registration:
     capacity: int  # candidate rows the worker holds at once
     device: str = "cpu"
     pid: int = 0
+    memory_budget_bytes: int = 0
+    # the warm-up profile: (forward label, rows, seconds) of forwards the worker timed before registering
+    profile: tuple[tuple[str, int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -32,8 +35,8 @@ class Heartbeat:
     worker_id: str
     running: tuple[int, ...] = ()  # assignment ids the worker holds (queued or in its running batch)
     step: int | None = None
-    # (rows, seconds) of the transformer forwards since the last heartbeat
-    forwards: tuple[tuple[int, float], ...] = ()
+    # (rows, seconds, forward label) of the transformer forwards since the last heartbeat
+    forwards: tuple[tuple[int, float, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from candidate_scheduler.core.work import SamplingSpec
 MAX_CANDIDATES = 256
 MAX_REQUEST_ID_LEN = 256
 MAX_PROMPT_CHARS = 4096
+MAX_DEADLINE_S = 3600.0  # a deadline further out than an hour is a mistake, not a budget
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,9 @@ def check_request_id(request_id: Any) -> None:
 def validate(sub: Submission) -> GroupRequest:
     """Raises CandidateContractError (a field is wrong) or ValueError (the shape of the request is)."""
     check_request_id(sub.request_id)
+    if sub.deadline_s is not None and not (isinstance(sub.deadline_s, (int, float)) and 0.0 < sub.deadline_s <= MAX_DEADLINE_S):
+        raise CandidateContractError("deadline_s", "invalid_value", f"must be in (0, {MAX_DEADLINE_S:g}] seconds",
+                                     sub.deadline_s)
     spec = CandidateTrajectorySpec(**_spec_fields(sub.candidates or {}))
     if spec.count > MAX_CANDIDATES:
         raise CandidateContractError("count", "count_over_limit", f"at most {MAX_CANDIDATES}", spec.count)

@@ -83,6 +83,10 @@ class CandidateTrajectorySpec:
     Passing `seeds` with the default policy means the explicit policy (it is set for you); passing
     seeds with any other policy, or the explicit policy without seeds, is an error.
     ``reducer="none"`` returns every candidate and serves no single action.
+
+    `min_count` makes the count elastic: under a deadline the scheduler may serve candidates
+    0..n-1 only, for the largest n in [min_count, count] it predicts will meet the deadline (they are
+    bitwise the first n of the full group). None means count: not elastic.
     """
 
     count: int = 1
@@ -90,9 +94,16 @@ class CandidateTrajectorySpec:
     return_candidates: bool = False
     seed_policy: SeedPolicy = SeedPolicy.PER_CANDIDATE
     seeds: tuple[int, ...] | None = None
+    min_count: int | None = None
 
     def __post_init__(self) -> None:
         _require_int("count", self.count, 1, code="invalid_count")
+        if self.min_count is None:
+            object.__setattr__(self, "min_count", self.count)
+        _require_int("min_count", self.min_count, 1, code="invalid_count")
+        if self.min_count > self.count:
+            raise CandidateContractError("min_count", "invalid_count", f"must be <= count={self.count}",
+                                         self.min_count)
         if not reducers.is_registered(self.reducer):
             raise CandidateContractError(
                 "reducer", "unknown_reducer", f"registered reducers are {reducers.registered_reducers()}",
@@ -138,39 +149,13 @@ class CandidateTrajectorySpec:
             "return_candidates": self.return_candidates,
             "seed_policy": self.seed_policy.value,
             "seeds": None if self.seeds is None else list(self.seeds),
+            "min_count": self.min_count,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "CandidateTrajectorySpec":
         _check_keys(cls, data)
         return cls(**dict(data))
-
-
-@dataclass(frozen=True)
-class CandidateGroup:
-    """The identity of a group's candidates: who asked, and which candidate ids (sorted, unique)."""
-
-    request_id: str
-    candidate_ids: tuple[int, ...]
-
-    def __post_init__(self) -> None:
-        _require_str("request_id", self.request_id)
-        ids = self.candidate_ids
-        if isinstance(ids, (str, bytes)) or not isinstance(ids, (tuple, list)):
-            raise CandidateContractError("candidate_ids", "invalid_type", "must be a sequence of ints", ids)
-        ids = tuple(ids)
-        if not ids:
-            raise CandidateContractError("candidate_ids", "invalid_count", "must not be empty", ids)
-        for i, cid in enumerate(ids):
-            _require_int(f"candidate_ids[{i}]", cid, 0)
-        # Strictly increasing == sorted and unique: batch rows are laid out in this order.
-        if any(a >= b for a, b in zip(ids, ids[1:])):
-            raise CandidateContractError("candidate_ids", "invalid_value", "must be sorted and unique", ids)
-        object.__setattr__(self, "candidate_ids", ids)
-
-    @property
-    def count(self) -> int:
-        return len(self.candidate_ids)
 
 
 @dataclass(frozen=True)

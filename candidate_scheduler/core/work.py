@@ -81,6 +81,10 @@ class SamplingSpec:
         prompts and guidance values may differ; text length is checked by the worker, which tokenizes."""
         return (self.height, self.width, self.horizon, self.fps, self.action_mode, self.guidance_scale > 1.0)
 
+    def forward_label(self) -> str:
+        """`forward_key` as a short string (cost-model key, wire-safe): HxW, horizon, CFG."""
+        return f"{self.height}x{self.width}h{self.horizon}f{self.fps}{'+cfg' if self.guidance_scale > 1.0 else ''}"
+
     def to_dict(self) -> dict:
         return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in fields(self)}
 

@@ -23,6 +23,8 @@ class Assignment:
     forward_key: tuple  # the SamplingSpec.forward_key of its groups (one key per assignment)
     sent_at: float
     join: bool = False
+    label: str = ""  # the forward label of its groups (cost model key)
+    predicted_s: float = 0.0  # what the cost model predicted for it when it was sent
     seen_at: float | None = None  # last heartbeat that listed it
     cancelled: set[str] = field(default_factory=set)
 
@@ -36,9 +38,10 @@ class WorkerState:
     worker_id: str
     identity: Any
     capability: ModelCapability
-    capacity: int  # candidate rows at once
+    capacity: int  # candidate rows at once (lowered when the worker runs out of memory)
     device: str
     last_seen: float
+    memory_budget_bytes: int = 0  # 0: unknown, rows are not capped by predicted memory
     step: int | None = None
     assignments: dict[int, Assignment] = field(default_factory=dict)
 

@@ -63,7 +63,7 @@ ADMISSION_REASONS = (
 CANCEL_STATES = ("queued", "admitted", "running", "reducing", "done", "unknown", OTHER)
 _FINISHED_STATES = frozenset({"done", "failed", "cancelled", "expired"})
 # reregistered: a worker registered again under its id (it restarted), so its old work is lost.
-RETRY_REASONS = ("worker_died", "heartbeat_timeout", "worker_error", "reregistered", OTHER)
+RETRY_REASONS = ("worker_died", "heartbeat_timeout", "worker_error", "reregistered", "out_of_memory", OTHER)
 WORKER_FAILURE_KINDS = ("worker_died", "heartbeat_timeout", "worker_error", "reregistered", OTHER)
 SOCKETS = ("request", "control", "worker", "compat", OTHER)
 PROTOCOL_ERROR_KINDS = (
@@ -87,6 +87,8 @@ SECONDS_BUCKETS = (
 # lands exactly on the common values (le is inclusive).
 COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MICROBATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128, 256)
+# actual / predicted: 1 is a perfect forecast; a decade either side
+RATIO_BUCKETS = (0.1, 0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0, 10.0)
 # forward latency is labelled by rows rounded up to a power of two: a closed set of 10 series
 ROW_LABELS = ("1", "2", "4", "8", "16", "32", "64", "128", "256", OTHER)
 OCCUPANCY_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
@@ -226,6 +228,30 @@ class SchedulerMetrics:
         self.forward_seconds = Histogram(
             p + "forward_seconds", "Transformer forward latency, by rows per forward (a power-of-two bucket).",
             ["rows"], buckets=SECONDS_BUCKETS, registry=r,
+        )
+
+        # Deadlines, the cost model and elastic counts.
+        self.deadline_refusals_total = Counter(
+            p + "deadline_refusals", "Groups refused at receipt: their deadline was predicted to be missed.",
+            registry=r,
+        )
+        self.deadline_misses_total = Counter(
+            p + "deadline_misses", "Groups with a deadline not answered done within it (expired, or done late).",
+            registry=r,
+        )
+        self.requested_candidates_total = Counter(
+            p + "requested_candidates", "Candidates requested by admitted groups.", registry=r,
+        )
+        self.served_candidates_total = Counter(
+            p + "served_candidates", "Candidates served (fewer than requested under an elastic count).", registry=r,
+        )
+        self.served_count_ratio = Histogram(
+            p + "served_count_ratio", "Served count over requested count, per group answered done.",
+            buckets=OCCUPANCY_BUCKETS, registry=r,
+        )
+        self.prediction_ratio = Histogram(
+            p + "prediction_ratio", "Actual over predicted time of each assignment (the cost model's error).",
+            buckets=RATIO_BUCKETS, registry=r,
         )
 
         # Cancellation and failure.
@@ -373,6 +399,22 @@ class SchedulerMetrics:
 
     def compat_request(self, kind: object, count: int = 1) -> None:
         self.compat_requests_total.labels(clip_label(kind, COMPAT_REQUEST_TYPES)).inc(count)
+
+    def deadline_refusal(self) -> None:
+        self.deadline_refusals_total.inc()
+
+    def deadline_miss(self) -> None:
+        self.deadline_misses_total.inc()
+
+    def served(self, requested: int, served: int) -> None:
+        self.requested_candidates_total.inc(requested)
+        self.served_candidates_total.inc(served)
+        if requested > 0:
+            self.served_count_ratio.observe(served / requested)
+
+    def prediction(self, predicted_s: float, actual_s: float) -> None:
+        if predicted_s > 0:
+            self.prediction_ratio.observe(actual_s / predicted_s)
 
     def group_joined(self) -> None:
         self.groups_joined_total.inc()

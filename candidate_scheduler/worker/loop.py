@@ -48,6 +48,8 @@ class Worker:
         curve_dir: str | None = None,
         register_timeout_s: float = 2.0,
         step_delay_s: float = 0.0,
+        warmup_shapes: list[tuple[int, int]] | None = None,
+        memory_budget_bytes: int = 0,
     ):
         self.endpoint = scheduler_endpoint
         self.adapter = adapter
@@ -60,12 +62,15 @@ class Worker:
         # A test/benchmark knob: stretch each denoise step so a fault or a cancel can be placed at a
         # chosen step of a real model run. 0 in production.
         self.step_delay_s = step_delay_s
+        self.warmup_shapes = [(64, 64)] if warmup_shapes is None else warmup_shapes
+        self.memory_budget_bytes = memory_budget_bytes
+        self.profile: list[tuple[str, int, float]] = []
         self.heartbeat_interval_s = 0.5
         self.ctx = zmq.Context()
         self._inbox: queue.Queue = queue.Queue()
         self._lock = threading.Lock()  # guards _cancelled, _forwards and _step
         self._cancelled: dict[int, set[str]] = {}
-        self._forwards: list[tuple[int, float]] = []
+        self._forwards: list[tuple[int, float, str]] = []
         self._step: int | None = None
         self._held: list[int] = []  # assignment ids received and not yet answered (I/O thread only)
         self._stop = threading.Event()
@@ -90,10 +95,10 @@ class Worker:
                         self._step = batch.steps_run
                     if self.step_delay_s:
                         time.sleep(self.step_delay_s)
-                    forwards, rows, seconds = batch.step()
+                    forwards, rows, seconds, label = batch.step()
                     if forwards:
                         # per forward: exact when the step ran one forward (groups of one cohort)
-                        record = (max(1, rows // forwards), seconds / forwards)
+                        record = (max(1, rows // forwards), seconds / forwards, label)
                         with self._lock:
                             self._forwards.extend([record] * forwards)
                             del self._forwards[:-_MAX_FORWARD_RECORDS]
@@ -157,13 +162,20 @@ class Worker:
             worker_id=self.worker_id,
             capability=self.adapter.capability_dict(),
             capacity=self.capacity,
+            memory_budget_bytes=self.memory_budget_bytes,
             device=self.device,
             pid=os.getpid(),
+            profile=self.profile,
         )
         return protocol.encode(protocol.Kind.REGISTER, msg)
 
     def serve(self) -> None:
         """Run until WORKER_STOP (other than "reregister") or stop()."""
+        if self.warmup_shapes and not self.profile:
+            from candidate_scheduler.worker.profile import warm_up
+
+            self.profile = warm_up(self.adapter, self.capacity, self.warmup_shapes)
+            log.info("warm-up profile: %s", self.profile)
         wake = self.ctx.socket(zmq.PAIR)
         wake.bind(self._wake_addr)
         compute = threading.Thread(target=self._compute_loop, name="compute", daemon=True)

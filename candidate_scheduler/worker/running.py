@@ -79,11 +79,14 @@ class RunningBatch:
                     self.adapter.release(a.running.pop(i))
                     a.outputs[i] = GroupOutput(g.request_id, "cancelled")
 
-    def step(self) -> tuple[int, int, float]:
-        """One denoise step of every running group: (forwards, rows, seconds)."""
+    def step(self) -> tuple[int, int, float, str]:
+        """One denoise step of every running group: (forwards, rows, seconds, forward label); the label
+        is empty when groups of several labels shared the step (the cost model then skips it)."""
         members = [(a, i, g) for a in self.assignments.values() for i, g in a.running.items()]
         if not members:
-            return 0, 0, 0.0
+            return 0, 0, 0.0, ""
+        labels = {a.items[i].sampling.forward_label() for a, i, _g in members}
+        label = labels.pop() if len(labels) == 1 else ""
         groups = [g for _a, _i, g in members]
         started = time.perf_counter()
         for a, _i, _g in members:
@@ -96,7 +99,7 @@ class RunningBatch:
             for a, i, g in members:
                 self.adapter.release(a.running.pop(i))
                 a.outputs[i] = stepping.error_output(g.request_id, exc)
-            return 0, 0, time.perf_counter() - started
+            return 0, 0, time.perf_counter() - started, ""
         elapsed = time.perf_counter() - started
         stepping.charge_step(groups, elapsed)
         self.steps_run += 1
@@ -109,7 +112,7 @@ class RunningBatch:
                     log.exception("group %s could not finish", g.request_id)
                     a.outputs[i] = stepping.error_output(g.request_id, exc)
                 self._account(a, g)
-        return forwards, sum(g.rows for g in groups), elapsed
+        return forwards, sum(g.rows for g in groups), elapsed, label
 
     @staticmethod
     def _account(a: Assignment, g: stepping.RunningGroup) -> None:

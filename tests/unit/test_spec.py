@@ -9,7 +9,6 @@ from hypothesis import given, settings, strategies as st
 from candidate_scheduler.core import rng
 from candidate_scheduler.core.errors import ERROR_CODES, CandidateContractError
 from candidate_scheduler.core.spec import (
-    CandidateGroup,
     CandidateTrajectorySpec,
     EquivalenceRule,
     ModelCapability,
@@ -94,28 +93,17 @@ def test_spec_from_dict_refuses_unknown_keys():
     assert info.value.field == "reducr" and info.value.code == "unknown_field"
 
 
-@pytest.mark.parametrize(
-    "request_id, ids, field",
-    [
-        ("", (0,), "request_id"),
-        ("x" * 257, (0,), "request_id"),
-        (7, (0,), "request_id"),
-        ("r", (), "candidate_ids"),
-        ("r", (0, 0), "candidate_ids"),
-        ("r", (1, 0), "candidate_ids"),
-        ("r", (0, -1), "candidate_ids[1]"),
-        ("r", (0, True), "candidate_ids[1]"),
-    ],
-)
-def test_candidate_group_validation(request_id, ids, field):
+@pytest.mark.parametrize("count, min_count", [(4, 0), (4, 5), (1, -1)])
+def test_min_count_must_lie_in_1_to_count(count, min_count):
     with pytest.raises(CandidateContractError) as info:
-        CandidateGroup(request_id, ids)
-    assert info.value.field == field
+        CandidateTrajectorySpec(count=count, min_count=min_count)
+    assert info.value.field == "min_count" and info.value.code == "invalid_count"
 
 
-def test_candidate_group_ok():
-    group = CandidateGroup("req-1", [0, 2, 5])
-    assert group.candidate_ids == (0, 2, 5) and group.count == 3
+def test_min_count_defaults_to_count_and_round_trips():
+    assert CandidateTrajectorySpec(count=6).min_count == 6
+    spec = CandidateTrajectorySpec(count=6, min_count=2)
+    assert CandidateTrajectorySpec.from_dict(spec.to_dict()) == spec
 
 
 # --- capability ----------------------------------------------------------------------------------

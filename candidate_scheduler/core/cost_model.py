@@ -1,0 +1,153 @@
+"""Predicted cost of work on each worker, calibrated online from what the workers measure.
+
+Per worker and per forward label (SamplingSpec.forward_label: shape, horizon, CFG):
+
+- a forward: t(rows) = a + b * rows, an exponentially weighted least-squares line over the (rows,
+  seconds) of every forward the worker reports (in its heartbeats), seeded by the warm-up profile it
+  sends when it registers -- so the first prediction is a measurement, never a constant. A label not
+  seen yet on a worker borrows the line of the nearest label it has, scaled by the ratio of video
+  tokens (height x width x frames), until forwards of its own arrive.
+- a group's fixed cost outside the forwards (conditioning + postprocess), an exponentially weighted
+  mean per group, from the reports that come back with every result.
+- peak memory: bytes(rows) = m0 + m1 * rows from the peaks reported (CUDA; 0 elsewhere), which caps the
+  rows a worker may hold under its memory budget.
+
+`Prediction` records what was predicted for an assignment, so its error (actual / predicted) can be
+observed when the result arrives.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+DECAY = 0.97  # per observation: about the last 30 forwards carry the fit
+_LABEL = re.compile(r"^(\d+)x(\d+)h(\d+)")
+
+
+@dataclass
+class LinearFit:
+    """Weighted least squares y = a + b x with exponential forgetting; O(1) per observation."""
+
+    w: float = 0.0
+    sx: float = 0.0
+    sy: float = 0.0
+    sxx: float = 0.0
+    sxy: float = 0.0
+
+    def observe(self, x: float, y: float, weight: float = 1.0) -> None:
+        self.w, self.sx, self.sy = DECAY * self.w + weight, DECAY * self.sx + weight * x, DECAY * self.sy + weight * y
+        self.sxx, self.sxy = DECAY * self.sxx + weight * x * x, DECAY * self.sxy + weight * x * y
+
+    @property
+    def known(self) -> bool:
+        return self.w > 0
+
+    def line(self) -> tuple[float, float]:
+        """(a, b); with one distinct x the line goes through the origin (time proportional to rows)."""
+        if self.w <= 0:
+            return 0.0, 0.0
+        mx, my = self.sx / self.w, self.sy / self.w
+        var = self.sxx / self.w - mx * mx
+        if var <= 1e-9 * max(1.0, mx * mx):
+            return 0.0, (my / mx if mx > 0 else 0.0)
+        b = (self.sxy / self.w - mx * my) / var
+        a = my - b * mx
+        if b < 0:  # noise on a flat curve: never predict cheaper for more rows
+            return my, 0.0
+        return max(a, 0.0), b
+
+    def predict(self, x: float) -> float:
+        a, b = self.line()
+        return max(0.0, a + b * x)
+
+
+@dataclass
+class Ewma:
+    value: float = 0.0
+    n: int = 0
+
+    def observe(self, x: float, alpha: float = 0.2) -> None:
+        self.value = x if self.n == 0 else (1 - alpha) * self.value + alpha * x
+        self.n += 1
+
+
+def video_tokens(label: str) -> float:
+    m = _LABEL.match(label)
+    if not m:
+        return 1.0
+    h, w, horizon = (int(g) for g in m.groups())
+    return (h / 16) * (w / 16) * (horizon // 4 + 1)
+
+
+@dataclass
+class WorkerCost:
+    forward: dict[str, LinearFit] = field(default_factory=dict)
+    overhead: dict[str, Ewma] = field(default_factory=dict)
+    memory: LinearFit = field(default_factory=LinearFit)
+
+    def forward_s(self, label: str, rows: int) -> float:
+        fit = self.forward.get(label)
+        if fit is not None and fit.known:
+            return fit.predict(rows)
+        known = [k for k, f in self.forward.items() if f.known]
+        if not known:
+            return 0.0
+        nearest = min(known, key=lambda k: abs(video_tokens(k) - video_tokens(label)))
+        return self.forward[nearest].predict(rows) * video_tokens(label) / video_tokens(nearest)
+
+    def overhead_s(self, label: str) -> float:
+        own = self.overhead.get(label)
+        if own is not None and own.n:
+            return own.value
+        known = [k for k, e in self.overhead.items() if e.n]
+        if not known:
+            return 0.0
+        nearest = min(known, key=lambda k: abs(video_tokens(k) - video_tokens(label)))
+        return self.overhead[nearest].value * video_tokens(label) / video_tokens(nearest)
+
+    def max_rows_for(self, budget_bytes: int, capacity: int) -> int:
+        """Rows whose predicted peak memory fits the budget (capacity when nothing is known)."""
+        if budget_bytes <= 0 or not self.memory.known:
+            return capacity
+        a, b = self.memory.line()
+        if b <= 0:
+            return capacity if a <= budget_bytes else 1
+        return max(1, min(capacity, int((budget_bytes - a) // b)))
+
+
+class CostModel:
+    def __init__(self) -> None:
+        self.workers: dict[str, WorkerCost] = {}
+
+    def _w(self, worker_id: str) -> WorkerCost:
+        return self.workers.setdefault(worker_id, WorkerCost())
+
+    def forget(self, worker_id: str) -> None:
+        self.workers.pop(worker_id, None)
+
+    def observe_forward(self, worker_id: str, label: str, rows: int, seconds: float) -> None:
+        if rows > 0 and seconds >= 0 and label:
+            self._w(worker_id).forward.setdefault(label, LinearFit()).observe(rows, seconds)
+
+    def observe_group(self, worker_id: str, label: str, report: dict) -> None:
+        """One finished assignment's report: its fixed cost per group, its memory peak per row."""
+        groups = max(1, int(report.get("groups", 1) or 1))
+        fixed = float(report.get("condition_s", 0.0) or 0.0) + float(report.get("postprocess_s", 0.0) or 0.0)
+        if fixed > 0:
+            self._w(worker_id).overhead.setdefault(label, Ewma()).observe(fixed / groups)
+        peak, rows = int(report.get("peak_memory_bytes", 0) or 0), int(report.get("rows", 0) or 0)
+        if peak > 0 and rows > 0 and report.get("device", "cpu") != "cpu":
+            self._w(worker_id).memory.observe(rows, peak)
+
+    def forward_s(self, worker_id: str, label: str, rows: int) -> float:
+        return self._w(worker_id).forward_s(label, rows)
+
+    def group_s(self, worker_id: str, label: str, rows: int, steps: int, batch_rows: int | None = None) -> float:
+        """A group of `rows` candidate rows over `steps` steps, sharing forwards of `batch_rows` rows."""
+        w = self._w(worker_id)
+        return w.overhead_s(label) + steps * w.forward_s(label, max(rows, batch_rows or rows))
+
+    def calibrated(self, worker_id: str) -> bool:
+        w = self.workers.get(worker_id)
+        return w is not None and any(f.known for f in w.forward.values())

@@ -1,0 +1,139 @@
+"""Deadlines: the queue's order, refusing what cannot be met, and the elastic candidate count.
+
+Ordering (earliest deadline first, and nobody starves). Every queued group has an *effective
+deadline*: its own deadline, or, without one, its receipt time plus `best_effort_s`. The queue is
+served in order of effective deadlines (ties by receipt). So groups with deadlines go ahead of groups
+without, except that a group without a deadline that has waited `best_effort_s` is ahead of every
+deadline that ends later than that: its wait is bounded, it is never starved.
+
+Refusal at receipt. A group with a deadline is forecast (core/forecast.py) as if it and every
+not-yet-started elastic group behind it ran at their minimum counts -- the most room the scheduler
+could make. If even then it would finish after its deadline, it is refused at once (`rejected`,
+`deadline_unmeetable`, with the predicted completion), instead of being served late.
+
+Elastic count before start. For a group with a deadline and min_count < count that is about to start,
+or waits at the head of the queue, the largest n in [min_count, count] is chosen such that it and every
+deadline group queued behind it (again at their minimum counts) are forecast to finish in time; with no
+such n, min_count. A waiting group may so start now with the rows that are free instead of later with
+all it asked for; once chosen, a count only ever shrinks. The served candidates
+are 0..n-1, bitwise those of the full group. Without a calibrated cost model there is no forecast and
+nothing is refused or shrunk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from candidate_scheduler.core.admission import split_balanced
+from candidate_scheduler.core.forecast import Job, SimWorker, forecast
+from candidate_scheduler.core.planning import Unit
+
+
+def effective_deadline(group, best_effort_s: float) -> float:
+    return group.deadline if group.deadline is not None else group.received_at + best_effort_s
+
+
+def order(groups, best_effort_s: float) -> list:
+    """Groups in the order the planner serves them (stable: ties keep receipt order)."""
+    return sorted(groups, key=lambda g: effective_deadline(g, best_effort_s))
+
+
+def _jobs(group, capacity: int, count: int | None = None) -> list[Job]:
+    """A group's pending work; with `count`, as if it were re-sliced to serve that many candidates."""
+    s = group.sampling
+    obs = group.request.observations
+    fkey, bkey, label = s.forward_key(), s.batch_key(), s.forward_label()
+    if count is None:
+        pending = group.pending_slices()
+    else:
+        pending = tuple(enumerate(split_balanced(count, capacity)))
+    return [Job(Unit(group.request_id, i, ids, bkey, fkey), len(ids), len(ids) * obs, s.steps, label)
+            for i, ids in pending]
+
+
+def jobs_of(group, entry) -> list[Job]:
+    """The job of one slice about to be sent (for the prediction kept with its assignment)."""
+    s = group.sampling
+    return [Job(Unit(group.request_id, entry.slice_index, entry.candidate_ids, s.batch_key(), s.forward_key()),
+                len(entry.candidate_ids), len(entry.candidate_ids) * group.request.observations, s.steps,
+                s.forward_label())]
+
+
+def _startable_min(group) -> int | None:
+    """The minimum count of a group that may still shrink (elastic, nothing started), else None."""
+    if group.spec.min_count < group.served_count and not any(group.slice_attempts(i) for i in range(len(group.slices))):
+        return group.spec.min_count
+    return None
+
+
+def sim_workers(engine, now: float, only: str | None = None) -> list[SimWorker]:
+    sims = []
+    for w in engine.workers.values():
+        if only is not None and w.worker_id != only:
+            continue
+        running = []
+        for a in w.assignments.values():
+            end = max(now, a.sent_at + a.predicted_s)
+            running.append((end, a.rows, a.forward_key))
+        sims.append(SimWorker(w.worker_id, engine.rows_of(w), running))
+    return sims
+
+
+def _forecast(engine, now: float, queue: list, sizes: dict[str, int | None]) -> dict[str, float]:
+    capacity = min(w.capacity for w in engine.workers.values())
+    jobs = []
+    for g in queue:
+        jobs.extend(_jobs(g, capacity, sizes.get(g.request_id)))
+    return forecast(now, sim_workers(engine, now), jobs, engine.cost, engine.config.batching)
+
+
+def refuse_at_receipt(engine, group, now: float) -> float | None:
+    """The predicted completion when the group's deadline cannot be met even at its minimum, else None."""
+    if group.deadline is None or not engine.workers or not all(engine.cost.calibrated(w) for w in engine.workers):
+        return None
+    best = engine.config.best_effort_s
+    queue = order([engine.groups[rid] for rid in engine.queue] + [group], best)
+    mine = effective_deadline(group, best)
+    sizes = {}
+    for g in queue:
+        if g is group:
+            sizes[g.request_id] = group.spec.min_count
+        elif effective_deadline(g, best) >= mine:
+            sizes[g.request_id] = _startable_min(g)
+    finish = _forecast(engine, now, queue, sizes).get(group.request_id, math.inf)
+    return finish if finish > group.deadline else None
+
+
+def choose_count(engine, group, now: float) -> int:
+    """Candidates to serve for a group that has not started (see the module docstring); a binary
+    search, since a smaller count never finishes later."""
+    spec = group.spec
+    if group.deadline is None or spec.min_count >= group.served_count or not engine.workers \
+            or not all(engine.cost.calibrated(w) for w in engine.workers):
+        return group.served_count
+    queue = order([engine.groups[rid] for rid in engine.queue], engine.config.best_effort_s)
+    behind = queue[queue.index(group):] if group in queue else [group]
+    watched = [g for g in behind if g.deadline is not None]
+    others = {g.request_id: _startable_min(g) for g in behind if g is not group}
+
+    def feasible(n: int) -> bool:
+        finish = _forecast(engine, now, behind, {**others, group.request_id: n})
+        return all(finish.get(g.request_id, math.inf) <= g.deadline for g in watched)
+
+    lo, hi = spec.min_count, group.served_count
+    if feasible(hi):
+        return hi
+    while lo < hi - 1:  # invariant: hi is infeasible; lo is the fallback (feasible, or the floor)
+        mid = (lo + hi) // 2
+        if feasible(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def served_spec(spec, n: int):
+    """The spec of the first n candidates of a group (its seeds are the full group's first n)."""
+    seeds = None if spec.seeds is None else spec.seeds[:n]
+    return dataclasses.replace(spec, count=n, min_count=min(spec.min_count, n), seeds=seeds)

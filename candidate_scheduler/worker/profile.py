@@ -1,0 +1,53 @@
+"""The warm-up profile a worker measures before it registers: the scheduler's first cost model.
+
+For each profiled shape, a synthetic group of 1, half-capacity and full-capacity rows joins an empty
+running batch and runs a few denoise steps; the median time of a step (after one untimed step) is one
+(forward label, rows, seconds) record. The scheduler fits its per-worker forward-time line to these
+until the worker's real forwards take over (core/cost_model.py), so no prediction rests on a constant.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+
+import numpy as np
+
+from candidate_scheduler.core.work import CandidateWork, GroupWork, SamplingSpec
+
+log = logging.getLogger("candidate_scheduler.worker")
+
+TIMED_STEPS = 3
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """"64x64,256x256" -> [(64, 64), (256, 256)]."""
+    shapes = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        h, _, w = item.partition("x")
+        shapes.append((int(h), int(w)))
+    return shapes
+
+
+def warm_up(adapter, capacity: int, shapes: list[tuple[int, int]]) -> list[tuple[str, int, float]]:
+    records = []
+    for height, width in shapes:
+        sampling = SamplingSpec(height=height, width=width, steps=TIMED_STEPS + 1)
+        image = np.zeros((1, height, width, 3), dtype=np.uint8)
+        for rows in sorted({1, max(1, capacity // 2), capacity}):
+            item = GroupWork("warm-up", image, ["warm up"], sampling, [CandidateWork(i, seed=i) for i in range(rows)])
+            try:
+                group = adapter.start(item)
+                adapter.step([group])  # untimed: first-call costs (allocator, kernels) stay out
+                times = []
+                for _ in range(TIMED_STEPS):
+                    t0 = time.perf_counter()
+                    adapter.step([group])
+                    times.append(time.perf_counter() - t0)
+                adapter.release(group)
+            except Exception:  # noqa: BLE001 - a profile that cannot run leaves the model uncalibrated
+                log.exception("warm-up profile at %dx%d, %d rows failed", height, width, rows)
+                continue
+            records.append((sampling.forward_label(), rows, statistics.median(times)))
+    return records
