@@ -69,6 +69,7 @@ def result_to_wire(r: messages.GroupResult) -> protocol.GroupResult:
         error_code=r.error_code,
         metrics=dict(r.metrics),
         rollout=rollout,
+        served_count=r.served_count,
     )
 
 

@@ -167,6 +167,7 @@ class GroupResult(msgspec.Struct, frozen=True):
     error_code: str | None = None
     metrics: dict[str, Any] = {}
     rollout: RolloutResult | None = None
+    served_count: int | None = None  # candidates served: fewer than requested under an elastic count
 
 
 class Ping(msgspec.Struct, frozen=True):

@@ -123,6 +123,7 @@ class Group(GroupState):
             error_code=reply.error_code,
             metrics={k: v for k, v in metrics.items() if v is not None},
             rollout=self._rollout() if reply.status is GroupStatus.DONE else None,
+            served_count=self.served_count if reply.status is GroupStatus.DONE else None,
         )
 
     def _rollout(self) -> dict[str, Any] | None:

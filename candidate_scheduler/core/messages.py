@@ -80,6 +80,7 @@ class GroupResult:
     error_code: str | None = None
     metrics: Mapping[str, Any] = field(default_factory=dict)
     rollout: Mapping[str, Any] | None = None  # ROLLOUT_FIELDS and ROLLOUT_META_FIELDS -> arrays
+    served_count: int | None = None
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ class Result:
     error: str | None = None
     error_code: str | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
+    served_count: int | None = None  # candidates served (fewer than requested under an elastic count)
     # rollouts: log_probs, latents, next_latents, means, stds, final_latents (candidate axis first),
     # sigmas [T+1], timesteps [T], step_indices [S] (see protocol.RolloutResult)
     rollout: dict[str, np.ndarray] | None = None
@@ -53,6 +54,7 @@ class Result:
             error=r.error,
             error_code=r.error_code,
             metrics=dict(r.metrics),
+            served_count=r.served_count,
             rollout=None if r.rollout is None else _decode_rollout(r.rollout),
         )
 
@@ -63,6 +65,7 @@ class Result:
             "action": None if self.action is None else self.action.tolist(),
             "candidates": None if self.candidates is None else self.candidates.tolist(),
             "candidate_seeds": self.candidate_seeds,
+            "served_count": self.served_count,
             "chosen_candidate": self.chosen_candidate,
             "error": self.error,
             "error_code": self.error_code,
@@ -96,6 +99,7 @@ def make_request(
     seed: int = 42,
     seed_policy: str = "per_candidate",
     seeds: list[int] | None = None,
+    min_count: int | None = None,
     deadline_s: float | None = None,
     initial_noise: np.ndarray | None = None,
     **sampling: Any,
@@ -103,13 +107,14 @@ def make_request(
     """Build a SUBMIT payload. `image`: uint8 [H, W, 3], or [B, H, W, 3] for B observations (one
     reduced action each). Sampling keywords: height, width, steps, horizon, guidance_scale,
     action_mode, domain_id, raw_action_dim, fps, negative_prompt, and for RL rollouts rollout,
-    noise_level, return_step_indices. `initial_noise`: float [count, horizon, D] caller-provided x_T."""
+    noise_level, return_step_indices. `min_count` makes the count elastic under `deadline_s` (the first n
+    candidates, n in [min_count, count]). `initial_noise`: float [count, horizon, D] caller-provided x_T."""
     image = np.asarray(image)
     return protocol.SubmitRequest(
         request_id=request_id or uuid.uuid4().hex,
         images=protocol.array_to_wire(image),
         prompt=prompt,
-        candidates=protocol.CandidateSpecMsg(count, reducer, return_candidates, seed_policy, seeds),
+        candidates=protocol.CandidateSpecMsg(count, reducer, return_candidates, seed_policy, seeds, min_count),
         seed=seed,
         sampling=protocol.SamplingMsg(**sampling),
         batched=image.ndim == 4,
