@@ -1,4 +1,4 @@
-"""sglang's own FastAPI server (started by `sglang_compat.run_http_server`) with the compat bridge as its
+"""sglang's own FastAPI server (started by `compat.http.run_http_server`) with the compat bridge as its
 scheduler: POST /v1/actions/generations returns the action, and the N candidates when asked."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def http_server(compat, tmp_path_factory):
     start-up warmup requests go through the bridge too."""
     port = _free_port()
     log_path = tmp_path_factory.mktemp("http") / "http.log"
-    code = ("from candidate_scheduler.compat.sglang import run_http_server; "
+    code = ("from candidate_scheduler.compat.http import run_http_server; "
             f"run_http_server({compat.port}, {str(compat.model_dir)!r}, '127.0.0.1', {port}, warmup_mode='server', "
             f"input_save_path={str(log_path.parent / 'uploads')!r}, log_level='warning')")
     with open(log_path, "w") as log:
