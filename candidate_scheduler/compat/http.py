@@ -4,8 +4,8 @@
 ``install_http_shims`` puts three small wrappers into sglang's action endpoint (in that process only):
 the request side carries ``parameters.candidates``, the response side labels candidate rows, and
 ``GET /v1/actions/metadata`` (and the metadata frame of the action websockets) declares what
-candidate_scheduler serves. ``domain_name`` requests need no shim: sglang's builder passes the name
-through and the bridge resolves it (`core.embodiments`)."""
+candidate_scheduler serves. sglang's builder passes ``domain_name`` through unresolved; the bridge
+resolves it (`core.embodiments`), and the request shim refuses an unknown one up front."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from candidate_scheduler import protocol
 from candidate_scheduler.compat.errors import CompatError
 from candidate_scheduler.compat.images import MAX_OBSERVATIONS
 from candidate_scheduler.compat.mapping import CANDIDATE_SPEC_KEY, parse_candidate_spec
-from candidate_scheduler.core.embodiments import EMBODIMENT_TO_DOMAIN_ID
+from candidate_scheduler.core.embodiments import EMBODIMENT_TO_DOMAIN_ID, resolve_embodiment
 from candidate_scheduler.core.reducers import BUILTIN_REDUCERS
 from candidate_scheduler.core.spec import SeedPolicy
 
@@ -91,7 +91,9 @@ def install_http_shims() -> None:
 
     - request: ``parameters.candidates`` of ``POST /v1/actions/generations`` is copied into the
       sampling params' ``diffusers_kwargs["candidates"]``, which ``prepare_request`` copies into
-      ``Req.extra["diffusers_kwargs"]`` (sglang's Cosmos3 builder drops unknown parameters);
+      ``Req.extra["diffusers_kwargs"]`` (sglang's Cosmos3 builder drops unknown parameters); the
+      embodiment fields are checked with `resolve_embodiment`, so an unknown ``domain_name`` is an
+      HTTP 400 with sglang's wording (sglang itself fails it later, in its latent stage);
     - response: candidate rows get their ``candidate_index`` (sglang hard-codes 0), plus
       ``candidate_group`` and ``reduced_action`` (see `relabel_candidate_response`);
     - metadata: ``GET /v1/actions/metadata`` and the first frame of the action websockets come from
@@ -108,8 +110,10 @@ def install_http_shims() -> None:
     original_raw = api.action_raw_response
     original_metadata = action_protocol.action_metadata
 
-    def build_with_candidates(payload, observation, server_args, sampling_params_cls):
+    def build_request(payload, observation, server_args, sampling_params_cls):
         sp = original_build(payload, observation, server_args, sampling_params_cls)
+        # an unknown domain name is the client's mistake: a ValueError is sglang's HTTP 400
+        resolve_embodiment(sp.domain_id, sp.domain_name, sp.raw_action_dim)
         parameters = payload.get("parameters") or {}
         raw = parameters.get(CANDIDATE_SPEC_KEY)
         if raw is not None:
@@ -134,7 +138,7 @@ def install_http_shims() -> None:
     def metadata(server_args):
         return candidate_metadata(original_metadata(server_args), getattr(server_args, "batching_max_size", 1))
 
-    action_protocol.build_cosmos3_action_sampling_params = build_with_candidates
+    action_protocol.build_cosmos3_action_sampling_params = build_request
     api.action_generation_response = generation_response
     api.action_raw_response = raw_response
     # api and ws_utils imported the function by name: replace every binding
