@@ -135,7 +135,8 @@ def test_every_global_sglang_sends_is_allowed(compat_model_dir, tmp_path):
     payloads.append(expand_request_outputs(prepare_request(sa, sp)))
     payloads.extend(build_client_warmup_reqs(sa, warmup_input_path=str(path)))
     named = {k: v for k, v in params.items() if k not in ("domain_id", "raw_action_dim")}
-    sp = build_cosmos3_action_sampling_params({"request_id": "n", "parameters": {**named, "domain_name": "droid_lerobot"}},
+    named["domain_name"] = "droid_lerobot"
+    sp = build_cosmos3_action_sampling_params({"request_id": "n", "parameters": named},
                                               {"image": img, "prompt": "p"}, sa, Cosmos3SamplingParams)
     payloads.append(prepare_request(sa, sp))
     for obj in payloads:
