@@ -348,9 +348,9 @@ def cmd_bench(args) -> int:
 
 
 def cmd_http(args) -> int:
-    from candidate_scheduler.compat import sglang as sglang_compat
+    from candidate_scheduler.compat.http import run_http_server
 
-    sglang_compat.run_http_server(args.compat_port, args.model, args.http_host, args.http_port)
+    run_http_server(args.compat_port, args.model, args.http_host, args.http_port)
     return 0
 
 

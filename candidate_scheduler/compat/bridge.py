@@ -6,7 +6,7 @@
 A separate process, so the scheduler itself never unpickles. It binds a ZMQ ROUTER exactly like
 sglang's Scheduler (frames ``[identity, b"", pickle(payload)]``, exactly one
 ``[identity, b"", pickle(OutputBatch)]`` reply per message; anything else is ignored), reads every
-payload through the allow-list unpickler of `sglang_compat`, and forwards each generation request as
+payload through the allow-list unpickler (`compat.unpickle`), and forwards each generation request as
 ONE native candidate group to the scheduler's request socket (a DEALER; many groups in flight,
 matched by request_id). It never imports sglang.
 
@@ -26,13 +26,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import logging
 import signal
 import sys
 import threading
 import time
-import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +38,13 @@ import zmq
 import zmq.asyncio
 
 from candidate_scheduler import protocol
-from candidate_scheduler.compat import sglang as C
+from candidate_scheduler.compat.classify import Answer, Generation, Ping, Shutdown, Warmup, classify
+from candidate_scheduler.compat.errors import CompatError, RefusedPickle
+from candidate_scheduler.compat.foreign import dumps_output_batch, error_reply
+from candidate_scheduler.compat.mapping import plan_generation
+from candidate_scheduler.compat.replies import reply_for_result
+from candidate_scheduler.compat.unpickle import MAX_PICKLE_BYTES, safe_loads
+from candidate_scheduler.service.endpoints import is_loopback_endpoint
 
 log = logging.getLogger("candidate_scheduler.compat.bridge")
 
@@ -53,25 +57,13 @@ REPORT_INTERVAL_S = 1.0
 READY_PREFIX = "candidate-scheduler compat bridge: listening on"
 
 
-def is_loopback_endpoint(endpoint: str) -> bool:
-    if endpoint.startswith(("ipc://", "inproc://")):
-        return True
-    host = urllib.parse.urlparse(endpoint).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # "*", an interface name or a hostname: treat as public
-
-
 @dataclass
 class BridgeConfig:
     bind: str = DEFAULT_BIND
     scheduler: str = DEFAULT_SCHEDULER
     control: str | None = None
     allow_nonlocal: bool = False
-    max_message_bytes: int = C.MAX_PICKLE_BYTES
+    max_message_bytes: int = MAX_PICKLE_BYTES
     request_timeout_s: float | None = None
     shutdown_scheduler: bool = False
 
@@ -187,14 +179,14 @@ class Bridge:
             obj: Any = None
             if len(payload) <= INLINE_DECODE_BYTES:
                 try:
-                    obj = C.safe_loads(payload, self.config.max_message_bytes)
-                except C.RefusedPickle as exc:
+                    obj = safe_loads(payload, self.config.max_message_bytes)
+                except RefusedPickle as exc:
                     await self._refused(identity, exc)
                     continue
-                if isinstance(C.classify(obj), C.Ping):
+                if isinstance(classify(obj), Ping):
                     self.stats.pings += 1
                     self._count("ping")
-                    await self._reply(identity, C.dumps_output_batch())
+                    await self._reply(identity, dumps_output_batch())
                     continue
             self._spawn(self._handle(identity, payload, obj))
 
@@ -255,50 +247,50 @@ class Bridge:
         self._count("pickle_refused", error=True)
         self.stats.last_refusal = str(exc)[:300]
         log.warning("%s", str(exc)[:300])
-        await self._reply(identity, C.error_reply(str(exc)))
+        await self._reply(identity, error_reply(str(exc)))
 
     async def _handle(self, identity: bytes, payload: bytes, obj: Any) -> None:
         try:
             if obj is None:
                 try:
-                    obj = await asyncio.to_thread(C.safe_loads, payload, self.config.max_message_bytes)
-                except C.RefusedPickle as exc:
+                    obj = await asyncio.to_thread(safe_loads, payload, self.config.max_message_bytes)
+                except RefusedPickle as exc:
                     await self._refused(identity, exc)
                     return
-            msg = C.classify(obj)
-            if isinstance(msg, C.Ping):
+            msg = classify(obj)
+            if isinstance(msg, Ping):
                 self.stats.pings += 1
                 self._count("ping")
-                await self._reply(identity, C.dumps_output_batch())
-            elif isinstance(msg, C.Shutdown):
+                await self._reply(identity, dumps_output_batch())
+            elif isinstance(msg, Shutdown):
                 self._count("shutdown")
-                await self._reply(identity, C.dumps_output_batch())
+                await self._reply(identity, dumps_output_batch())
                 if self.config.shutdown_scheduler and self.control is not None:
                     await self.control.send_multipart(protocol.encode(protocol.Kind.SHUTDOWN, protocol.Empty()))
                 log.warning("ShutdownReq received: stopping the compat bridge")
                 self.stop()
-            elif isinstance(msg, C.Warmup):
+            elif isinstance(msg, Warmup):
                 self.stats.warmups += 1
                 self._count("warmup")
-                await self._reply(identity, C.dumps_output_batch())
-            elif isinstance(msg, C.Answer):
+                await self._reply(identity, dumps_output_batch())
+            elif isinstance(msg, Answer):
                 self.stats.answered_locally += 1
                 self._count("unknown" if msg.error.startswith("Unknown request type") else "control")
-                await self._reply(identity, C.error_reply(msg.error))
+                await self._reply(identity, error_reply(msg.error))
             else:
                 self._count("req" if len(msg.reqs) == 1 else "req_list")
                 await self._generate(identity, msg)
         except Exception as exc:  # exactly one reply, whatever happened
             log.exception("compat bridge failed on a request")
-            await self._reply(identity, C.error_reply(f"candidate_scheduler compat bridge: internal error: "
+            await self._reply(identity, error_reply(f"candidate_scheduler compat bridge: internal error: "
                                                       f"{type(exc).__name__}: {exc}"))
 
-    async def _generate(self, identity: bytes, msg: C.Generation) -> None:
+    async def _generate(self, identity: bytes, msg: Generation) -> None:
         try:
-            plan = await asyncio.to_thread(C.plan_generation, msg.reqs)
-        except C.CompatError as exc:
+            plan = await asyncio.to_thread(plan_generation, msg.reqs)
+        except CompatError as exc:
             self.stats.answered_locally += 1
-            await self._reply(identity, C.error_reply(str(exc)))
+            await self._reply(identity, error_reply(str(exc)))
             return
         rid = plan.submit.request_id
         future = asyncio.get_running_loop().create_future()
@@ -311,21 +303,21 @@ class Bridge:
             except asyncio.TimeoutError:
                 self.stats.timeouts += 1
                 await self._cancel(rid)
-                await self._reply(identity, C.error_reply(
+                await self._reply(identity, error_reply(
                     f"candidate_scheduler: no result within {self.config.request_timeout_s} s (group cancelled)"))
                 return
             except _BridgeStopping:
-                await self._reply(identity, C.error_reply("candidate_scheduler: the compat bridge is shutting down"))
+                await self._reply(identity, error_reply("candidate_scheduler: the compat bridge is shutting down"))
                 return
             if isinstance(result, protocol.ErrorReply):
                 self.stats.failed += 1
-                await self._reply(identity, C.error_reply(f"candidate_scheduler: {result.error_code}: {result.error}"))
+                await self._reply(identity, error_reply(f"candidate_scheduler: {result.error_code}: {result.error}"))
                 return
             if result.status == "done":
                 self.stats.done += 1
             else:
                 self.stats.failed += 1
-            reply = await asyncio.to_thread(C.reply_for_result, plan, result)
+            reply = await asyncio.to_thread(reply_for_result, plan, result)
             await self._reply(identity, reply)
         finally:
             self.in_flight.pop(rid, None)
@@ -381,7 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the scheduler's control endpoint: lets --request-timeout cancel the group, and enables "
                         "--shutdown-scheduler")
     p.add_argument("--allow-nonlocal", action="store_true", help="allow binding a non-loopback address (loud warning)")
-    p.add_argument("--max-message-bytes", type=int, default=C.MAX_PICKLE_BYTES,
+    p.add_argument("--max-message-bytes", type=int, default=MAX_PICKLE_BYTES,
                    help="largest accepted payload (ZMQ MAXMSGSIZE and the unpickler's limit)")
     p.add_argument("--request-timeout", type=float, default=None,
                    help="seconds before an unanswered request gets an error reply (default: wait, like sglang)")

@@ -19,6 +19,8 @@ def bind_socket(sock: zmq.Socket, endpoint: str) -> str:
 
 
 def is_loopback_endpoint(endpoint: str) -> bool:
+    """True for ipc://, inproc:// and tcp:// on a loopback address or ``localhost``. A wildcard
+    (``*``, ``0.0.0.0``), an interface name or any other hostname counts as public."""
     if endpoint.startswith(("ipc://", "inproc://")):
         return True
     host = urllib.parse.urlparse(endpoint).hostname or ""

@@ -267,7 +267,7 @@ class Compat:
         """sglang ServerArgs whose scheduler endpoint is this bridge (what sglang's clients read)."""
         key = tuple(sorted(kwargs.items()))
         if key not in self.server_args_cache:
-            from candidate_scheduler.compat.sglang import make_http_server_args
+            from candidate_scheduler.compat.http import make_http_server_args
 
             self.server_args_cache[key] = make_http_server_args(self.port, str(self.model_dir), **kwargs)
         return self.server_args_cache[key]

@@ -1,5 +1,6 @@
-"""sglang's own FastAPI server (started by `sglang_compat.run_http_server`) with the compat bridge as its
-scheduler: POST /v1/actions/generations returns the action, and the N candidates when asked."""
+"""sglang's own FastAPI server (started by `compat.http.run_http_server`) with the compat bridge as its
+scheduler: POST /v1/actions/generations returns the action, and the N candidates when asked; requests
+naming the embodiment (domain_name) resolve as sglang resolves them; the metadata says what is true."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ import urllib.request
 import numpy as np
 import pytest
 
+from candidate_scheduler import protocol
 from candidate_scheduler.core import reducers, rng
+from candidate_scheduler.worker.cosmos3 import MAX_OBSERVATIONS_PER_GROUP
 
 from .conftest import ENV, ROOT
 
@@ -46,7 +49,11 @@ def _post(url: str, body: dict, timeout: float = 120.0) -> tuple[int, dict]:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
+        body = e.read()
+        try:
+            return e.code, json.loads(body or b"{}")
+        except ValueError:  # sglang answers an unhandled server error with plain text
+            return e.code, {"text": body.decode(errors="replace")}
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +62,7 @@ def http_server(compat, tmp_path_factory):
     start-up warmup requests go through the bridge too."""
     port = _free_port()
     log_path = tmp_path_factory.mktemp("http") / "http.log"
-    code = ("from candidate_scheduler.compat.sglang import run_http_server; "
+    code = ("from candidate_scheduler.compat.http import run_http_server; "
             f"run_http_server({compat.port}, {str(compat.model_dir)!r}, '127.0.0.1', {port}, warmup_mode='server', "
             f"input_save_path={str(log_path.parent / 'uploads')!r}, log_level='warning')")
     with open(log_path, "w") as log:
@@ -162,3 +169,103 @@ def test_bad_candidate_spec_is_a_400(base_url):
     status, resp = _post(f"{base_url}/v1/actions/generations",
                          _body(_image(34), "x", 1, "http-bad", candidates={"count": 2, "typo": 1}))
     assert status == 400 and "candidate spec" in json.dumps(resp)
+
+
+# ---- what the metadata declares is what the server does ----------------------------------------------
+
+
+def test_metadata_declares_candidates_and_batched_inputs(base_url):
+    status, body = _get(f"{base_url}/v1/actions/metadata")
+    assert status == 200
+    meta = json.loads(body)
+    caps = meta["capabilities"]
+    assert meta["scheduler"] == "candidate_scheduler" and meta["policy_family"] == "cosmos3"
+    assert caps["multiple_candidates"] is True
+    assert caps["max_candidates"] == protocol.MAX_CANDIDATES == 256
+    assert caps["candidate_reducers"] == ["none", "mean", "median", "medoid"]
+    assert caps["candidate_seed_policies"] == ["per_candidate", "offset", "explicit"]
+    assert caps["batch_inputs"] is True and caps["max_batch_size"] == MAX_OBSERVATIONS_PER_GROUP == 64
+    assert caps["action_modes"] == ["policy"] and caps["batched_action_modes"] == ["policy"]
+    assert meta["input"]["modalities"] == ["image"] and "droid_lerobot" in meta["input"]["domain_names"]
+
+
+def test_realtime_websocket_sends_the_same_metadata(base_url):
+    import msgpack
+    from websockets.sync.client import connect
+
+    with connect(base_url.replace("http://", "ws://") + "/v1/actions/realtime", open_timeout=10) as ws:
+        first = msgpack.unpackb(ws.recv(timeout=10))
+    assert first["capabilities"] == json.loads(_get(f"{base_url}/v1/actions/metadata")[1])["capabilities"]
+    assert first["capabilities"]["multiple_candidates"] is True
+
+
+def test_batched_observations_up_to_the_declared_maximum(base_url, compat):
+    images = [_image(40), _image(41)]
+    body = _body(images[0], "pick", 6, "http-b")
+    body["input"]["observation"]["image"] = [{"b64_json": _png_b64(i)} for i in images]
+    status, resp = _post(f"{base_url}/v1/actions/generations", body)
+    assert status == 200, resp
+    assert [d["input_index"] for d in resp["data"]] == [0, 1]
+    # one observation of a batch gets the action it gets alone (same seed)
+    np.testing.assert_array_equal(np.asarray(resp["data"][1]["action"]["values"], np.float32),
+                                  compat.reference(images[1], "pick", SAMPLING, 6))
+
+
+# ---- domain_name, as sglang users write it -----------------------------------------------------------
+
+
+def _named_body(image, seed, request_id, **embodiment) -> dict:
+    body = _body(image, "pick", seed, request_id)
+    for key in ("domain_id", "raw_action_dim"):
+        del body["parameters"][key]
+    body["parameters"].update(embodiment)
+    return body
+
+
+def test_domain_name_with_a_width_the_checkpoint_has(base_url, compat):
+    """droid_lerobot is domain 8; the tiny checkpoint's stats cover 7 dims, so the width is given."""
+    image = _image(35)
+    status, resp = _post(f"{base_url}/v1/actions/generations",
+                         _named_body(image, 7, "http-dn", domain_name="droid_lerobot", raw_action_dim=7))
+    assert status == 200, resp
+    [entry] = resp["data"]
+    np.testing.assert_array_equal(np.asarray(entry["action"]["values"], np.float32),
+                                  compat.reference(image, "pick", {**SAMPLING, "domain_id": 8}, 7))
+    # a different domain is a different conditioning: the name really selected domain 8
+    assert not np.array_equal(np.asarray(entry["action"]["values"], np.float32),
+                              compat.reference(image, "pick", SAMPLING, 7))
+
+
+def test_domain_name_alone_takes_the_embodiments_width(http_server, compat):
+    base, log_path = http_server
+    status, resp = _post(f"{base}/v1/actions/generations",
+                         _named_body(_image(36), 7, "http-dn10", domain_name="droid_lerobot"))
+    if compat.backend == "fake" or _stats_dim(compat.model_dir) == 10:
+        assert status == 200, resp
+        assert resp["data"][0]["action"]["shape"] == [4, 10]
+    else:
+        # resolved to 10 dims, which this checkpoint's action stats do not cover: the worker refuses the
+        # group, and sglang's server turns a failed scheduler reply into a bare HTTP 500 (it logs why)
+        assert status == 500, resp
+        wait_for_log = time.monotonic() + 10
+        while "raw_action_dim is 10" not in log_path.read_text() and time.monotonic() < wait_for_log:
+            time.sleep(0.1)
+        assert "raw_action_dim is 10" in log_path.read_text()
+
+
+@pytest.mark.parametrize("embodiment, message", [
+    ({"domain_name": "r2d2"}, "Unknown action domain name 'r2d2'. Valid names: ["),
+    ({"domain_name": "libero"}, "No raw action dim for Cosmos3 embodiment 'libero'. Expected one of ["),
+    ({"domain_id": 0}, "raw_action_dim is required when only domain_id is provided"),
+    ({}, "Cosmos3 action requests require domain_name or domain_id"),
+])
+def test_embodiment_refusals_are_400s_in_sglangs_wording(base_url, embodiment, message):
+    status, resp = _post(f"{base_url}/v1/actions/generations", _named_body(_image(37), 1, "http-dnx", **embodiment))
+    assert status == 400 and message in resp.get("detail", ""), resp
+
+
+def _stats_dim(model_dir) -> int | None:
+    path = model_dir / "action_stats.json"
+    if not path.exists():
+        return None
+    return len(json.loads(path.read_text())["global"]["q01"])

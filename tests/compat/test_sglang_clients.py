@@ -333,7 +333,7 @@ def test_refused_pickle_does_not_stop_the_bridge(fake_compat, sync_client, tmp_p
 def test_shutdown_req_stops_only_the_bridge(own_bridge, fake_scheduler, compat_model_dir, sync_client):
     from sglang.multimodal_gen.runtime.entrypoints.control_requests import ShutdownReq
 
-    from candidate_scheduler.compat.sglang import make_http_server_args
+    from candidate_scheduler.compat.http import make_http_server_args
 
     bridge = own_bridge()
     sa = make_http_server_args(bridge.port, str(compat_model_dir))
@@ -347,7 +347,7 @@ def test_shutdown_req_stops_only_the_bridge(own_bridge, fake_scheduler, compat_m
 def test_shutdown_scheduler_flag_forwards(own_bridge, fake_scheduler, compat_model_dir, sync_client):
     from sglang.multimodal_gen.runtime.entrypoints.control_requests import ShutdownReq
 
-    from candidate_scheduler.compat.sglang import make_http_server_args
+    from candidate_scheduler.compat.http import make_http_server_args
 
     bridge = own_bridge("--control", fake_scheduler.control_endpoint, "--shutdown-scheduler")
     sa = make_http_server_args(bridge.port, str(compat_model_dir))
@@ -370,7 +370,7 @@ def test_native_request_ids_are_unique(fake_compat, sync_client):
 
 def test_request_timeout_answers_and_cancels_the_group(own_bridge, fake_scheduler, compat_model_dir,
                                                                       sync_client):
-    from candidate_scheduler.compat.sglang import make_http_server_args
+    from candidate_scheduler.compat.http import make_http_server_args
 
     bridge = own_bridge("--control", fake_scheduler.control_endpoint, "--request-timeout", "1")
     sa = make_http_server_args(bridge.port, str(compat_model_dir))
@@ -386,7 +386,7 @@ def test_max_message_size_is_enforced(own_bridge, fake_scheduler, compat_model_d
     bridge keeps serving."""
     import zmq
 
-    from candidate_scheduler.compat.sglang import make_http_server_args
+    from candidate_scheduler.compat.http import make_http_server_args
 
     bridge = own_bridge("--max-message-bytes", "4096")
     ctx = zmq.Context()

@@ -478,7 +478,9 @@ def test_fuzz_compat_socket(services, reliability, rng_seed, tmp_path):
     why = _compat_usable()
     if why:
         pytest.skip(f"compat fuzzing skipped: {why}")
-    from candidate_scheduler.compat import sglang as C
+    from candidate_scheduler.compat.errors import RefusedPickle
+    from candidate_scheduler.compat.foreign import ForeignObject, dumps_foreign
+    from candidate_scheduler.compat.unpickle import safe_loads
 
     sched = services.scheduler(compat=True)
     services.worker(sched, capacity=8)
@@ -499,11 +501,11 @@ def test_fuzz_compat_socket(services, reliability, rng_seed, tmp_path):
                  "image_path": None, "height": 64, "width": 64, "num_inference_steps": 4}
     corpus_objs = [
         {"method": "ping"},
-        C.ForeignObject("sglang.multimodal_gen.runtime.pipelines_core.schedule_batch", "Req", dict(req_state)),
-        [C.ForeignObject("sglang.multimodal_gen.runtime.pipelines_core.schedule_batch", "Req", dict(req_state))],
+        ForeignObject("sglang.multimodal_gen.runtime.pipelines_core.schedule_batch", "Req", dict(req_state)),
+        [ForeignObject("sglang.multimodal_gen.runtime.pipelines_core.schedule_batch", "Req", dict(req_state))],
         {"method": "other"}, [], 3, "x",
     ]
-    corpus = [C.dumps_foreign(o) for o in corpus_objs]
+    corpus = [dumps_foreign(o) for o in corpus_objs]
     evil = [pickle.dumps(Evil(str(marker))), pickle.dumps(EvilShell(str(marker))),
             pickle.dumps({"method": "ping", "x": Evil(str(marker))})]
 
@@ -560,8 +562,8 @@ def test_fuzz_compat_socket(services, reliability, rng_seed, tmp_path):
                     problems.append(f"reply to {strategy} is not [b'', pickle]: {len(reply)} frames")
                     continue
                 try:
-                    C.safe_loads(reply[1])  # the reply itself must be a readable, allow-listed pickle
-                except C.RefusedPickle as exc:
+                    safe_loads(reply[1])  # the reply itself must be a readable, allow-listed pickle
+                except RefusedPickle as exc:
                     problems.append(f"reply to {strategy} is not an allow-listed pickle: {exc}")
                 answered += 1
             # burst end: a ping is answered (a reply to an ignored input would arrive before it)

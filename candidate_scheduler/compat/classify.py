@@ -1,0 +1,76 @@
+"""What one unpickled sglang scheduler message is: a ping, a shutdown, a warmup, a message answered
+here (unsupported control struct, unknown type, malformed group) or a generation request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from candidate_scheduler.compat.unpickle import ControlStub, PostTrainingStub, ReqStub
+
+
+class Ping:
+    pass
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    pass
+
+
+@dataclass(frozen=True)
+class Warmup:
+    """A server- or request-based warmup Req; answered at once with an empty successful OutputBatch."""
+
+    count: int
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A message answered without the scheduler (unsupported control struct, unknown type, bad group)."""
+
+    error: str
+
+
+@dataclass(frozen=True)
+class Generation:
+    reqs: tuple  # of ReqStub; length > 1 only for an expand_request_outputs group
+
+
+def _type_repr(obj: Any) -> str:
+    """How sglang prints ``type(obj)`` in its "Unknown request type" error."""
+    name = getattr(type(obj), "__sglang_class__", None)
+    return f"<class '{name}'>" if isinstance(name, str) and name != "?" else repr(type(obj))
+
+
+def classify(obj: Any) -> Ping | Shutdown | Warmup | Answer | Generation:
+    """Sort one unpickled payload the way sglang's Scheduler does (`_normalize_received_payload`,
+    `_dispatch_single_request`): Req, [Req], list[Req] (one grouped request), control structs."""
+    if isinstance(obj, dict) and obj.get("method") == "ping" and len(obj) == 1:
+        return Ping()
+    if isinstance(obj, list):
+        if not obj:
+            return Answer("Invalid scheduler request: ValueError: request list cannot be empty")
+        if not all(isinstance(r, ReqStub) for r in obj):
+            return Answer(f"Unknown request group type: {type(obj)}")
+        if len(obj) == 1:
+            obj = obj[0]
+        else:
+            if any(_is_warmup(r) for r in obj):
+                return Warmup(len(obj))
+            return Generation(tuple(obj))
+    if isinstance(obj, ReqStub):
+        if _is_warmup(obj):
+            return Warmup(1)
+        return Generation((obj,))
+    if isinstance(obj, ControlStub) and obj.name == "ShutdownReq":
+        return Shutdown()
+    if isinstance(obj, (ControlStub, PostTrainingStub)):
+        return Answer(f"{obj.name} is not supported by candidate_scheduler (sglang compat bridge)")
+    return Answer(f"Unknown request type: {_type_repr(obj)}")
+
+
+def _is_warmup(req: ReqStub) -> bool:
+    extra = req.__dict__.get("extra")
+    prewarm = isinstance(extra, dict) and bool(extra.get("server_internal_prewarm"))
+    return req.__dict__.get("is_warmup") is True or prewarm

@@ -1,0 +1,112 @@
+"""Observations as sglang requests carry them (``Req.image_path``), decoded to uint8 RGB arrays.
+
+One observation is a local path, a ``data:`` URL, encoded image bytes, a PIL image rebuilt from its
+pickle, or a uint8 array; a list of several (or a [B, H, W, C] array) is a batch of observations.
+Decoding follows sglang's ``load_image`` (EXIF transpose, then ``convert("RGB")``). URLs are never
+fetched."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import os
+from typing import Any
+
+import numpy as np
+
+from candidate_scheduler.compat.errors import CompatError
+from candidate_scheduler.compat.unpickle import MAX_ARRAY_BYTES, MAX_IMAGE_PIXELS, PILImageStub
+from candidate_scheduler.worker.cosmos3 import MAX_OBSERVATIONS_PER_GROUP
+
+MAX_IMAGE_FILE_BYTES = MAX_ARRAY_BYTES
+MAX_OBSERVATIONS = MAX_OBSERVATIONS_PER_GROUP
+
+
+def _observation_list(image_path: Any) -> list:
+    if isinstance(image_path, (list, tuple)):
+        items = list(image_path)
+    elif isinstance(image_path, np.ndarray) and image_path.ndim == 4:
+        items = list(image_path)
+    else:
+        items = [image_path]
+    if not items or any(i is None for i in items):
+        raise CompatError("Cosmos3 policy input requires an observation image (image_path)")
+    if len(items) > MAX_OBSERVATIONS:
+        raise CompatError(f"at most {MAX_OBSERVATIONS} observations per request")
+    return items
+
+
+def image_to_rgb_array(image: Any) -> np.ndarray:
+    """One observation as uint8 [H, W, 3] RGB, decoded like sglang's ``load_image`` (EXIF transpose,
+    then ``convert("RGB")``). Accepts a local path, a data: URL, encoded image bytes, a PIL image
+    (rebuilt from its pickle) or a uint8 array [H, W], [H, W, 3] or [H, W, 4]."""
+    from PIL import Image, ImageOps
+
+    if isinstance(image, PILImageStub):
+        pil = image.to_pil()
+    elif isinstance(image, np.ndarray):
+        if image.dtype != np.uint8:
+            raise CompatError(f"observation arrays must be uint8, got {image.dtype}")
+        if image.ndim == 3 and image.shape[-1] == 3:
+            return np.ascontiguousarray(image)
+        if image.ndim == 2 or (image.ndim == 3 and image.shape[-1] in (1, 4)):
+            pil = Image.fromarray(image[..., 0] if image.ndim == 3 and image.shape[-1] == 1 else image)
+        else:
+            raise CompatError(f"observation array must be [H, W], [H, W, 3] or [H, W, 4], got {list(image.shape)}")
+    elif isinstance(image, (str, bytes, bytearray)):
+        pil = _open_image(image)
+    else:
+        raise CompatError(f"observation image of type {type(image).__name__} is not supported; send a path, "
+                          "a data: URL, image bytes, a PIL image or a uint8 array")
+    if pil.width * pil.height > MAX_IMAGE_PIXELS:
+        raise CompatError(f"observation of {pil.width}x{pil.height} pixels is over the limit")
+    pil = ImageOps.exif_transpose(pil)
+    return np.asarray(pil.convert("RGB"), dtype=np.uint8)
+
+
+def _open_image(source: str | bytes | bytearray):
+    from PIL import Image
+
+    if isinstance(source, str):
+        if source.startswith("data:"):
+            try:
+                raw = base64.b64decode(source.split(",", 1)[1], validate=False)
+            except (IndexError, binascii.Error):
+                raise CompatError("bad data: URL for the observation image") from None
+        elif source.startswith(("http://", "https://")):
+            raise CompatError("the compat bridge does not fetch image URLs; send the image itself")
+        else:
+            try:
+                size = os.path.getsize(source)
+            except OSError:
+                raise CompatError(f"observation image path {source[:200]!r} is not a readable file") from None
+            if size > MAX_IMAGE_FILE_BYTES:
+                raise CompatError("observation image file is too large")
+            with open(source, "rb") as f:
+                raw = f.read(MAX_IMAGE_FILE_BYTES + 1)
+    else:
+        raw = bytes(source)
+    if len(raw) > MAX_IMAGE_FILE_BYTES:
+        raise CompatError("observation image is too large")
+    try:
+        pil = Image.open(io.BytesIO(raw))
+        if pil.width * pil.height > MAX_IMAGE_PIXELS:
+            raise CompatError(f"observation of {pil.width}x{pil.height} pixels is over the limit")
+        pil.load()
+    except CompatError:
+        raise
+    except Exception as exc:
+        raise CompatError(f"cannot decode the observation image: {type(exc).__name__}") from None
+    return pil
+
+
+def observations(image_path: Any) -> tuple[np.ndarray, bool]:
+    """uint8 [H, W, 3] for one observation, or [B, H, W, 3] and batched=True for B > 1 (sglang's
+    Cosmos3 builder sends one image as itself and B > 1 images as a list)."""
+    arrays = [image_to_rgb_array(i) for i in _observation_list(image_path)]
+    if len(arrays) == 1:
+        return arrays[0], False
+    if any(a.shape != arrays[0].shape for a in arrays):
+        raise CompatError("batched observation images must all have the same size")
+    return np.stack(arrays), True

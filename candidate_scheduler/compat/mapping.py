@@ -1,0 +1,312 @@
+"""One sglang request -> one native candidate group (``protocol.SubmitRequest``).
+
+A plain Cosmos3 policy ``Req`` (or ``[Req]``) is a group of one candidate; a ``Req`` carrying a
+candidate spec is a group of N; a ``list[Req]`` from ``expand_request_outputs`` is a group of K with
+one output per candidate. Anything that would change the result but cannot travel is refused with a
+clear error (`UNSUPPORTED_FIELDS`). See docs/sglang-compat.md for the tables."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from candidate_scheduler import protocol
+from candidate_scheduler.compat.errors import CompatError
+from candidate_scheduler.compat.images import observations
+from candidate_scheduler.compat.sglang_classes import COSMOS3_SAMPLING_PARAMS
+from candidate_scheduler.compat.unpickle import EnumStub, ReqStub, SamplingParamsStub, SglangObject
+from candidate_scheduler.core.embodiments import resolve_embodiment
+from candidate_scheduler.core.errors import CandidateContractError
+from candidate_scheduler.core.spec import CandidateTrajectorySpec
+
+# Where a candidate spec may travel inside a Req (first match wins; two different ones are an error).
+CANDIDATE_SPEC_KEY = "candidates"
+
+# SamplingMsg gains a domain_name field (the worker hands the name on to sglang's request builder);
+# until the protocol has it, the resolved id and width alone travel.
+_SAMPLING_HAS_DOMAIN_NAME = "domain_name" in protocol.SamplingMsg.__struct_fields__
+
+# Fields of a Cosmos3 policy request that the native protocol cannot carry. A value other than the one
+# sglang's own action endpoint sends is refused instead of being silently ignored (it would change the
+# result). (field, allowed values)
+UNSUPPORTED_FIELDS: tuple[tuple[str, tuple], ...] = (
+    ("video_path", (None,)),
+    ("flow_shift", (None,)),
+    ("action_fps", (None,)),
+    ("max_sequence_length", (None,)),
+    ("condition_frame_indexes", (None,)),
+    ("action_view_point", ("ego_view",)),
+    ("action_normalization", ("quantile",)),
+    ("control_path", (None,)),
+    ("action", (None,)),
+    ("rollout", (False,)),
+    ("return_trajectory_latents", (False,)),
+    ("return_trajectory_decoded", (False,)),
+    ("rollout_return_dit_trajectory", (False,)),
+    ("rollout_return_denoising_env", (False,)),
+    ("latents", (None,)),
+    ("action_latents", (None,)),
+    ("sigmas", (None,)),
+    ("timesteps", (None,)),
+    ("generator", (None,)),
+    ("realtime_session_id", (None,)),
+)
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """One sglang request mapped to one native group, and how to shape the answer.
+
+    kind: "single" (a plain Req, count=1), "candidates" (a Req with a candidate spec) or "outputs"
+    (a list[Req] from expand_request_outputs: one output per candidate)."""
+
+    kind: str
+    submit: protocol.SubmitRequest
+    request_ids: tuple  # sglang request_id of each output entry (None allowed)
+    spec: CandidateTrajectorySpec
+    batched: bool
+    action_mode: str
+    domain_id: int
+    raw_action_dim: int
+    num_inference_steps: int
+    num_frames: int
+
+
+_MISSING = object()
+
+
+def _attr(req: Any, name: str, default: Any = None) -> Any:
+    try:
+        return getattr(req, name)
+    except AttributeError:
+        return default
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # e.g. arrays: ambiguous truth value
+        return False
+
+
+def _int(value: Any, name: str, minimum: int | None = None) -> int:
+    if isinstance(value, (np.integer,)):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CompatError(f"{name} must be an int, got {type(value).__name__}")
+    if minimum is not None and value < minimum:
+        raise CompatError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _float(value: Any, name: str) -> float:
+    if isinstance(value, (np.floating, np.integer)):
+        value = float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise CompatError(f"{name} must be a finite number")
+    return float(value)
+
+
+def _enum_name(value: Any) -> str | None:
+    return value.name if isinstance(value, EnumStub) else None
+
+
+def find_candidate_spec(req: ReqStub) -> Any:
+    """The raw candidate spec a Req carries, or None. Looked up, in order, at
+    ``req.extra["candidates"]``, ``req.extra["diffusers_kwargs"]["candidates"]`` and
+    ``req.sampling_params.diffusers_kwargs["candidates"]``; two different values are an error."""
+    found = []
+    extra = req.__dict__.get("extra")
+    if isinstance(extra, dict):
+        if CANDIDATE_SPEC_KEY in extra:
+            found.append(extra[CANDIDATE_SPEC_KEY])
+        dk = extra.get("diffusers_kwargs")
+        if isinstance(dk, dict) and CANDIDATE_SPEC_KEY in dk:
+            found.append(dk[CANDIDATE_SPEC_KEY])
+    sp = req.__dict__.get("sampling_params")
+    if isinstance(sp, SglangObject):
+        dk = sp.__dict__.get("diffusers_kwargs")
+        if isinstance(dk, dict) and CANDIDATE_SPEC_KEY in dk:
+            found.append(dk[CANDIDATE_SPEC_KEY])
+    if not found:
+        return None
+    first = found[0]
+    if not all(_same(f, first) for f in found[1:]):
+        raise CompatError("the Req carries two different candidate specs")
+    return first
+
+
+def parse_candidate_spec(raw: Any) -> CandidateTrajectorySpec:
+    """A candidate spec from its wire form: an int (count) or a map with CandidateTrajectorySpec's keys
+    (count, reducer, return_candidates, seed_policy, seeds)."""
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        raw = {"count": raw}
+    if not isinstance(raw, dict):
+        raise CompatError(f"candidate spec must be an int or a map, got {type(raw).__name__}")
+    try:
+        spec = CandidateTrajectorySpec.from_dict(raw)
+    except CandidateContractError as exc:
+        raise CompatError(f"bad candidate spec: {exc}") from None
+    if spec.count > protocol.MAX_CANDIDATES:
+        raise CompatError(f"bad candidate spec: count must be at most {protocol.MAX_CANDIDATES}")
+    return spec
+
+
+def _check_cosmos3_policy(req: ReqStub) -> None:
+    sp = req.__dict__.get("sampling_params")
+    if not isinstance(sp, SamplingParamsStub):
+        raise CompatError("the Req has no sampling_params")
+    if sp.__sglang_class__ != COSMOS3_SAMPLING_PARAMS:
+        raise CompatError(f"candidate_scheduler serves Cosmos3 action requests only; got {sp.__sglang_class__}")
+    mode = _attr(req, "action_mode")
+    if _enum_name(_attr(req, "data_type")) != "ACTION" or mode is None:
+        raise CompatError("candidate_scheduler serves Cosmos3 action requests only (action_mode='policy'); "
+                          "this request generates video or images")
+    if not isinstance(mode, str) or mode != "policy":
+        raise CompatError(f"action_mode={str(mode)[:50]!r} is not supported by candidate_scheduler; only 'policy'")
+    for name, allowed in UNSUPPORTED_FIELDS:
+        value = _attr(req, name, _MISSING)
+        if value is _MISSING:  # a field this client's sglang does not have cannot change the result
+            continue
+        if not any(value is a or (a is not None and type(value) is type(a) and value == a) for a in allowed):
+            raise CompatError(f"{name} is not supported by candidate_scheduler (sglang compat bridge); "
+                              f"leave it at {allowed[0]!r}")
+
+def _prompt(req: ReqStub, batch: int) -> str | list[str]:
+    prompt = _attr(req, "prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        if len(prompt) not in (1, batch):
+            raise CompatError(f"{len(prompt)} prompts for {batch} observations")
+        return prompt if batch > 1 else prompt[0]
+    raise CompatError("prompt must be a string (or a list of strings for batched observations)")
+
+
+def _seed(value: Any, name: str = "seed") -> int:
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    seed = _int(value, name)
+    if not 0 <= seed < 2**64:
+        raise CompatError(f"{name} must be in [0, 2**64), got {seed}")
+    return seed
+
+
+def _optional_int(value: Any, name: str) -> int | None:
+    return None if value is None else _int(value, name)
+
+
+def _embodiment(req: ReqStub) -> tuple[int, int, str | None]:
+    """(domain_id, raw_action_dim, domain_name) as sglang resolves them: domain_id wins, the width
+    comes from the name when not given (`core.embodiments`)."""
+    name = _attr(req, "domain_name")
+    if name is not None and not isinstance(name, str):
+        raise CompatError(f"domain_name must be a string, got {type(name).__name__}")
+    try:
+        domain_id, raw_action_dim = resolve_embodiment(_optional_int(_attr(req, "domain_id"), "domain_id"), name,
+                                                       _optional_int(_attr(req, "raw_action_dim"), "raw_action_dim"))
+    except ValueError as exc:
+        raise CompatError(str(exc)) from None
+    return domain_id, raw_action_dim, name or None
+
+
+def _sampling(req: ReqStub) -> tuple[protocol.SamplingMsg, int, int]:
+    height = _int(_attr(req, "height"), "height", 1)
+    width = _int(_attr(req, "width"), "width", 1)
+    steps = _int(_attr(req, "num_inference_steps"), "num_inference_steps", 1)
+    num_frames = _int(_attr(req, "num_frames"), "num_frames", 2)
+    domain_id, raw_action_dim, domain_name = _embodiment(req)
+    negative = _attr(req, "negative_prompt")
+    fields: dict[str, Any] = dict(
+        height=height, width=width, steps=steps, horizon=num_frames - 1,
+        guidance_scale=_float(_attr(req, "guidance_scale", 1.0), "guidance_scale"),
+        action_mode="policy", domain_id=domain_id, raw_action_dim=raw_action_dim,
+        fps=_int(_attr(req, "fps", 5), "fps", 1),
+        negative_prompt=negative if isinstance(negative, str) else None,
+    )
+    if _SAMPLING_HAS_DOMAIN_NAME:
+        fields["domain_name"] = domain_name
+    return protocol.SamplingMsg(**fields), steps, num_frames
+
+
+def _request_id(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _native_id(base: str | None) -> str:
+    tag = uuid.uuid4().hex[:12]
+    return f"sglang:{base[:200]}#{tag}" if base else f"sglang:{tag}"
+
+
+_COMPARED_FIELDS = ("prompt", "height", "width", "num_inference_steps", "num_frames", "guidance_scale",
+                    "domain_id", "domain_name", "raw_action_dim", "fps", "negative_prompt", "action_mode")
+
+
+def plan_generation(reqs: tuple) -> GroupPlan:
+    """Map one Req, or one expand_request_outputs group, to one native SubmitRequest."""
+    head = reqs[0]
+    for r in reqs:
+        _check_cosmos3_policy(r)
+    sampling, steps, num_frames = _sampling(head)
+    images, batched = observations(_attr(head, "image_path"))
+    prompt = _prompt(head, images.shape[0] if batched else 1)
+    rid = _request_id(_attr(head, "request_id"))
+    raw_spec = find_candidate_spec(head)
+
+    if len(reqs) == 1:
+        seed = _seed(_attr(head, "seed", 42))
+        if raw_spec is None:
+            kind = "single"
+            spec = CandidateTrajectorySpec(count=1, reducer="mean", return_candidates=True)
+        else:
+            kind = "candidates"
+            spec = parse_candidate_spec(raw_spec)
+        request_ids = (rid,)
+        native_base = rid
+    else:
+        if any(find_candidate_spec(r) is not None for r in reqs):
+            raise CompatError("a candidate spec cannot be combined with num_outputs_per_prompt > 1: "
+                              "ask for one or the other")
+        for r in reqs[1:]:
+            for name in _COMPARED_FIELDS:
+                if not _same(_attr(r, name), _attr(head, name)):
+                    raise CompatError(f"a grouped request (list[Req]) must differ only in seed; {name} differs")
+            if _attr(r, "image_path") is not _attr(head, "image_path"):
+                other, _ = observations(_attr(r, "image_path"))
+                if other.shape != images.shape or not np.array_equal(other, images):
+                    raise CompatError("a grouped request (list[Req]) must share one observation")
+        seeds = [_seed(_attr(r, "seed", 42)) for r in reqs]
+        seed = seeds[0]
+        if all(s == seed + i for i, s in enumerate(seeds)):
+            spec = CandidateTrajectorySpec(count=len(reqs), reducer="none", return_candidates=True,
+                                           seed_policy="offset")
+        else:
+            spec = CandidateTrajectorySpec(count=len(reqs), reducer="none", return_candidates=True,
+                                           seeds=tuple(seeds))
+        if spec.count > protocol.MAX_CANDIDATES:
+            raise CompatError(f"at most {protocol.MAX_CANDIDATES} outputs per request")
+        kind = "outputs"
+        request_ids = tuple(_request_id(_attr(r, "request_id")) for r in reqs)
+        extra = head.__dict__.get("extra")
+        parent = extra.get("parent_request_id") if isinstance(extra, dict) else None
+        native_base = parent if isinstance(parent, str) else rid
+
+    submit = protocol.SubmitRequest(
+        request_id=_native_id(native_base),
+        images=protocol.array_to_wire(images),
+        prompt=prompt,
+        candidates=protocol.CandidateSpecMsg(
+            count=spec.count, reducer=spec.reducer, return_candidates=spec.return_candidates,
+            seed_policy=spec.seed_policy.value, seeds=None if spec.seeds is None else list(spec.seeds),
+        ),
+        seed=seed,
+        sampling=sampling,
+        batched=batched,
+    )
+    return GroupPlan(kind=kind, submit=submit, request_ids=request_ids, spec=spec, batched=batched,
+                     action_mode="policy", domain_id=sampling.domain_id, raw_action_dim=sampling.raw_action_dim,
+                     num_inference_steps=steps, num_frames=num_frames)
