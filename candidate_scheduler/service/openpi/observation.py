@@ -111,11 +111,28 @@ def candidate_spec(defaults: dict, given: dict) -> protocol.CandidateSpecMsg:
         raise ObservationError(f"candidates: {_where(exc, 'candidates')}") from None
 
 
+def _resolve_domain_name(merged: dict) -> dict:
+    """domain_name -> domain_id + raw_action_dim here, while the native protocol cannot carry the name,
+    with the rules and wording of sglang's Cosmos3 stage (core/embodiments.py) when that module exists."""
+    try:
+        from candidate_scheduler.core.embodiments import resolve_embodiment
+    except ImportError:
+        raise ObservationError("sampling.domain_name: this scheduler's native protocol has no domain_name yet; "
+                               "give sampling.domain_id and sampling.raw_action_dim") from None
+    out = dict(merged)
+    name = out.pop("domain_name")
+    try:
+        # only what the robot or an --openpi-* flag set counts as given, as in sglang
+        out["domain_id"], out["raw_action_dim"] = resolve_embodiment(out.get("domain_id"), name, out.get("raw_action_dim"))
+    except ValueError as exc:
+        raise ObservationError(f"sampling.domain_name: {exc}") from None
+    return out
+
+
 def sampling_msg(defaults: dict, given: dict) -> protocol.SamplingMsg:
     merged = {**defaults, **given}
     if "domain_name" in merged and not NATIVE_DOMAIN_NAME:
-        raise ObservationError("sampling.domain_name: this scheduler's native protocol has no domain_name yet; "
-                               "give sampling.domain_id and sampling.raw_action_dim")
+        merged = _resolve_domain_name(merged)
     try:
         return msgspec.convert(merged, protocol.SamplingMsg)
     except msgspec.ValidationError as exc:
