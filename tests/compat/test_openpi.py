@@ -26,10 +26,9 @@ from candidate_scheduler import protocol
 from candidate_scheduler.service.client import Client, make_request, synthetic_image
 from candidate_scheduler.service.openpi import launch, msgpack_numpy
 from candidate_scheduler.service.processes import ChildProcess
-
-from . import openpi_client_env
 from tests.conftest import Services
 
+from . import openpi_client_env
 from .conftest import ENV, FAIL_PROMPT, HOLD_PROMPT, ROOT
 
 pytestmark = pytest.mark.sglang
