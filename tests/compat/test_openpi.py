@@ -202,8 +202,8 @@ def test_metadata_and_server_wide_defaults(scheduler, front, robots, tmp_path):
     assert plain["model"] == "cosmos3"
     assert (plain["action_horizon"], plain["action_dim"]) == (protocol.SamplingMsg().horizon, protocol.SamplingMsg().raw_action_dim)
     assert plain["defaults"]["sampling"] == native_sampling
-    assert plain["defaults"]["candidates"] == {"count": 1, "reducer": "mean", "return_candidates": False,
-                                               "seed_policy": "per_candidate", "seeds": None}
+    assert plain["defaults"]["candidates"] == msgspec.structs.asdict(protocol.CandidateSpecMsg())
+    assert plain["defaults"]["candidates"]["count"] == 1 and plain["defaults"]["candidates"]["reducer"] == "mean"
     assert plain["defaults"]["seed"] is None
     assert plain["candidates"]["max_count"] == protocol.MAX_CANDIDATES
     assert {"mean", "median", "medoid", "none"} <= set(plain["candidates"]["reducers"])

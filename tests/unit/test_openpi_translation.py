@@ -138,6 +138,17 @@ def test_flags_then_observation_fields():
     assert call.ignored_keys == ("observation/state", "observation/wrist_image")
 
 
+def test_deadline_and_elastic_count_travel():
+    call = translate({"image": IMAGE, "deadline_s": 0.25, "candidates": {"count": 8, "min_count": 2}},
+                     FrontDefaults(deadline_s=2.0), "r")
+    assert call.submit.deadline_s == 0.25 and call.submit.candidates.min_count == 2
+    assert translate({"image": IMAGE}, FrontDefaults(deadline_s=2.0), "r").submit.deadline_s == 2.0
+    assert translate({"image": IMAGE}, FrontDefaults(), "r").submit.deadline_s is None
+    for bad in (0, -1.0, "1", True, float("nan"), float("inf")):
+        with pytest.raises(ObservationError, match="deadline_s"):
+            translate({"image": IMAGE, "deadline_s": bad}, FrontDefaults(), "r")
+
+
 def test_fresh_seeds_per_call():
     seeds = {translate({"image": IMAGE}, FrontDefaults(), "r").submit.seed for _ in range(20)}
     assert len(seeds) == 20 and all(0 <= s < 2**63 for s in seeds)
@@ -168,6 +179,17 @@ def _has_embodiments() -> bool:
     except ImportError:
         return False
     return True
+
+
+@pytest.mark.skipif(not observation.NATIVE_DOMAIN_NAME, reason="the native protocol has no domain_name")
+def test_domain_name_travels_as_the_native_protocol_carries_it():
+    call = translate({"image": IMAGE, "sampling": {"domain_name": "droid_lerobot"}}, FrontDefaults(), "r")
+    native = protocol.SubmitRequest(request_id="r", images=protocol.array_to_wire(IMAGE), seed=call.submit.seed,
+                                    sampling=protocol.SamplingMsg(domain_name="droid_lerobot"))
+    assert call.submit == native
+    flagged = FrontDefaults(sampling={"domain_name": "umi"})
+    assert translate({"image": IMAGE}, flagged, "r").submit.sampling.domain_name == "umi"
+    assert flagged.full_sampling()["domain_name"] == "umi"  # what the metadata says
 
 
 @pytest.mark.skipif(observation.NATIVE_DOMAIN_NAME or _has_embodiments(),
@@ -222,7 +244,7 @@ def test_reply_fields():
     assert math.isclose(out["server_timing"]["scheduler_denoise_ms"], 250)
     assert out["scheduler_metrics"] == {"admission_mode": "atomic", "microbatches": 1}
     assert out["ignored_keys"] == ["state"]
-    elastic = observation.reply(call, _result(metrics={"served_count": 1}), 0.1)
+    elastic = observation.reply(call, _result(served_count=1), 0.1)
     assert elastic["served_count"] == 1
     asked = translate({"image": IMAGE, "candidates": {"count": 2, "return_candidates": True}}, FrontDefaults(), "r")
     assert observation.reply(asked, _result(), 0.1)["candidates"].shape == (2, 4, 7)

@@ -194,6 +194,7 @@ class OpenpiFront:
             },
             "defaults": {
                 "seed": d.seed,  # None: a fresh random seed per call, reported in the reply
+                "deadline_s": d.deadline_s,
                 "prompt": d.prompt,
                 "candidates": candidates,
                 "sampling": sampling,

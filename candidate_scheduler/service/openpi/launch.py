@@ -42,6 +42,7 @@ DEFAULT_FLAGS = (
     DefaultFlag("prompt", str, "", "prompt of observations that send none (default '')"),
     DefaultFlag("seed", int, "", "base seed of observations that send none (default: a fresh random seed per call)"),
     DefaultFlag("float-range", str, "", "value range of float images (default 0,1)", observation.FLOAT_RANGES),
+    DefaultFlag("deadline-s", float, "", "seconds from arrival before a call's group expires (default: none)"),
     DefaultFlag("count", int, "candidates", "candidates per call"),
     DefaultFlag("reducer", str, "candidates", "how candidates become the served action (mean, median, medoid, none)"),
     DefaultFlag("return-candidates", bool, "candidates", "also return every candidate [N, H, D]"),
@@ -120,6 +121,7 @@ def front_defaults(args: argparse.Namespace) -> observation.FrontDefaults:
     return observation.FrontDefaults(
         image_key=top.get("image_key"), prompt=top.get("prompt", ""), seed=top.get("seed"),
         candidates=sections["candidates"], sampling=sections["sampling"], float_range=top.get("float_range", "0,1"),
+        deadline_s=top.get("deadline_s"),
     )
 
 

@@ -19,7 +19,7 @@ from candidate_scheduler import protocol
 
 IMAGE_KEYS = ("observation/image", "image")  # tried in this order, then LeRobot-style keys
 LEROBOT_IMAGE_PREFIX = "observation.images."
-READ_KEYS = ("prompt", "seed", "candidates", "sampling")
+READ_KEYS = ("prompt", "seed", "candidates", "sampling", "deadline_s")
 # What openpi's LIBERO / DROID / ALOHA clients also send; listed in the metadata, never read.
 KNOWN_IGNORED_KEYS = ("observation/wrist_image", "observation/state", "observation/exterior_image_1_left",
                       "observation/wrist_image_left", "observation/joint_position", "observation/gripper_position",
@@ -43,7 +43,8 @@ class ObservationError(ValueError):
 @dataclass(frozen=True)
 class FrontDefaults:
     """Server-wide defaults. `candidates` and `sampling` hold only the fields an operator set; the
-    rest stay the native protocol's defaults. `seed` None: a fresh random seed per call."""
+    rest stay the native protocol's defaults. `seed` None: a fresh random seed per call.
+    `deadline_s` None: no deadline (an elastic count, candidates.min_count, needs one)."""
 
     image_key: str | None = None
     prompt: str = ""
@@ -51,12 +52,15 @@ class FrontDefaults:
     candidates: dict[str, Any] = field(default_factory=dict)
     sampling: dict[str, Any] = field(default_factory=dict)
     float_range: str = "0,1"
+    deadline_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.float_range not in FLOAT_RANGES:
             raise ValueError(f"float_range must be one of {FLOAT_RANGES}, got {self.float_range!r}")
         if self.seed is not None:
             _check_seed(self.seed, "seed")
+        if self.deadline_s is not None:
+            _check_deadline(self.deadline_s)
         # The same checks a call gets, once at start-up: a bad default is a start-up error.
         candidate_spec(self.candidates, {})
         sampling_msg(self.sampling, {})
@@ -152,6 +156,12 @@ def _check_seed(value: Any, name: str) -> int:
     return value
 
 
+def _check_deadline(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
+        raise ObservationError(f"deadline_s must be a number of seconds > 0, got {value!r}")
+    return float(value)
+
+
 def _prompt(obs: dict, default: str) -> str:
     prompt = obs.get("prompt", default)
     if isinstance(prompt, np.ndarray) and prompt.ndim == 0 and prompt.dtype.kind == "U":
@@ -239,9 +249,10 @@ def translate(obs: Any, defaults: FrontDefaults, request_id: str) -> Call:
         seed = secrets.randbelow(RANDOM_SEED_LIMIT)
     spec = candidate_spec(defaults.candidates, _spec_map(obs, "candidates", CANDIDATE_FIELDS))
     sampling = sampling_msg(defaults.sampling, _spec_map(obs, "sampling", SAMPLING_FIELDS))
+    deadline_s = _check_deadline(obs["deadline_s"]) if obs.get("deadline_s") is not None else defaults.deadline_s
     submit = protocol.SubmitRequest(
         request_id=request_id, images=protocol.array_to_wire(image), prompt=prompt, candidates=spec,
-        seed=seed, sampling=sampling,
+        seed=seed, sampling=sampling, deadline_s=deadline_s,
     )
     used = {image_key, *READ_KEYS}
     ignored = tuple(sorted(str(k) for k in obs if k not in used))
@@ -253,6 +264,12 @@ def translate(obs: Any, defaults: FrontDefaults, request_id: str) -> Call:
 
 class ResultError(RuntimeError):
     """A native result that is not `done`; the message is sent to the robot."""
+
+
+def _served_count(result, count: int) -> int:
+    # fewer than count under an elastic count (candidates.min_count with a deadline)
+    served = getattr(result, "served_count", None)
+    return served if served is not None else result.metrics.get("served_count", count)
 
 
 def reply(call: Call, result, infer_s: float, prev_total_s: float | None = None) -> dict[str, Any]:
@@ -275,7 +292,7 @@ def reply(call: Call, result, infer_s: float, prev_total_s: float | None = None)
         "request_id": result.request_id,
         "seed": call.submit.seed,
         "candidate_seeds": list(result.candidate_seeds),
-        "served_count": int(result.metrics.get("served_count", call.submit.candidates.count)),
+        "served_count": int(_served_count(result, call.submit.candidates.count)),
         "reducer": call.submit.candidates.reducer,
         "server_timing": timing,
         "scheduler_metrics": scheduler,
