@@ -221,10 +221,10 @@ class OpenpiFront:
         conn = next(self._conn_ids)
         self.stats.connections += 1
         log.info("connection %d from %s", conn, ws.remote_address)
-        await ws.send(msgpack_numpy.packb(await self.metadata()))
         prev_total_s = None
         calls = itertools.count(1)
         try:
+            await ws.send(msgpack_numpy.packb(await self.metadata()))
             async for message in ws:
                 started = time.monotonic()
                 self.stats.calls += 1
@@ -234,6 +234,14 @@ class OpenpiFront:
                 except _Refusal as exc:
                     self.stats.errors[exc.kind] = self.stats.errors.get(exc.kind, 0) + 1
                     await ws.send(f"candidate_scheduler openpi: {exc}")
+                    prev_total_s = None
+                    continue
+                except websockets.ConnectionClosed:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - a bug answers this call, never the connection
+                    log.exception("openpi front failed on a call")
+                    self.stats.errors["internal"] = self.stats.errors.get("internal", 0) + 1
+                    await ws.send(f"candidate_scheduler openpi: internal error: {type(exc).__name__}: {exc}")
                     prev_total_s = None
                     continue
                 await ws.send(answer)
