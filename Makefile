@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export SGLANG_DISABLE_COSMOS3_GUARDRAILS := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup system-deps checkpoint run test test-unit test-integration lint bench reliability dashboards-check clean
+.PHONY: setup system-deps openpi-client checkpoint run test test-unit test-integration lint bench reliability dashboards-check clean
 
 setup: $(STAMP) $(CKPT_STAMP)
 
@@ -42,8 +42,13 @@ system-deps:
 run: setup
 	$(BIN)/candidate-scheduler demo --model $(CHECKPOINT)
 
+# The robot side of tests/compat/test_openpi.py: openpi's own client (numpy<2) in a venv of its own,
+# .cache/openpi-client-venv, from requirements/openpi-client.txt; built once, rebuilt when that file changes.
+openpi-client: $(STAMP)
+	$(BIN)/python tests/compat/openpi_client_env.py
+
 # --timeout: no single test may hang CI; -rs: say why anything was skipped.
-test: setup system-deps lint
+test: setup system-deps lint openpi-client
 	$(BIN)/python -m pytest -q -rs -p no:cacheprovider --timeout 900 tests
 
 lint: $(STAMP)

@@ -1,0 +1,5 @@
+import sys
+
+from candidate_scheduler.service.openpi.launch import main
+
+sys.exit(main())

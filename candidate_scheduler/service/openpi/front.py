@@ -1,0 +1,322 @@
+"""The openpi policy websocket in front of the scheduler: IO only.
+
+openpi's protocol (`openpi_client.websocket_client_policy` + openpi's `websocket_policy_server`): on
+connect the server sends one binary msgpack-numpy frame of metadata; then each binary frame the
+client sends is one observation dict, answered by one binary frame (a dict with `actions`). A text
+frame is an error: the client raises with its text. Unlike openpi's own server, which closes the
+connection after an error, this front answers the error and goes on reading, so one bad observation
+never costs a robot its connection.
+
+Each observation becomes ONE native group on the scheduler's request socket (one shared
+`AsyncClient`, many groups in flight), so robots connected at the same time are co-batched by the
+scheduler. A robot that disconnects mid-call has its group cancelled (control socket).
+
+Frame limits: frames up to `max_frame_bytes` are read; over it, up to twice that, the frame is read
+and refused with a text frame (the connection stays); past twice that, the websocket library closes
+the connection with 1009 (message too big) before buffering it, which is all RFC 6455 allows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import itertools
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import websockets
+import websockets.asyncio.server
+import zmq
+import zmq.asyncio
+
+from candidate_scheduler import protocol
+from candidate_scheduler.core import reducers
+from candidate_scheduler.service.client import AsyncClient, ServiceError
+from candidate_scheduler.service.openpi import msgpack_numpy, observation
+
+log = logging.getLogger("candidate_scheduler.service.openpi")
+
+READY_PREFIX = "candidate-scheduler openpi front: listening on"
+DEFAULT_MAX_FRAME_BYTES = protocol.MAX_OBSERVATION_BYTES
+STATS_TIMEOUT_S = 1.0
+STATS_CACHE_S = 2.0
+
+
+@dataclass
+class FrontConfig:
+    scheduler_request: str
+    scheduler_control: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    defaults: observation.FrontDefaults = field(default_factory=observation.FrontDefaults)
+    model_name: str = "cosmos3"
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    request_timeout_s: float | None = None
+
+
+@dataclass
+class FrontStats:
+    connections: int = 0
+    calls: int = 0
+    done: int = 0
+    refused: int = 0
+    failed: int = 0
+    cancelled_on_disconnect: int = 0
+    timeouts: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+class _Refusal(Exception):
+    """An observation answered with a text frame; `kind` is a short label for the stats."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+class ControlLink:
+    """The scheduler's control socket: STATS for the metadata, CANCEL for abandoned groups. One
+    request at a time; a reply that does not come in time drops the socket, so a late reply can
+    never be read as the answer to the next request."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str):
+        self.ctx, self.endpoint = ctx, endpoint
+        self._sock: zmq.asyncio.Socket | None = None
+        self._lock = asyncio.Lock()
+
+    async def ask(self, kind: protocol.Kind, payload, timeout_s: float) -> protocol.ControlReply | None:
+        async with self._lock:
+            if self._sock is None:
+                self._sock = self.ctx.socket(zmq.DEALER)
+                self._sock.setsockopt(zmq.LINGER, 0)
+                self._sock.connect(self.endpoint)
+            await self._sock.send_multipart(protocol.encode(kind, payload))
+            if not await self._sock.poll(int(timeout_s * 1000)):
+                self._sock.close(0)
+                self._sock = None
+                return None
+            frames = await self._sock.recv_multipart()
+        try:
+            reply_kind = protocol.parse_header(frames[0], {protocol.Kind.CONTROL_REPLY, protocol.Kind.ERROR})
+            msg = protocol.decode(reply_kind, frames[1])
+        except (protocol.ProtocolError, IndexError):
+            return None
+        return msg if reply_kind is protocol.Kind.CONTROL_REPLY else None
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close(0)
+
+
+class OpenpiFront:
+    def __init__(self, config: FrontConfig):
+        self.config = config
+        self.stats = FrontStats()
+        self.client = AsyncClient(config.scheduler_request)
+        self.control = None if config.scheduler_control is None else ControlLink(
+            zmq.asyncio.Context.instance(), config.scheduler_control)
+        self._server: websockets.asyncio.server.Server | None = None
+        self._stats_cache: tuple[float, dict] | None = None
+        self._conn_ids = itertools.count(1)
+        self.url: str | None = None
+
+    # ---- the server -------------------------------------------------------------------------------
+    async def start(self) -> str:
+        cfg = self.config
+        self._server = await websockets.asyncio.server.serve(
+            self._handler, cfg.host, cfg.port,
+            compression=None,  # as openpi's server and client: arrays do not compress
+            max_size=2 * cfg.max_frame_bytes,
+            max_queue=4,  # a robot sends one observation and waits; a few frames of slack is plenty
+            process_request=_health_check,
+        )
+        host, port = self._server.sockets[0].getsockname()[:2]
+        self.url = f"ws://{_url_host(host)}:{port}"
+        return self.url
+
+    async def serve_forever(self) -> None:
+        if self._server is None:
+            await self.start()
+        try:
+            await self._server.serve_forever()
+        except asyncio.CancelledError:
+            pass
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        self.client.close()
+        if self.control is not None:
+            self.control.close()
+
+    # ---- metadata ---------------------------------------------------------------------------------
+    async def _scheduler_info(self) -> dict[str, Any]:
+        if self.control is None:
+            return {}
+        now = time.monotonic()
+        if self._stats_cache is not None and now - self._stats_cache[0] < STATS_CACHE_S:
+            return self._stats_cache[1]
+        reply = await self.control.ask(protocol.Kind.STATS, protocol.Empty(), STATS_TIMEOUT_S)
+        if reply is None or not reply.ok:
+            info = {"reachable": False}
+        else:
+            workers = reply.detail.get("workers", {}) or {}
+            capacities = [w.get("capacity") for w in workers.values() if isinstance(w, dict)]
+            info = {"reachable": True, "workers": len(workers),
+                    "max_candidates_per_batch": min((c for c in capacities if isinstance(c, int)), default=None)}
+            if isinstance(reply.detail.get("capability"), dict):
+                info["capability"] = reply.detail["capability"]
+        self._stats_cache = (now, info)
+        return info
+
+    async def metadata(self) -> dict[str, Any]:
+        d = self.config.defaults
+        sampling = d.full_sampling()
+        candidates = d.full_candidates()
+        scheduler = await self._scheduler_info()
+        capability = scheduler.get("capability", {})
+        return {
+            "server": "candidate_scheduler openpi front",
+            "model": capability.get("model_name", self.config.model_name),
+            "action_horizon": sampling["horizon"],
+            "action_dim": sampling["raw_action_dim"],
+            "action_shape": [sampling["horizon"], sampling["raw_action_dim"]],
+            "action_dtype": "float32",
+            "candidates": {
+                "max_count": int(capability.get("max_candidates_per_group", protocol.MAX_CANDIDATES)),
+                "reducers": list(capability.get("reducers", reducers.registered_reducers())),
+                "seed_policies": ["per_candidate", "offset", "explicit"],
+                "return_candidates": True,
+            },
+            "defaults": {
+                "seed": d.seed,  # None: a fresh random seed per call, reported in the reply
+                "deadline_s": d.deadline_s,
+                "prompt": d.prompt,
+                "candidates": candidates,
+                "sampling": sampling,
+            },
+            "observation": {
+                "image_keys": [d.image_key] if d.image_key else [*observation.IMAGE_KEYS,
+                                                                  observation.LEROBOT_IMAGE_PREFIX + "<name>"],
+                "image_formats": ["uint8 [H, W, 3]", "uint8 [3, H, W]", f"float [H, W, 3] or [3, H, W] in [{d.float_range}]"],
+                "reads": list(observation.READ_KEYS),
+                "candidates_fields": list(observation.CANDIDATE_FIELDS),
+                "sampling_fields": list(observation.SAMPLING_FIELDS),
+                "ignored": "every other key, e.g. " + ", ".join(observation.KNOWN_IGNORED_KEYS),
+                "ignored_keys": list(observation.KNOWN_IGNORED_KEYS),
+            },
+            "reply_keys": ["actions", "candidate_seeds", "seed", "served_count", "server_timing", "request_id",
+                           "reducer", "scheduler_metrics", "candidates (when asked)", "chosen_candidate (medoid)",
+                           "ignored_keys"],
+            "max_frame_bytes": self.config.max_frame_bytes,
+            "scheduler": {k: v for k, v in scheduler.items() if k != "capability"},
+        }
+
+    # ---- one connection ---------------------------------------------------------------------------
+    async def _handler(self, ws: websockets.asyncio.server.ServerConnection) -> None:
+        conn = next(self._conn_ids)
+        self.stats.connections += 1
+        log.info("connection %d from %s", conn, ws.remote_address)
+        prev_total_s = None
+        calls = itertools.count(1)
+        try:
+            await ws.send(msgpack_numpy.packb(await self.metadata()))
+            async for message in ws:
+                started = time.monotonic()
+                self.stats.calls += 1
+                try:
+                    answer = await self._answer(ws, message, f"openpi-{conn}-{next(calls)}-{uuid.uuid4().hex[:8]}",
+                                                prev_total_s)
+                except _Refusal as exc:
+                    self.stats.errors[exc.kind] = self.stats.errors.get(exc.kind, 0) + 1
+                    await ws.send(f"candidate_scheduler openpi: {exc}")
+                    prev_total_s = None
+                    continue
+                except websockets.ConnectionClosed:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - a bug answers this call, never the connection
+                    log.exception("openpi front failed on a call")
+                    self.stats.errors["internal"] = self.stats.errors.get("internal", 0) + 1
+                    await ws.send(f"candidate_scheduler openpi: internal error: {type(exc).__name__}: {exc}")
+                    prev_total_s = None
+                    continue
+                await ws.send(answer)
+                prev_total_s = time.monotonic() - started
+        except websockets.ConnectionClosed:
+            pass
+        log.info("connection %d closed", conn)
+
+    async def _answer(self, ws, message, request_id: str, prev_total_s: float | None) -> bytes:
+        if isinstance(message, str):
+            self.stats.refused += 1
+            raise _Refusal("text_frame", "expected a binary msgpack-numpy frame (an observation dict), got a text frame")
+        if len(message) > self.config.max_frame_bytes:
+            self.stats.refused += 1
+            raise _Refusal("oversize", f"frame of {len(message)} bytes is over this front's "
+                                       f"{self.config.max_frame_bytes}-byte limit")
+        try:
+            # decoding and image conversion take milliseconds for big images: off the event loop
+            call = await asyncio.to_thread(self._translate, message, request_id)
+        except msgpack_numpy.WireError as exc:
+            self.stats.refused += 1
+            raise _Refusal(exc.kind, str(exc)) from None
+        except observation.ObservationError as exc:
+            self.stats.refused += 1
+            raise _Refusal("bad_observation", str(exc)) from None
+        started = time.monotonic()
+        result = await self._submit(ws, call)
+        infer_s = time.monotonic() - started
+        try:
+            out = observation.reply(call, result, infer_s, prev_total_s)
+        except observation.ResultError as exc:
+            self.stats.failed += 1
+            raise _Refusal(result.status, str(exc)) from None
+        self.stats.done += 1
+        return msgpack_numpy.packb(out)
+
+    def _translate(self, message: bytes, request_id: str) -> observation.Call:
+        return observation.translate(msgpack_numpy.unpackb(message), self.config.defaults, request_id)
+
+    async def _submit(self, ws, call: observation.Call):
+        """The native result, or a _Refusal. Cancels the group when the robot goes away or the call
+        times out."""
+        rid = call.submit.request_id
+        submit = asyncio.ensure_future(self.client.submit_request(call.submit))
+        closed = asyncio.ensure_future(ws.wait_closed())
+        try:
+            done, _ = await asyncio.wait({submit, closed}, timeout=self.config.request_timeout_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closed.cancel()
+        if submit in done:
+            try:
+                return submit.result()
+            except ServiceError as exc:
+                self.stats.failed += 1
+                raise _Refusal("scheduler_error", f"the scheduler could not read the request: {exc}") from None
+        submit.cancel()
+        await self._cancel(rid)
+        if closed in done:
+            self.stats.cancelled_on_disconnect += 1
+            raise websockets.ConnectionClosedOK(None, None)
+        self.stats.timeouts += 1
+        raise _Refusal("timeout", f"no result within {self.config.request_timeout_s} s (group {rid} cancelled)")
+
+    async def _cancel(self, rid: str) -> None:
+        if self.control is not None:
+            await self.control.ask(protocol.Kind.CANCEL, protocol.CancelRequest(request_id=rid), STATS_TIMEOUT_S)
+
+
+def _health_check(connection, request):
+    """GET /healthz answers 200 without a websocket handshake, as openpi's server does."""
+    if request.path == "/healthz":
+        return connection.respond(http.HTTPStatus.OK, "OK\n")
+    return None
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
