@@ -10,7 +10,11 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
+from candidate_scheduler.core.embodiments import resolve_embodiment
+
 ACTION_MODES = ("policy",)
+DEFAULT_DOMAIN_ID = 0
+DEFAULT_RAW_ACTION_DIM = 7
 
 
 @dataclass(frozen=True)
@@ -24,9 +28,12 @@ class SamplingSpec:
     horizon: int = 16
     guidance_scale: float = 1.0
     action_mode: str = "policy"
-    domain_id: int = 0
-    domain_name: str | None = None  # an sglang embodiment name; the worker hands it to sglang's request builder
-    raw_action_dim: int = 7
+    # The embodiment. With domain_name (an sglang embodiment such as "droid_lerobot") the id and the
+    # action width resolve exactly as sglang resolves them (core/embodiments.py); without it the native
+    # defaults are domain 0 and 7 action dims. After construction both are always ints.
+    domain_id: int | None = None
+    domain_name: str | None = None
+    raw_action_dim: int | None = None
     fps: int = 5
     negative_prompt: str | None = None
     # RL rollouts: flow-SDE sampling of the action branch with per-step log-probs (see rollout.py).
@@ -48,7 +55,16 @@ class SamplingSpec:
             raise ValueError(f"guidance_scale must be a number in [0, 100], got {self.guidance_scale!r}")
         if self.action_mode not in ACTION_MODES:
             raise ValueError(f"action_mode must be one of {ACTION_MODES}, got {self.action_mode!r}")
-        if not isinstance(self.domain_id, int) or self.domain_id < 0:
+        if self.domain_name is not None and (not isinstance(self.domain_name, str) or len(self.domain_name) > 64):
+            raise ValueError(f"domain_name must be a string of at most 64 characters, got {self.domain_name!r}")
+        if self.domain_name:
+            domain_id, raw_dim = resolve_embodiment(self.domain_id, self.domain_name, self.raw_action_dim)
+        else:
+            domain_id = DEFAULT_DOMAIN_ID if self.domain_id is None else self.domain_id
+            raw_dim = DEFAULT_RAW_ACTION_DIM if self.raw_action_dim is None else self.raw_action_dim
+        object.__setattr__(self, "domain_id", domain_id)
+        object.__setattr__(self, "raw_action_dim", raw_dim)
+        if not isinstance(self.domain_id, int) or isinstance(self.domain_id, bool) or self.domain_id < 0:
             raise ValueError(f"domain_id must be a non-negative int, got {self.domain_id!r}")
         if not isinstance(self.raw_action_dim, int) or self.raw_action_dim <= 0:
             raise ValueError(f"raw_action_dim must be a positive int, got {self.raw_action_dim!r}")

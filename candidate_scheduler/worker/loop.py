@@ -257,7 +257,8 @@ _FROM_SCHEDULER = frozenset({protocol.Kind.REGISTERED, protocol.Kind.BATCH, prot
                              protocol.Kind.CANCEL_ROWS, protocol.Kind.WORKER_STOP})
 
 
-def build_adapter(kind: str, model_dir: str | None, device: str, capacity: int | None):
+def build_adapter(kind: str, model_dir: str | None, device: str, capacity: int | None,
+                  conditioning_cache_mb: float = 0.0):
     if kind == "null":
         from candidate_scheduler.worker.null_adapter import NullAdapter
 
@@ -267,5 +268,6 @@ def build_adapter(kind: str, model_dir: str | None, device: str, capacity: int |
 
         if model_dir is None:
             raise SystemExit("--model DIR is required for the cosmos3 adapter")
-        return Cosmos3CandidateAdapter(model_dir, device=device, max_candidates_per_batch=capacity or 8)
+        return Cosmos3CandidateAdapter(model_dir, device=device, max_candidates_per_batch=capacity or 8,
+                                       conditioning_cache_mb=conditioning_cache_mb)
     raise SystemExit(f"unknown adapter {kind!r}")

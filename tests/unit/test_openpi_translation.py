@@ -10,7 +10,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from candidate_scheduler import protocol
+from candidate_scheduler import convert, protocol
 from candidate_scheduler.service.client import Result
 from candidate_scheduler.service.openpi import launch, observation
 from candidate_scheduler.service.openpi.msgpack_numpy import WireError, packb, unpackb
@@ -134,7 +134,8 @@ def test_flags_then_observation_fields():
     s = call.submit
     assert (s.prompt, s.seed) == ("stack", 11)
     assert (s.candidates.count, s.candidates.reducer, s.candidates.seeds) == (3, "medoid", [4, 5, 6])
-    assert (s.sampling.steps, s.sampling.horizon, s.sampling.raw_action_dim) == (2, 4, 7)
+    resolved = convert.sampling_from_wire(s.sampling)  # unset embodiment: the native defaults
+    assert (resolved.steps, resolved.horizon, resolved.raw_action_dim, resolved.domain_id) == (2, 4, 7, 0)
     assert call.ignored_keys == ("observation/state", "observation/wrist_image")
 
 

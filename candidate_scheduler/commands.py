@@ -1,0 +1,358 @@
+"""What each `candidate-scheduler` subcommand does (cli.py parses the flags and calls one of these)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from candidate_scheduler.service import server
+
+DEFAULT_MODEL = ".cache/tiny-cosmos3"
+
+
+def _endpoint(host: str, port: int) -> str:
+    return f"tcp://{host}:{port}"
+
+
+def _config(args) -> server.SchedulerConfig:
+    from candidate_scheduler.core.admission import AdmissionPolicy
+
+    return server.SchedulerConfig(
+        request_endpoint=_endpoint(args.host, args.request_port),
+        control_endpoint=_endpoint(args.host, args.control_port),
+        worker_endpoint=_endpoint(args.worker_host or args.host, args.worker_port),
+        metrics_host=args.host,
+        metrics_port=None if args.metrics_port < 0 else args.metrics_port,
+        policy=AdmissionPolicy(args.policy),
+        batching=args.batching,
+        max_queued_groups=args.max_queued_groups,
+        retry_limit=args.retry_limit,
+        best_effort_s=args.best_effort_slack,
+        heartbeat_interval_s=args.heartbeat_interval,
+        heartbeat_timeout_s=args.heartbeat_timeout,
+        curve_dir=args.curve_dir,
+    )
+
+
+def _start_metrics(config: server.SchedulerConfig):
+    if config.metrics_port is None:
+        return None, None
+    from candidate_scheduler.service import metrics
+
+    m = metrics.SchedulerMetrics()
+    _server, _thread, port = metrics.start_http_server(m, config.metrics_host, config.metrics_port)
+    return m, f"http://{config.metrics_host}:{port}/metrics"
+
+
+def _spawn_bridge(args, bound: dict[str, str]) -> tuple[subprocess.Popen | None, str | None]:
+    """Start the sglang compat bridge (its own process: it never shares a process with the scheduler's
+    state) and wait until it listens, so sglang's 2 s ping never meets a half-started bridge."""
+    if args.no_compat:
+        return None, None
+    import re
+    import threading
+
+    endpoint = _endpoint(args.compat_host or args.host, args.compat_port)
+    cmd = [sys.executable, "-m", "candidate_scheduler.compat.bridge", "--bind", endpoint,
+           "--scheduler", bound["request"], "--control", bound["control"]]
+    if args.compat_allow_nonlocal:
+        cmd.append("--allow-nonlocal")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    listening = threading.Event()
+    found: list[str] = []
+
+    def relay() -> None:
+        for line in proc.stdout:
+            if not listening.is_set():
+                m = re.search(r"listening on (\S+)", line)
+                if m:
+                    found.append(m.group(1))
+                    listening.set()
+                    continue
+            sys.stdout.write(line)
+            sys.stdout.flush()
+        listening.set()
+
+    threading.Thread(target=relay, daemon=True, name="bridge-log").start()
+    listening.wait(60)
+    if not found:
+        proc.poll()
+        raise SystemExit(f"the sglang compat bridge did not start (exit code {proc.returncode}); "
+                         "use --no-compat to run without it")
+    return proc, found[0]
+
+
+def _serve(args, on_ready=None) -> None:
+    config = _config(args)
+    metrics, metrics_url = _start_metrics(config)
+    scheduler = server.Scheduler(config, metrics)
+    bound = scheduler.bind()
+    print(f"candidate-scheduler: request endpoint  {bound['request']}", flush=True)
+    print(f"candidate-scheduler: control endpoint  {bound['control']}", flush=True)
+    print(f"candidate-scheduler: worker link       {bound['worker']}", flush=True)
+    print(f"candidate-scheduler: metrics           {metrics_url or 'off'}", flush=True)
+    from candidate_scheduler.service.openpi.launch import spawn_openpi_front
+
+    openpi, openpi_url = spawn_openpi_front(args, bound)
+    print(f"candidate-scheduler: openpi policy     {openpi_url or 'off'}", flush=True)
+    bridge, compat = _spawn_bridge(args, bound)
+    # printed last: launchers wait for this line
+    print(f"candidate-scheduler: sglang compat     {compat or 'off'}", flush=True)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: scheduler.stopping.set())
+    if on_ready is not None:
+        on_ready(scheduler, bound)
+    try:
+        scheduler.serve()
+    finally:
+        for child in (bridge, openpi):
+            if child is None:
+                continue
+            child.terminate()
+            try:
+                child.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                child.kill()
+
+
+def cmd_serve(args) -> int:
+    _serve(args)
+    return 0
+
+
+def _worker_cmd(args, endpoint: str) -> list[str]:
+    cmd = [sys.executable, "-m", "candidate_scheduler.cli", "worker", "--scheduler", endpoint,
+           "--adapter", args.adapter, "--device", args.device]
+    if args.model:
+        cmd += ["--model", args.model]
+    if args.capacity:
+        cmd += ["--capacity", str(args.capacity)]
+    cmd += ["--warmup-shapes", args.warmup_shapes, "--conditioning-cache-mb", str(args.conditioning_cache_mb),
+            "--memory-budget-mb", str(args.memory_budget_mb)]
+    return cmd
+
+
+def cmd_up(args) -> int:
+    """A scheduler plus N local workers in one command (the demo layout)."""
+    procs: list[subprocess.Popen] = []
+
+    def on_ready(_scheduler, bound):
+        for i in range(args.workers):
+            procs.append(subprocess.Popen(_worker_cmd(args, bound["worker"])))
+            print(f"candidate-scheduler: worker {i} pid {procs[-1].pid} ({args.adapter}, {args.device})", flush=True)
+
+    try:
+        _serve(args, on_ready)
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    return 0
+
+
+def cmd_worker(args) -> int:
+    from candidate_scheduler.worker.loop import Worker, build_adapter
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
+    adapter = build_adapter(args.adapter, args.model, args.device, args.capacity, args.conditioning_cache_mb)
+    if getattr(args, "fault", None):
+        from candidate_scheduler.worker.faults import wrap
+
+        adapter = wrap(adapter, args.fault)  # test/drill knob: see workers/faults.py
+    from candidate_scheduler.worker.profile import parse_shapes
+
+    worker = Worker(args.scheduler, adapter, capacity=args.capacity, device=args.device,
+                    worker_id=args.worker_id, curve_dir=args.curve_dir, step_delay_s=args.step_delay,
+                    warmup_shapes=parse_shapes(args.warmup_shapes),
+                    memory_budget_bytes=int(args.memory_budget_mb * 2**20))
+    signal.signal(signal.SIGTERM, lambda *_: worker.stop())
+    print(f"candidate-scheduler worker {worker.worker_id}: connecting to {args.scheduler}", flush=True)
+    worker.serve()
+    return 0
+
+
+def _client(args):
+    from candidate_scheduler.service.client import Client
+
+    host = getattr(args, "host", server.DEFAULT_HOST)
+    return Client(_endpoint(host, args.request_port), _endpoint(host, args.control_port))
+
+
+def _observations(args):
+    import numpy as np
+
+    from candidate_scheduler.service.client import synthetic_image
+
+    if not args.image:
+        return synthetic_image(args.height, args.width, seed=args.image_seed)
+    from PIL import Image
+
+    images = [np.asarray(Image.open(path).convert("RGB"), dtype=np.uint8) for path in args.image]
+    if len(images) == 1:
+        return images[0]
+    if len({im.shape for im in images}) != 1:
+        raise SystemExit(f"every --image must have the same size, got {sorted({im.shape for im in images})}")
+    return np.stack(images)  # B observations: one reduced action each
+
+
+def cmd_submit(args) -> int:
+    from candidate_scheduler.service.client import make_request
+
+    sampling = dict(height=args.height, width=args.width, steps=args.steps, horizon=args.horizon,
+                    guidance_scale=args.guidance, domain_id=args.domain_id, domain_name=args.domain_name,
+                    raw_action_dim=args.raw_action_dim)
+    if args.rollout:
+        sampling.update(rollout=True, noise_level=args.noise_level, return_step_indices=args.return_step_indices)
+    seeds = args.seeds
+    request = make_request(
+        _observations(args), args.prompt, request_id=args.request_id, count=len(seeds) if seeds else args.count,
+        reducer="none" if args.rollout and args.reducer == "mean" else args.reducer,
+        return_candidates=args.return_candidates, seed=args.seed,
+        seed_policy="explicit" if seeds else args.seed_policy, seeds=seeds, min_count=args.min_count,
+        deadline_s=args.deadline, **sampling,
+    )
+    with _client(args) as client:
+        try:
+            result = client.wait(client.send(request), timeout_s=args.timeout)
+        except TimeoutError as exc:
+            print(json.dumps({"request_id": request.request_id, "status": "timeout", "error": str(exc)}))
+            return 3
+    out = result.to_json()
+    print(json.dumps(out) if args.json else json.dumps(out, indent=2))
+    return 0 if result.ok else 1
+
+
+def cmd_control(args) -> int:
+    with _client(args) as client:
+        if args.command == "cancel":
+            reply = client.cancel(args.request_id)
+        elif args.command == "status":
+            reply = client.status(args.request_id)
+        elif args.command == "drain":
+            reply = client.drain()
+        elif args.command == "shutdown":
+            reply = client.shutdown()
+        else:
+            print(json.dumps(client.stats(), indent=2))
+            return 0
+    print(json.dumps({"ok": reply.ok, "changed": reply.changed, "state": reply.state, "detail": reply.detail,
+                      "error": reply.error}))
+    return 0 if reply.ok else 1
+
+
+def cmd_make_checkpoint(args) -> int:
+    from candidate_scheduler.worker.tiny_checkpoint import write_checkpoint
+
+    print(write_checkpoint(args.dir))
+    return 0
+
+
+def cmd_keys(args) -> int:
+    """Write CURVE key pairs: the scheduler's and one worker's, and authorise that worker."""
+    import shutil
+
+    import zmq.auth
+
+    d = Path(args.dir)
+    (d / "authorized_clients").mkdir(parents=True, exist_ok=True)
+    zmq.auth.create_certificates(str(d), "server")
+    zmq.auth.create_certificates(str(d), "client")
+    shutil.copy(d / "client.key", d / "authorized_clients" / "client.key")
+    os.chmod(d / "server.key_secret", 0o600)
+    os.chmod(d / "client.key_secret", 0o600)
+    print(f"wrote {d}/server.key[_secret], {d}/client.key[_secret]; authorised {d}/authorized_clients/client.key")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    """`make run`: a scheduler and a Cosmos3 worker on the tiny checkpoint, one candidate group."""
+    import numpy as np
+
+    from candidate_scheduler.service.client import Client, synthetic_image
+    from candidate_scheduler.worker.tiny_checkpoint import ensure_checkpoint
+
+    ensure_checkpoint(args.model)
+    cmd = [sys.executable, "-m", "candidate_scheduler.cli", "up", "--model", args.model, "--workers", "1",
+           "--request-port", str(args.request_port), "--control-port", str(args.control_port),
+           "--worker-port", str(args.worker_port), "--compat-port", str(args.compat_port),
+           "--metrics-port", str(args.metrics_port)]
+    if args.no_compat:
+        cmd.append("--no-compat")
+    print("starting: " + " ".join(cmd), flush=True)
+    service = subprocess.Popen(cmd)
+    client = Client(_endpoint(server.DEFAULT_HOST, args.request_port), _endpoint(server.DEFAULT_HOST, args.control_port))
+    try:
+        deadline = time.monotonic() + 180
+        print("waiting for the worker to load the model (sglang's import takes ~15 s)...", flush=True)
+        while time.monotonic() < deadline:
+            if service.poll() is not None:
+                print("the service exited early; see the log above", file=sys.stderr)
+                return 1
+            try:
+                if client.stats()["workers"]:
+                    break
+            except TimeoutError:
+                pass
+            time.sleep(0.5)
+        else:
+            print("no worker registered within 180 s", file=sys.stderr)
+            return 1
+        image = synthetic_image(64, 64)
+        t0 = time.perf_counter()
+        result = client.submit(image, "pick up the red cube", count=args.count, reducer="mean",
+                               return_candidates=True, seed=7, timeout_s=120)
+        elapsed = time.perf_counter() - t0
+        np.set_printoptions(precision=3, suppress=True, linewidth=120)
+        print()
+        print(f"group {result.request_id}: status={result.status} in {elapsed * 1000:.0f} ms")
+        if result.ok:
+            print(f"  candidates: {result.candidates.shape[0]} x {list(result.candidates.shape[1:])} "
+                  f"(seeds {result.candidate_seeds})")
+            print(f"  reduced action (mean), first 3 of {result.action.shape[0]} steps:\n{result.action[:3]}")
+            m = result.metrics
+            print(f"  admission={m.get('admission_mode')} microbatches={m.get('microbatches')} "
+                  f"physical_forwards={m.get('physical_forwards')} denoise_s={m.get('denoise_s', 0):.3f}")
+        else:
+            print(f"  error: {result.error_code}: {result.error}")
+        print(f"\nmetrics: http://{server.DEFAULT_HOST}:{args.metrics_port}/metrics")
+        print("try:     .venv/bin/candidate-scheduler submit --count 8 --reducer medoid --synthetic")
+        if args.once:
+            return 0 if result.ok else 1
+        print("serving; Ctrl-C to stop", flush=True)
+        service.wait()
+        return 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        client.close()
+        if service.poll() is None:
+            service.send_signal(signal.SIGINT)
+            try:
+                service.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                service.kill()
+
+
+def cmd_bench(args) -> int:
+    from candidate_scheduler.bench import harness as bench
+
+    return bench.main(args)
+
+
+def cmd_http(args) -> int:
+    from candidate_scheduler.compat.http import run_http_server
+
+    run_http_server(args.compat_port, args.model, args.http_host, args.http_port)
+    return 0
+
+

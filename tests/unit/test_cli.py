@@ -1,0 +1,36 @@
+"""Every flag of every subcommand says what it does and what its default is."""
+
+import argparse
+
+import pytest
+
+from candidate_scheduler.cli import build_parser
+
+
+def _subparsers():
+    parser = build_parser()
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices
+
+
+@pytest.mark.parametrize("name", sorted(_subparsers()))
+def test_every_flag_has_help_with_its_default(name):
+    sub = _subparsers()[name]
+    text = sub.format_help()
+    for action in sub._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        assert action.help and len(action.help) > 3, f"{name} {action.option_strings or action.dest}: no help"
+        if action.option_strings:
+            assert action.default is argparse.SUPPRESS or "(default:" in sub._get_formatter()._expand_help(action), \
+                f"{name} {action.option_strings}: help does not show the default"
+    if any(a.option_strings and not isinstance(a, argparse._HelpAction) for a in sub._actions):
+        assert "(default:" in text
+
+
+def test_submit_parses_the_new_request_forms():
+    args = build_parser().parse_args(["submit", "--seeds", "3,5,7", "--rollout", "--return-step-indices", "0,2",
+                                      "--domain-name", "droid_lerobot", "--min-count", "2", "--image", "a.png",
+                                      "--image", "b.png"])
+    assert args.seeds == [3, 5, 7] and args.rollout and args.return_step_indices == [0, 2]
+    assert args.domain_name == "droid_lerobot" and args.min_count == 2 and args.image == ["a.png", "b.png"]
