@@ -78,39 +78,46 @@ def test_raw_action_dim_changes_only_the_stats_and_bad_widths_are_refused(tmp_pa
     assert not (tmp_path / "bad").exists()
 
 
-_DROID_RUN = r"""
-import json, sys
+# One sglang process: run a droid request on argv[1] (twice, then once without denormalisation),
+# compare two loaded tensors with the files, then run checkpoint_check on the dirs in argv[3].
+# check() only builds meta-device modules, so it can share the process with the pipeline.
+_SGLANG_RUN = r"""
+import glob, json, os, sys
 import numpy as np
+import torch
+from safetensors.torch import load_file
 from candidate_scheduler.core.work import SamplingSpec
 from candidate_scheduler.service.client import synthetic_image
 from candidate_scheduler.worker.cosmos3 import load_sglang_pipeline, sglang_reference_actions
 
-pipeline, server_args = load_sglang_pipeline(sys.argv[1])
+model_dir, spec, check_dirs = sys.argv[1], SamplingSpec(**json.loads(sys.argv[2])), json.loads(sys.argv[3])
+pipeline, server_args = load_sglang_pipeline(model_dir)
 image = synthetic_image(64, 64, seed=1)
-spec = SamplingSpec(**json.loads(sys.argv[2]))
 served = sglang_reference_actions(pipeline, server_args, image, "open the drawer", spec, 5)
 again = sglang_reference_actions(pipeline, server_args, image, "open the drawer", spec, 5)
 stats_path = server_args.pipeline_config.action_stats_path
 server_args.pipeline_config.action_stats_path = None  # the same request, without denormalisation
 normalized = sglang_reference_actions(pipeline, server_args, image, "open the drawer", spec, 5)
-report = {"shape": list(served.shape), "finite": bool(np.isfinite(served).all()),
-          "repeatable": served.tobytes() == again.tobytes(), "stats_path": stats_path,
-          "served": served.tolist(), "normalized": normalized.tolist()}
-extra = sys.argv[3:]
-if extra:  # compare what sglang loaded with the files written
-    from safetensors.torch import load_file
-    import glob, os, torch
-    checks = {}
-    for component, key in (("vae", "encoder.conv_in.weight"), ("transformer", "proj_in.weight")):
-        module = pipeline.get_module(component)
-        loaded = module.state_dict()[key].to(torch.float32)
-        for f in sorted(glob.glob(os.path.join(sys.argv[1], component, "*.safetensors"))):
-            tensors = load_file(f)
-            if key in tensors:
-                checks[component] = bool(torch.equal(loaded, tensors[key].to(torch.float32)))
-    report["loaded_equals_files"] = checks
-print(json.dumps(report))
+loaded_equals_files = {}
+for component, key in (("vae", "encoder.conv_in.weight"), ("transformer", "proj_in.weight")):
+    loaded = pipeline.get_module(component).state_dict()[key]
+    for f in sorted(glob.glob(os.path.join(model_dir, component, "*.safetensors"))):
+        tensors = load_file(f)
+        if key in tensors:  # in the dtype sglang computes in (the tiny preset's VAE file is fp32)
+            loaded_equals_files[component] = bool(torch.equal(loaded, tensors[key].to(loaded.dtype)))
+checks = []
+if check_dirs:
+    from candidate_scheduler.worker.checkpoint_check import check
+    checks = [check(d) for d in check_dirs]
+print(json.dumps({"shape": list(served.shape), "finite": bool(np.isfinite(served).all()),
+                  "repeatable": served.tobytes() == again.tobytes(), "stats_path": stats_path,
+                  "served": served.tolist(), "normalized": normalized.tolist(),
+                  "loaded_equals_files": loaded_equals_files, "checks": checks}, default=str))
 """
+
+
+def _sglang_run(model_dir, check_dirs=()) -> dict:
+    return _run_python(_SGLANG_RUN, str(model_dir), json.dumps(DROID), json.dumps([str(d) for d in check_dirs]))
 
 
 def _assert_denormalised_with(report: dict, stats: dict) -> None:
@@ -128,9 +135,10 @@ def test_sglang_pipeline_runs_a_droid_request_on_a_raw_action_dim_10_checkpoint(
     from candidate_scheduler.worker.tiny_checkpoint import write_checkpoint
 
     out = write_checkpoint(tmp_path / "droid", raw_action_dim=10)
-    report = _run_python(_DROID_RUN, str(out), json.dumps(DROID))
+    report = _sglang_run(out)
     assert report["shape"] == [16, 10] and report["finite"] and report["repeatable"]
     assert report["stats_path"] == str((out / "action_stats.json").resolve())
+    assert report["loaded_equals_files"] == {"vae": True, "transformer": True}
     _assert_denormalised_with(report, json.loads((out / "action_stats.json").read_text())["global"])
 
 
@@ -152,19 +160,40 @@ def test_sglang_loader_builds_cosmos3_pipeline_and_runs_a_policy_request(model_d
     assert sglang_reference(image, "open the drawer", SamplingSpec(), 6).tobytes() != actions.tobytes()
 
 
-_CONFIG_CHECK = r"""
-import json, sys
-from candidate_scheduler.worker.checkpoint_check import check
-print(json.dumps([check(d) for d in sys.argv[1:]], default=str))
-"""
+@pytest.fixture(scope="module")
+def full_preset(tmp_path_factory):
+    """The full preset written config-only, a copy sglang must reject, and the full preset's
+    writer run at the tiny dimensions (twice, with 1 and 4 threads); one sglang process reports
+    on all of them."""
+    from candidate_scheduler.worker import tiny_checkpoint as tiny
+    from candidate_scheduler.worker.full_checkpoint import write_full_checkpoint
+
+    root = tmp_path_factory.mktemp("full-preset")
+    config_only = tiny.write_checkpoint(root / "full", preset="full", config_only=True)
+    # A config sglang reads differently from diffusers (sglang derives patch_latent_dim from the
+    # patch size and latent channels): the check must catch it, or it would catch nothing.
+    rejected = root / "rejected"
+    shutil.copytree(config_only, rejected)
+    cfg = json.loads((rejected / "transformer" / "config.json").read_text())
+    cfg["patch_latent_dim"] = 96
+    (rejected / "transformer" / "config.json").write_text(json.dumps(cfg))
+
+    def stream(path, threads):
+        return write_full_checkpoint(path, transformer_config=tiny.TRANSFORMER_CONFIG, vae_config=tiny.VAE_CONFIG,
+                                     raw_action_dim=10, max_shard_bytes=256 << 10, threads=threads)
+
+    streamed, streamed_again = stream(root / "streamed-1", 1), stream(root / "streamed-4", 4)
+    report = _sglang_run(streamed, [config_only, rejected])
+    return {"config_only": config_only, "streamed": streamed, "streamed_again": streamed_again,
+            "run": report, "accepted": report["checks"][0], "rejected": report["checks"][1]}
 
 
 @pytest.mark.sglang
-def test_full_preset_config_is_what_sglang_builds_without_writing_weights(tmp_path):
+def test_full_preset_config_is_what_sglang_builds_without_writing_weights(full_preset):
     from candidate_scheduler.worker.full_checkpoint import describe_preset
-    from candidate_scheduler.worker.tiny_checkpoint import is_complete, write_checkpoint
+    from candidate_scheduler.worker.tiny_checkpoint import is_complete
 
-    good = write_checkpoint(tmp_path / "full", preset="full", config_only=True)
+    good = full_preset["config_only"]
     assert not list(good.rglob("*.safetensors")) and not is_complete(good)
     assert sum(p.stat().st_size for p in good.rglob("*") if p.is_file()) < 1 << 20
     manifest = json.loads((good / "tiny_checkpoint.json").read_text())
@@ -172,18 +201,10 @@ def test_full_preset_config_is_what_sglang_builds_without_writing_weights(tmp_pa
     summary = describe_preset("full")
     assert "14.55 Gparams" in summary and "29.10 GB" in summary, summary
 
-    # A config sglang reads differently from diffusers (sglang derives patch_latent_dim from the
-    # patch size and latent channels): the check must catch it, or it would catch nothing.
-    bad = tmp_path / "bad"
-    shutil.copytree(good, bad)
-    cfg = json.loads((bad / "transformer" / "config.json").read_text())
-    cfg["patch_latent_dim"] = 96
-    (bad / "transformer" / "config.json").write_text(json.dumps(cfg))
-
-    good_report, bad_report = _run_python(_CONFIG_CHECK, str(good), str(bad))
-    assert good_report["ok"], good_report
-    assert good_report["pipeline_config"] == "Cosmos3Config" and good_report["is_nano"]
-    transformer = good_report["transformer"]
+    report = full_preset["accepted"]
+    assert report["ok"], report
+    assert report["pipeline_config"] == "Cosmos3Config" and report["is_nano"]
+    transformer = report["transformer"]
     assert transformer["arch"] == {
         "hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
         "head_dim": 128, "intermediate_size": 12288, "vocab_size": 151936, "action_dim": 64,
@@ -191,27 +212,21 @@ def test_full_preset_config_is_what_sglang_builds_without_writing_weights(tmp_pa
     }
     assert transformer["params"] == transformer["written_params"] == manifest["transformer_params"]
     assert 14.0e9 < transformer["params"] < 15.0e9
-    vae = good_report["vae"]
+    vae = report["vae"]
     assert vae["arch"]["z_dim"] == 48 and vae["arch"]["base_dim"] == 160 and vae["arch"]["decoder_base_dim"] == 256
     assert vae["params"] == vae["written_params"] == manifest["vae_params"]
     # word-level splitting: about the real Qwen tokenizer's count, not one token per character
-    assert 60 < good_report["tokenizer"]["action_prompt_tokens"] < 160
+    assert 60 < report["tokenizer"]["action_prompt_tokens"] < 160
 
-    assert not bad_report["ok"]
-    assert any(m.startswith("proj_in.weight") for m in bad_report["transformer"]["shape_mismatch"])
+    rejected = full_preset["rejected"]
+    assert not rejected["ok"]
+    assert any(m.startswith("proj_in.weight") for m in rejected["transformer"]["shape_mismatch"])
 
 
 @pytest.mark.sglang
-def test_full_preset_writer_streams_shards_that_sglang_loads_and_runs(tmp_path):
+def test_full_preset_writer_streams_shards_that_sglang_loads_and_runs(full_preset):
     """The full preset's writer (sharded, bf16, per-tensor seeds), at the tiny dimensions."""
-    from candidate_scheduler.worker import tiny_checkpoint as tiny
-    from candidate_scheduler.worker.full_checkpoint import write_full_checkpoint
-
-    def write(path, threads):
-        return write_full_checkpoint(path, transformer_config=tiny.TRANSFORMER_CONFIG, vae_config=tiny.VAE_CONFIG,
-                                     raw_action_dim=10, max_shard_bytes=256 << 10, threads=threads)
-
-    a, b = write(tmp_path / "a", 1), write(tmp_path / "b", 4)
+    a, b = full_preset["streamed"], full_preset["streamed_again"]
     assert _files(a) == _files(b)
     for rel in _files(a):
         assert (a / rel).read_bytes() == (b / rel).read_bytes(), rel  # independent of thread scheduling
@@ -220,7 +235,7 @@ def test_full_preset_writer_streams_shards_that_sglang_loads_and_runs(tmp_path):
     assert len(shard_files) > 1 and all((a / "transformer" / f).exists() for f in shard_files)
     assert "lm_head.weight" not in index["weight_map"]  # dropped by sglang's mapping, never written
 
-    report = _run_python(_DROID_RUN, str(a), json.dumps(DROID), "compare-weights")
+    report = full_preset["run"]
     assert report["shape"] == [16, 10] and report["finite"] and report["repeatable"]
     assert report["loaded_equals_files"] == {"vae": True, "transformer": True}
     _assert_denormalised_with(report, json.loads((a / "action_stats.json").read_text())["global"])
