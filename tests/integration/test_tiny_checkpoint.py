@@ -105,6 +105,9 @@ for component, key in (("vae", "encoder.conv_in.weight"), ("transformer", "proj_
         tensors = load_file(f)
         if key in tensors:  # in the dtype sglang computes in (the tiny preset's VAE file is fp32)
             loaded_equals_files[component] = bool(torch.equal(loaded, tensors[key].to(loaded.dtype)))
+from sglang.multimodal_gen.runtime.pipelines_core.stages.model_specific_stages.cosmos3_action import (
+    EMBODIMENT_TO_DOMAIN_ID, get_raw_action_dim)
+droid = {"domain_id": EMBODIMENT_TO_DOMAIN_ID["droid_lerobot"], "raw_action_dim": get_raw_action_dim("droid_lerobot")}
 checks = []
 if check_dirs:
     from candidate_scheduler.worker.checkpoint_check import check
@@ -112,7 +115,8 @@ if check_dirs:
 print(json.dumps({"shape": list(served.shape), "finite": bool(np.isfinite(served).all()),
                   "repeatable": served.tobytes() == again.tobytes(), "stats_path": stats_path,
                   "served": served.tolist(), "normalized": normalized.tolist(),
-                  "loaded_equals_files": loaded_equals_files, "checks": checks}, default=str))
+                  "loaded_equals_files": loaded_equals_files, "droid_lerobot": droid, "checks": checks},
+                 default=str))
 """
 
 
@@ -136,6 +140,7 @@ def test_sglang_pipeline_runs_a_droid_request_on_a_raw_action_dim_10_checkpoint(
 
     out = write_checkpoint(tmp_path / "droid", raw_action_dim=10)
     report = _sglang_run(out)
+    assert report["droid_lerobot"] == DROID  # what sglang resolves domain_name="droid_lerobot" to
     assert report["shape"] == [16, 10] and report["finite"] and report["repeatable"]
     assert report["stats_path"] == str((out / "action_stats.json").resolve())
     assert report["loaded_equals_files"] == {"vae": True, "transformer": True}
