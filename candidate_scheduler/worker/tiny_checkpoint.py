@@ -1,9 +1,13 @@
-"""Write a tiny, random-weight Cosmos3 checkpoint that sglang 0.5.23 loads as Cosmos3Pipeline.
+"""Write a random-weight Cosmos3 checkpoint that sglang 0.5.23 loads as Cosmos3Pipeline.
 
 Nothing is downloaded: every weight comes from a fixed torch seed, the tokenizer is a WordLevel
 vocabulary built here, and the files are written in a fixed order so the same command twice gives
-byte-identical weights. The shapes follow a config that sglang's loader is known to accept
-(see shared/reference/sglang-0.5.23-notes.md section 5).
+byte-identical weights. Two presets:
+- `tiny` (the default): a ~0.5M-parameter DiT whose shapes follow a config sglang's loader is known
+  to accept (see shared/reference/sglang-0.5.23-notes.md section 5); about 14 MB, written in seconds.
+- `full`: the real Cosmos3 Nano dimensions, streamed to disk shard by shard (full_checkpoint.py).
+`raw_action_dim` sets how many action dims the action stats cover, so requests for a real
+embodiment's width (droid_lerobot: 10) are accepted; the weights do not depend on it.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -91,20 +96,40 @@ CHAT_TEMPLATE = (
 )
 
 
-def _action_stats() -> dict:
+PRESETS = ("tiny", "full")
+MODEL_INDEX = {
+    "_class_name": "Cosmos3OmniPipeline",
+    "_diffusers_version": "0.42.1",
+    "transformer": ["diffusers", "Cosmos3OmniTransformer"],
+    "vae": ["diffusers", "AutoencoderKLWan"],
+    "scheduler": ["diffusers", "UniPCMultistepScheduler"],
+    "text_tokenizer": ["transformers", "PreTrainedTokenizerFast"],
+}
+
+
+def _action_stats(raw_action_dim: int = HORIZON_DIM) -> dict:
+    # Only the "global" key: sglang's load_action_stats reads one stats set per file (its
+    # stats_key is never passed per domain), so a checkpoint covers one action width.
     # Ranges differ per dimension so a wrong denormalisation is visible in tests.
-    q01 = [-1.0 - 0.25 * i for i in range(HORIZON_DIM)]
-    q99 = [1.0 + 0.5 * i for i in range(HORIZON_DIM)]
+    q01 = [-1.0 - 0.25 * i for i in range(raw_action_dim)]
+    q99 = [1.0 + 0.5 * i for i in range(raw_action_dim)]
     return {
         "global": {
             "q01": q01,
             "q99": q99,
             "min": [v - 0.1 for v in q01],
             "max": [v + 0.1 for v in q99],
-            "mean": [0.05 * i for i in range(HORIZON_DIM)],
-            "std": [1.0 + 0.1 * i for i in range(HORIZON_DIM)],
+            "mean": [0.05 * i for i in range(raw_action_dim)],
+            "std": [1.0 + 0.1 * i for i in range(raw_action_dim)],
         }
     }
+
+
+def check_raw_action_dim(raw_action_dim: int, action_dim: int) -> int:
+    """The stats width must fit the model's padded action channels (sglang slices to it)."""
+    if isinstance(raw_action_dim, bool) or not isinstance(raw_action_dim, int) or not 1 <= raw_action_dim <= action_dim:
+        raise ValueError(f"raw_action_dim must be an int in [1, {action_dim}], got {raw_action_dim!r}")
+    return raw_action_dim
 
 
 def _vocabulary() -> list[str]:
@@ -119,14 +144,17 @@ def _vocabulary() -> list[str]:
     return words
 
 
-def _write_tokenizer(out: Path) -> None:
+def _write_tokenizer(out: Path, words: list[str] | None = None, split_pattern=None) -> None:
+    """A WordLevel tokenizer with Qwen-style specials. By default it splits into single characters
+    so any prompt tokenizes without unknown-heavy output; the full preset passes a word-splitting
+    pattern so prompts get about as many tokens as the real Qwen tokenizer gives them."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {w: i for i, w in enumerate(_vocabulary())}
+    vocab = {w: i for i, w in enumerate(words if words is not None else _vocabulary())}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    # Split into single characters so any prompt tokenizes without unknown-heavy output.
-    tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern=split_pattern if split_pattern is not None else "",
+                                             behavior="isolated")
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         unk_token="<unk>",
@@ -159,8 +187,28 @@ def _save_safetensors(module, path: Path, dtype) -> None:
     save_file(state, str(path), metadata={"format": "pt"})
 
 
-def write_checkpoint(out_dir: str | os.PathLike = DEFAULT_DIR) -> Path:
-    """Write the checkpoint into out_dir atomically (a temp dir renamed into place)."""
+def write_checkpoint(
+    out_dir: str | os.PathLike = DEFAULT_DIR,
+    *,
+    preset: str = "tiny",
+    raw_action_dim: int = HORIZON_DIM,
+    config_only: bool = False,
+    log=None,
+) -> Path:
+    """Write the checkpoint into out_dir atomically (a temp dir renamed into place).
+
+    config_only writes every config, the tokenizer and the stats but no weights: a directory to
+    check a preset's shapes against sglang's loader without writing gigabytes. It is never taken
+    for a complete checkpoint (`is_complete` is false)."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown checkpoint preset {preset!r}; expected one of {', '.join(PRESETS)}")
+    if preset == "full" or config_only:
+        # Streamed from a meta-device plan; the tiny weights keep the path below, the one existing
+        # checkpoints were written with (its bytes must not change).
+        from candidate_scheduler.worker.full_checkpoint import write_preset
+
+        return write_preset(out_dir, preset, raw_action_dim=raw_action_dim, config_only=config_only, log=log)
+    check_raw_action_dim(raw_action_dim, TRANSFORMER_CONFIG["action_dim"])
     import torch
     from diffusers import AutoencoderKLWan, Cosmos3OmniTransformer
 
@@ -195,34 +243,28 @@ def write_checkpoint(out_dir: str | os.PathLike = DEFAULT_DIR) -> Path:
 
         _write_tokenizer(tmp / "text_tokenizer")
 
-        _dump_json(
-            tmp / "model_index.json",
-            {
-                "_class_name": "Cosmos3OmniPipeline",
-                "_diffusers_version": "0.42.1",
-                "transformer": ["diffusers", "Cosmos3OmniTransformer"],
-                "vae": ["diffusers", "AutoencoderKLWan"],
-                "scheduler": ["diffusers", "UniPCMultistepScheduler"],
-                "text_tokenizer": ["transformers", "PreTrainedTokenizerFast"],
-            },
-        )
-        _dump_json(tmp / STATS_FILE, _action_stats())
+        _dump_json(tmp / "model_index.json", MODEL_INDEX)
+        _dump_json(tmp / STATS_FILE, _action_stats(raw_action_dim))
         _dump_json(
             tmp / MANIFEST_FILE,
             {
                 "format_version": FORMAT_VERSION,
                 "seed": SEED,
-                "raw_action_dim": HORIZON_DIM,
+                "raw_action_dim": raw_action_dim,
                 "weights_sha256": weights_digest(tmp),
             },
         )
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
+        replace_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def replace_dir(tmp: Path, out_dir: Path) -> None:
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
 
 
 def weights_digest(model_dir: str | os.PathLike) -> str:
@@ -241,7 +283,7 @@ def is_complete(model_dir: str | os.PathLike) -> bool:
         meta = json.loads(manifest.read_text())
     except ValueError:
         return False
-    return meta.get("format_version") == FORMAT_VERSION
+    return meta.get("format_version") == FORMAT_VERSION and not meta.get("config_only", False)
 
 
 def ensure_checkpoint(model_dir: str | os.PathLike = DEFAULT_DIR) -> Path:
@@ -265,7 +307,36 @@ def _json_default(value):
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
-if __name__ == "__main__":  # pragma: no cover - the CLI's make-checkpoint is the entry point
-    import sys
+def add_make_checkpoint_arguments(parser) -> None:
+    """The `make-checkpoint` options; cli.py and `python -m` share them."""
+    parser.add_argument("dir", nargs="?", default=str(DEFAULT_DIR), help="output directory")
+    parser.add_argument("--preset", choices=PRESETS, default="tiny",
+                        help="tiny: ~14 MB test model (default); full: Cosmos3 Nano dimensions, ~30 GB bf16")
+    parser.add_argument("--raw-action-dim", type=int, default=HORIZON_DIM,
+                        help="action dims the action stats cover (droid_lerobot: 10; default %(default)s)")
+    parser.add_argument("--config-only", action="store_true",
+                        help="write configs, tokenizer and stats but no weights (shape checks, size estimates)")
 
-    print(write_checkpoint(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_DIR))
+
+def run_make_checkpoint(args) -> int:
+    """Write the checkpoint the parsed `make-checkpoint` arguments ask for; prints its path."""
+    if args.preset == "full" or args.config_only:
+        from candidate_scheduler.worker.full_checkpoint import describe_preset
+
+        print(describe_preset(args.preset), flush=True)
+    try:
+        path = write_checkpoint(args.dir, preset=args.preset, raw_action_dim=args.raw_action_dim,
+                                config_only=args.config_only, log=lambda line: print(line, file=sys.stderr, flush=True))
+    except ValueError as exc:
+        print(f"make-checkpoint: {exc}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - the CLI's make-checkpoint is the entry point
+    import argparse
+
+    cli = argparse.ArgumentParser(prog="python -m candidate_scheduler.worker.tiny_checkpoint")
+    add_make_checkpoint_arguments(cli)
+    sys.exit(run_make_checkpoint(cli.parse_args()))
