@@ -158,7 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("make-checkpoint", "write a random-weight Cosmos3 checkpoint (tiny by default; no download)",
                 commands.cmd_make_checkpoint)
-    p.add_argument("dir", nargs="?", default=DEFAULT_MODEL, help="where to write it")
+    from candidate_scheduler.worker.tiny_checkpoint import add_make_checkpoint_arguments
+
+    add_make_checkpoint_arguments(p)
 
     p = command("keys", "write CURVE keys for remote workers", commands.cmd_keys)
     p.add_argument("dir", help="where to write server.key[_secret], client.key[_secret], authorized_clients/")

@@ -251,10 +251,9 @@ def cmd_control(args) -> int:
 
 
 def cmd_make_checkpoint(args) -> int:
-    from candidate_scheduler.worker.tiny_checkpoint import write_checkpoint
+    from candidate_scheduler.worker.tiny_checkpoint import run_make_checkpoint
 
-    print(write_checkpoint(args.dir))
-    return 0
+    return run_make_checkpoint(args)
 
 
 def cmd_keys(args) -> int:

@@ -311,9 +311,9 @@ def add_make_checkpoint_arguments(parser) -> None:
     """The `make-checkpoint` options; cli.py and `python -m` share them."""
     parser.add_argument("dir", nargs="?", default=str(DEFAULT_DIR), help="output directory")
     parser.add_argument("--preset", choices=PRESETS, default="tiny",
-                        help="tiny: ~14 MB test model (default); full: Cosmos3 Nano dimensions, ~30 GB bf16")
+                        help="tiny: a ~14 MB test model; full: Cosmos3 Nano dimensions, ~30 GB bf16")
     parser.add_argument("--raw-action-dim", type=int, default=HORIZON_DIM,
-                        help="action dims the action stats cover (droid_lerobot: 10; default %(default)s)")
+                        help="action dims the action stats cover (droid_lerobot: 10)")
     parser.add_argument("--config-only", action="store_true",
                         help="write configs, tokenizer and stats but no weights (shape checks, size estimates)")
 
