@@ -17,7 +17,8 @@ loop.py drives the same interface with groups arriving and leaving).
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterable, Protocol, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
 from candidate_scheduler.core.work import BatchReport, GroupOutput, GroupWork
 
@@ -79,12 +80,14 @@ def charge_step(groups: Sequence[RunningGroup], elapsed: float) -> None:
 
 
 def add_group_report(batch: BatchReport, group: BatchReport) -> None:
-    """Fold a group's own work into a batch report (forwards and steps are counted per batch)."""
+    """Fold a group's own work into a batch report (forwards and steps are counted per batch).
+    Every group that started is folded in, whether it finished, was cancelled or failed."""
     batch.rows += group.rows
     batch.condition_s += group.condition_s
     batch.postprocess_s += group.postprocess_s
     batch.text_encodes += group.text_encodes
     batch.vae_encodes += group.vae_encodes
+    batch.peak_memory_bytes = max(batch.peak_memory_bytes, group.peak_memory_bytes)
 
 
 def error_output(request_id: str, exc: BaseException) -> GroupOutput:
@@ -140,7 +143,9 @@ def run_batch(
         if should_drop is not None:
             drop = set(should_drop() or ())
             for i in [i for i, g in running.items() if g.request_id in drop]:
-                adapter.release(running.pop(i))
+                g = running.pop(i)
+                adapter.release(g)
+                add_group_report(report, g.report)
                 outputs[i] = GroupOutput(items[i].request_id, "cancelled")
             if not running:
                 break
@@ -151,6 +156,7 @@ def run_batch(
         except Exception as exc:  # noqa: BLE001 - a failed forward fails the groups that shared it
             for i, g in list(running.items()):
                 adapter.release(g)
+                add_group_report(report, g.report)
                 outputs[i] = error_output(g.request_id, exc)
             running.clear()
             break
@@ -164,6 +170,7 @@ def run_batch(
             try:
                 outputs[i] = adapter.finish(g)
             except Exception as exc:  # noqa: BLE001
+                adapter.release(g)
                 outputs[i] = error_output(g.request_id, exc)
             add_group_report(report, g.report)
     return [outputs[i] for i in range(len(items))], report

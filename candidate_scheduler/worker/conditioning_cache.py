@@ -1,0 +1,106 @@
+"""A bounded LRU cache of conditioning (text pathway K/V, VAE latents) shared across groups.
+
+Entries are charged by their tensor bytes and evicted least recently used first once the total passes
+`max_bytes` (0 turns the cache off: nothing is stored, every lookup misses without counting). Every key
+starts with the model's identity (its resolved checkpoint path and the size and mtime of every weight
+file, see `model_identity`) and sglang's weights epoch (bumped by `invalidate_conditioning_caches()`
+on every in-place weight update), so an entry never serves another model, another checkpoint, or the
+same model after its weights changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".json", ".model")
+
+
+def model_identity(model_dir: str | os.PathLike) -> bytes:
+    """A digest naming one checkpoint on disk: its resolved path and, for every weight or config file
+    under it, the relative path, size and mtime (cheap even for a full-size checkpoint: no reads)."""
+    root = Path(model_dir).resolve()
+    h = hashlib.sha256(str(root).encode())
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and path.suffix in WEIGHT_SUFFIXES:
+            st = path.stat()
+            h.update(f"{path.relative_to(root)}:{st.st_size}:{st.st_mtime_ns};".encode())
+    return h.digest()
+
+
+class ConditioningCache:
+    def __init__(self, max_bytes: int):
+        if max_bytes < 0:
+            raise ValueError(f"conditioning cache size must be >= 0 bytes, got {max_bytes}")
+        self.max_bytes = int(max_bytes)
+        self.bytes = 0
+        self.hits = {"text": 0, "vae": 0}
+        self.misses = {"text": 0, "vae": 0}
+        self.evictions = 0
+        self._entries: OrderedDict[tuple, tuple[object, int]] = OrderedDict()
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_bytes > 0
+
+    def get(self, key: tuple):
+        if not self.enabled:
+            return None
+        entry = self._entries.get(key)
+        kind = key[0]
+        if entry is None:
+            self.misses[kind] = self.misses.get(kind, 0) + 1
+            return None
+        self._entries.move_to_end(key)
+        self.hits[kind] = self.hits.get(kind, 0) + 1
+        return entry[0]
+
+    def put(self, key: tuple, value, nbytes: int) -> None:
+        if not self.enabled or nbytes > self.max_bytes or key in self._entries:
+            return
+        self._entries[key] = (value, int(nbytes))
+        self.bytes += int(nbytes)
+        while self.bytes > self.max_bytes:
+            _old, (_value, size) = self._entries.popitem(last=False)
+            self.bytes -= size
+            self.evictions += 1
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.bytes = 0
+
+    def stats(self) -> dict:
+        """Counters for metrics: hits and misses per kind, evictions, entries, bytes in use, limit."""
+        return {
+            "enabled": self.enabled,
+            "text_hits": self.hits.get("text", 0),
+            "text_misses": self.misses.get("text", 0),
+            "vae_hits": self.hits.get("vae", 0),
+            "vae_misses": self.misses.get("vae", 0),
+            "evictions": self.evictions,
+            "entries": len(self._entries),
+            "bytes": self.bytes,
+            "max_bytes": self.max_bytes,
+        }
+
+    def for_model(self, identity: bytes, epoch: Callable[[], int] = lambda: 0) -> ModelCache:
+        return ModelCache(self, identity, epoch)
+
+
+class ModelCache:
+    """One model's view of a (possibly shared) cache: every key is prefixed with the model identity
+    and the weights epoch at the time of the lookup."""
+
+    def __init__(self, cache: ConditioningCache, identity: bytes, epoch: Callable[[], int]):
+        self.cache = cache
+        self.identity = identity
+        self.epoch = epoch
+
+    def get(self, kind: str, key: bytes):
+        return self.cache.get((kind, self.identity, self.epoch(), key))
+
+    def put(self, kind: str, key: bytes, value, nbytes: int) -> None:
+        self.cache.put((kind, self.identity, self.epoch(), key), value, nbytes)

@@ -1,0 +1,180 @@
+"""A Cosmos3 group's conditioning: the UND text pathway K/V and each observation's VAE latent.
+
+Both are computed once when a group joins a running batch (`cosmos3_rows.start_group`) and served from
+there to every forward that needs them:
+
+- Text K/V. The transformer computes its UND K/V itself whenever a forward's cache key is missing from
+  `transformer.cached_kv`, by calling `language_model(text_ids, text_mask, text_pos_ids)`. We wrap that
+  call (`TextPathway.hook`). Inside our own forwards it assembles the K/V of the forward's rows from
+  the rows its running groups computed when they joined (keyed by content: ids, mask and positions);
+  anywhere else (sglang's own pipeline, the reference) it only runs each distinct text row once and
+  expands the result, exactly as before. A row computed in a batch of U rows is bitwise the row
+  computed alone (notes §5b: the UND pathway is row independent), so K/V may be assembled from rows of
+  different calls.
+- VAE latents. sglang's latent stage encodes the observation for every candidate it prepares (we run
+  it at batch 1 per candidate for the candidate's own noise). `VaeEncoder.observation()` scopes one
+  observation of one group: the first candidate encodes it, the others reuse that latent.
+
+With a `ConditioningCache` (conditioning_cache.py) both also survive across groups: a robot repeating
+its instruction, or RL rollouts of one observation, skip the text pathway and the VAE encode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from contextlib import contextmanager
+
+import torch
+
+from candidate_scheduler.worker.conditioning_cache import ModelCache
+
+
+def _unique_rows(rows: torch.Tensor) -> tuple[list[int], list[int]]:
+    """First-seen indices of distinct rows, and for every row the position of its distinct row."""
+    seen: dict[bytes, int] = {}
+    unique: list[int] = []
+    inverse: list[int] = []
+    data = rows.cpu().numpy()
+    for i in range(data.shape[0]):
+        key = data[i].tobytes()
+        if key not in seen:
+            seen[key] = len(unique)
+            unique.append(i)
+        inverse.append(seen[key])
+    return unique, inverse
+
+
+def text_row_key(ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> bytes:
+    """Content key of one text row: token ids [S], mask [S] and mRoPE positions [3, S]."""
+    h = hashlib.sha256()
+    for t in (ids, mask, pos):
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.detach().contiguous().cpu().numpy().tobytes())
+    return h.digest()
+
+
+def kv_nbytes(kv) -> int:
+    return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+
+
+class TextPathway:
+    """The wrapper around `transformer.language_model.forward`, and the K/V rows of running groups."""
+
+    def __init__(self, language_model, counts: dict, cache: ModelCache):
+        self.original = language_model.forward
+        self.counts = counts
+        self.cache = cache
+        self.serving = False  # True only inside our own forwards (see module docstring)
+        # row key -> [K/V of that row at batch 1, number of running groups that hold it]
+        self.live: dict[bytes, list] = {}
+        language_model.forward = self.hook
+
+    def hook(self, text_ids, text_mask, text_pos_ids, *args, **kwargs):
+        rows = torch.cat([text_ids, text_mask], dim=1)
+        unique, inverse = _unique_rows(rows)
+        if self.serving and not args and not kwargs:
+            found = [self.live.get(text_row_key(text_ids[u], text_mask[u], text_pos_ids[:, u])) for u in unique]
+            if all(entry is not None for entry in found):
+                return _gather([entry[0] for entry in found], inverse, text_ids.device)
+        # Rows of one group carry the same text; run each distinct row once, in first-seen order
+        # (so a CFG batch [uncond, cond] runs exactly as sglang's own B=2 call), then expand.
+        self.counts["text"] += 1
+        if len(unique) == rows.shape[0]:
+            return self.original(text_ids, text_mask, text_pos_ids, *args, **kwargs)
+        idx = torch.as_tensor(unique, device=text_ids.device)
+        kv = self.original(text_ids[idx], text_mask[idx], text_pos_ids[:, idx], *args, **kwargs)
+        gather = torch.as_tensor(inverse, device=text_ids.device)
+        return [(k.index_select(0, gather), v.index_select(0, gather)) for k, v in kv]
+
+    def acquire(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, report) -> list[bytes]:
+        """Make the K/V of these distinct rows ([U, S], [U, S], [3, U, S]) live for a joining group;
+        rows no running group holds and the cache does not know are computed in ONE call, in order.
+        Returns the row keys the group now holds (give them back with `release`)."""
+        keys = [text_row_key(ids[u], mask[u], pos[:, u]) for u in range(ids.shape[0])]
+        missing = []
+        for u, key in enumerate(keys):
+            if key in self.live:
+                continue
+            cached = self.cache.get("text", key)
+            if cached is not None:
+                self.live[key] = [cached, 0]
+            elif u not in missing:
+                missing.append(u)
+        if missing:
+            before = self.counts["text"]
+            idx = torch.as_tensor(missing, device=ids.device)
+            kv = self.hook(ids[idx], mask[idx], pos[:, idx])
+            report.text_encodes += self.counts["text"] - before
+            for j, u in enumerate(missing):
+                row = [(k[j : j + 1].clone(), v[j : j + 1].clone()) for k, v in kv]
+                self.live.setdefault(keys[u], [row, 0])
+                self.cache.put("text", keys[u], row, kv_nbytes(row))
+        for key in keys:
+            self.live[key][1] += 1
+        return keys
+
+    def release(self, keys: list[bytes]) -> None:
+        for key in keys:
+            entry = self.live.get(key)
+            if entry is None:
+                continue
+            entry[1] -= 1
+            if entry[1] <= 0:
+                del self.live[key]
+
+
+def _gather(rows: list, inverse: list[int], device) -> list:
+    """Per layer, the K/V of a forward's rows from distinct rows at batch 1."""
+    gather = torch.as_tensor(inverse, device=device)
+    out = []
+    for layer in range(len(rows[0])):
+        k = torch.cat([r[layer][0] for r in rows], dim=0)
+        v = torch.cat([r[layer][1] for r in rows], dim=0)
+        out.append((k.index_select(0, gather), v.index_select(0, gather)))
+    return out
+
+
+class VaeEncoder:
+    """The wrapper around the latent stage's `_vae_encode`: once per observation of a group."""
+
+    def __init__(self, latent_stage, counts: dict, cache: ModelCache):
+        self.original = latent_stage._vae_encode
+        self.counts = counts
+        self.cache = cache
+        self._slot: list | None = None  # [cache key, latent or None] while one observation is prepared
+        self._report = None
+        latent_stage._vae_encode = self.encode
+
+    def encode(self, video):
+        slot = self._slot
+        if slot is None:  # outside a group's start (sglang's own pipeline): unchanged
+            self.counts["vae"] += 1
+            return self.original(video)
+        if slot[1] is None:
+            latent = self.cache.get("vae", slot[0])
+            if latent is None:
+                self.counts["vae"] += 1
+                if self._report is not None:
+                    self._report.vae_encodes += 1
+                latent = self.original(video)
+                self.cache.put("vae", slot[0], latent, latent.numel() * latent.element_size())
+            slot[1] = latent
+        return slot[1]
+
+    @contextmanager
+    def observation(self, key: bytes, report):
+        """Encode at most once inside this block; `key` names the observation (image digest, shape,
+        the sampling fields that change the VAE input) for the cross-group cache."""
+        self._slot, self._report = [key, None], report
+        try:
+            yield
+        finally:
+            self._slot, self._report = None, None
+
+
+def observation_key(image, height: int, width: int) -> bytes:
+    """What decides an observation's VAE latent: its pixels and the target size it is resized to."""
+    h = hashlib.sha256()
+    h.update(f"{image.dtype}{tuple(image.shape)}:{height}x{width}".encode())
+    h.update(image.tobytes())
+    return h.digest()
