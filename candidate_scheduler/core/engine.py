@@ -178,11 +178,24 @@ class Engine:
     def _schedule(self, out: list) -> None:
         if not self.queue or not self.workers:
             return
+        self._fit_slices()
         placements = self._plan()
         if self._shrink_starting(placements):
             placements = self._plan()  # smaller slices: plan again with the counts now fixed
         for worker_id, entries in placements:
             self._send(self.workers[worker_id], entries, out)
+
+    def _fit_slices(self) -> None:
+        """Halve pending slices no live worker can hold (the largest shrank after running out of memory,
+        or the workers big enough left), so nothing waits forever for rows that will not come."""
+        largest = max(self.rows_of(w) for w in self.workers.values())
+        for rid in self.queue:
+            g = self.groups[rid]
+            todo = [i for i, ids in g.pending_slices() if len(ids) > largest]
+            while todo:
+                i = todo.pop()
+                if len(g.slices[i]) > largest:
+                    todo += [i, g.split_slice(i)]
 
     def _plan(self) -> list[tuple[str, tuple]]:
         if self.config.batching == "dispatch":
@@ -402,12 +415,7 @@ class Engine:
         worker.capacity = max(1, min(worker.capacity, rows - 1))
         if not g.fail_slice(entry.slice_index, f"out_of_memory: {detail}", 1 << 30, worker_id=worker.worker_id):
             return
-        self.metrics.retry("out_of_memory")
-        todo = [entry.slice_index]
-        while todo:
-            i = todo.pop()
-            if len(g.slices[i]) > worker.capacity:
-                todo += [i, g.split_slice(i)]
+        self.metrics.retry("out_of_memory")  # _schedule halves what no worker can hold now
 
     def _worker_lost(self, worker: WorkerState, reason: str, out: list) -> None:
         """The worker is gone (or presumed so): every slice it held goes back to pending, to be retried

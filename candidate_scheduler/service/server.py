@@ -56,12 +56,14 @@ class SchedulerConfig:
     heartbeat_timeout_s: float = 3.0
     tick_s: float = 0.05
     finished_memory: int = 10_000  # finished groups remembered for STATUS
+    best_effort_s: float = 30.0  # see core/deadlines.py
     curve_dir: str | None = None  # holds server.key_secret and authorized_clients/*.key
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(policy=self.policy, batching=self.batching, max_queued_groups=self.max_queued_groups,
                             retry_limit=self.retry_limit, heartbeat_interval_s=self.heartbeat_interval_s,
-                            heartbeat_timeout_s=self.heartbeat_timeout_s, finished_memory=self.finished_memory)
+                            heartbeat_timeout_s=self.heartbeat_timeout_s, finished_memory=self.finished_memory,
+                            best_effort_s=self.best_effort_s)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,9 @@ while keeping the shape; `shuffle` reorders rows together with their ids, which 
 
     candidate-scheduler worker --adapter null --fault malformed:0.3,raise:0.1,seed=7
 
-Spec grammar: comma-separated `KIND:PROBABILITY` items plus an optional `seed=INT`. Probabilities are
+Spec grammar: comma-separated `KIND:PROBABILITY` items plus an optional `seed=INT` and an optional
+`oom_rows=N`: every assignment holding more than N candidate rows answers out_of_memory, like a device
+that cannot hold them (the scheduler must re-plan smaller slices, not fail the group). Probabilities are
 per assignment; at most one fault is injected per batch (so they must sum to <= 1). Kinds:
 
     raise          a transient fault (the worker answers worker_error for every group of the assignment)
@@ -39,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from candidate_scheduler.worker.stepping import TransientFault, error_output
+from candidate_scheduler.worker.stepping import OutOfMemory, TransientFault, error_output
 
 log = logging.getLogger("candidate_scheduler.faults")
 
@@ -65,14 +67,21 @@ class InjectedFault(TransientFault):
 class FaultSpec:
     probabilities: tuple[tuple[str, float], ...] = ()
     seed: int | None = None
+    oom_rows: int | None = None
 
     @classmethod
     def parse(cls, text: str) -> "FaultSpec":
         probs: list[tuple[str, float]] = []
-        seed = None
+        seed = oom_rows = None
         for raw in str(text).split(","):
             item = raw.strip()
             if not item:
+                continue
+            if item.startswith("oom_rows="):
+                try:
+                    oom_rows = int(item[len("oom_rows="):])
+                except ValueError:
+                    raise ValueError(f"bad oom_rows in {item!r}") from None
                 continue
             if item.startswith("seed="):
                 try:
@@ -93,12 +102,14 @@ class FaultSpec:
             probs.append((kind, prob))
         if sum(p for _k, p in probs) > 1.0 + 1e-9:
             raise ValueError(f"fault probabilities sum to {sum(p for _k, p in probs):.3f} > 1 (one fault per batch)")
-        return cls(tuple(probs), seed)
+        return cls(tuple(probs), seed, oom_rows)
 
     def __str__(self) -> str:
         items = [f"{k}:{p:g}" for k, p in self.probabilities]
         if self.seed is not None:
             items.append(f"seed={self.seed}")
+        if self.oom_rows is not None:
+            items.append(f"oom_rows={self.oom_rows}")
         return ",".join(items)
 
 
@@ -128,6 +139,11 @@ class FaultyAdapter:
     def mangle_result(self, items, outputs: list) -> list:
         """The worker loop's hook on every assignment's outputs, just before they are sent: at most one
         fault per assignment, drawn with the configured probabilities."""
+        rows = sum(len(it.candidates) * len(it.images) for it in items)
+        if self.spec.oom_rows is not None and rows > self.spec.oom_rows:
+            self._note("oom", items, f"{rows} rows > {self.spec.oom_rows}")
+            fault = OutOfMemory(f"injected: {rows} rows do not fit (oom_rows={self.spec.oom_rows})")
+            return [error_output(it.request_id, fault) for it in items]
         kind = self._draw()
         if kind is None:
             return outputs

@@ -82,7 +82,7 @@ class Worker:
     def _compute_loop(self) -> None:
         out = self.ctx.socket(zmq.PAIR)
         out.connect(self._wake_addr)
-        batch = RunningBatch(self.adapter)
+        batch = RunningBatch(self.adapter, self.step_delay_s)
         try:
             while not self._stop.is_set():
                 if not self._take_new(batch, block=batch.idle and not batch.assignments):
@@ -93,8 +93,6 @@ class Worker:
                 if not batch.idle:
                     with self._lock:
                         self._step = batch.steps_run
-                    if self.step_delay_s:
-                        time.sleep(self.step_delay_s)
                     forwards, rows, seconds, label = batch.step()
                     if forwards:
                         # per forward: exact when the step ran one forward (groups of one cohort)
@@ -174,7 +172,7 @@ class Worker:
         if self.warmup_shapes and not self.profile:
             from candidate_scheduler.worker.profile import warm_up
 
-            self.profile = warm_up(self.adapter, self.capacity, self.warmup_shapes)
+            self.profile = warm_up(self.adapter, self.capacity, self.warmup_shapes, self.step_delay_s)
             log.info("warm-up profile: %s", self.profile)
         wake = self.ctx.socket(zmq.PAIR)
         wake.bind(self._wake_addr)

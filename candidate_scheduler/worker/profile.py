@@ -30,7 +30,7 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
     return shapes
 
 
-def warm_up(adapter, capacity: int, shapes: list[tuple[int, int]]) -> list[tuple[str, int, float]]:
+def warm_up(adapter, capacity: int, shapes: list[tuple[int, int]], step_delay_s: float = 0.0) -> list[tuple[str, int, float]]:
     records = []
     for height, width in shapes:
         sampling = SamplingSpec(height=height, width=width, steps=TIMED_STEPS + 1)
@@ -43,6 +43,8 @@ def warm_up(adapter, capacity: int, shapes: list[tuple[int, int]]) -> list[tuple
                 times = []
                 for _ in range(TIMED_STEPS):
                     t0 = time.perf_counter()
+                    if step_delay_s:  # the worker's test knob makes every step slower, profiled ones too
+                        time.sleep(step_delay_s)
                     adapter.step([group])
                     times.append(time.perf_counter() - t0)
                 adapter.release(group)

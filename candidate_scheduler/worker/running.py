@@ -40,8 +40,10 @@ class Assignment:
 
 
 class RunningBatch:
-    def __init__(self, adapter: stepping.StepAdapter):
+    def __init__(self, adapter: stepping.StepAdapter, step_delay_s: float = 0.0):
         self.adapter = adapter
+        # test/benchmark knob: every step takes this much longer, as a slower model's would (and is timed so)
+        self.step_delay_s = step_delay_s
         self.assignments: dict[int, Assignment] = {}
         self.steps_run = 0
 
@@ -93,6 +95,8 @@ class RunningBatch:
             if a.first_step_at is None:
                 a.first_step_at = started
         try:
+            if self.step_delay_s:
+                time.sleep(self.step_delay_s)
             forwards = self.adapter.step(groups)
         except Exception as exc:  # noqa: BLE001 - a failed forward fails the groups that shared it
             log.exception("a denoise step failed")

@@ -90,8 +90,21 @@ def add_group_report(batch: BatchReport, group: BatchReport) -> None:
     batch.peak_memory_bytes = max(batch.peak_memory_bytes, group.peak_memory_bytes)
 
 
+class OutOfMemory(TransientFault):
+    """The rows did not fit the device's memory: the scheduler re-plans the slice smaller."""
+
+    code = "out_of_memory"
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    # torch.cuda.OutOfMemoryError (and torch.OutOfMemoryError) without importing torch here
+    return isinstance(exc, (OutOfMemory, MemoryError)) or type(exc).__name__ == "OutOfMemoryError"
+
+
 def error_output(request_id: str, exc: BaseException) -> GroupOutput:
     """The output of a group whose start, step or finish raised (see the failure taxonomy above)."""
+    if is_out_of_memory(exc):
+        return GroupOutput(request_id, "error", error=f"{type(exc).__name__}: {exc}", error_code="out_of_memory")
     if isinstance(exc, BadRequest):
         return GroupOutput(request_id, "error", error=str(exc), error_code=exc.code)
     if isinstance(exc, TransientFault):

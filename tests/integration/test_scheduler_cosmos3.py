@@ -104,3 +104,14 @@ def test_a_request_the_model_cannot_serve_fails_once_without_retries(service):
     assert r.status == "failed" and r.error_code == "bad_raw_action_dim" and "7" in r.error
     assert r.metrics["retries"] == 0 and r.action is None
     assert ok.status == "done"
+
+
+def test_an_exception_inside_the_model_is_a_model_error_answered_once_without_retries(service):
+    # sglang's own UniPC asserts past ~110 steps on the tiny checkpoint (its pipeline fails the same way)
+    with service.handle.client() as c:
+        r = c.submit(IMAGE, PROMPT, count=2, seed=1, steps=120, timeout_s=120)
+        after = c.submit(IMAGE, PROMPT, count=1, seed=123, timeout_s=60)
+    assert r.status == "failed" and r.error_code == "model_error"
+    assert r.error.startswith("AssertionError: ") and "raised at " in r.error and ".py:" in r.error
+    assert r.metrics["retries"] == 0 and r.metrics["slice_attempts"] == 1
+    assert after.status == "done"  # the worker keeps serving
