@@ -17,7 +17,7 @@ import numpy as np
 
 from candidate_scheduler.compat.errors import CompatError
 from candidate_scheduler.compat.unpickle import MAX_ARRAY_BYTES, MAX_IMAGE_PIXELS, PILImageStub
-from candidate_scheduler.worker.cosmos3 import MAX_OBSERVATIONS_PER_GROUP
+from candidate_scheduler.core.request import MAX_OBSERVATIONS_PER_GROUP
 
 MAX_IMAGE_FILE_BYTES = MAX_ARRAY_BYTES
 MAX_OBSERVATIONS = MAX_OBSERVATIONS_PER_GROUP

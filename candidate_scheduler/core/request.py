@@ -19,6 +19,7 @@ from candidate_scheduler.core.work import SamplingSpec
 MAX_CANDIDATES = 256
 MAX_REQUEST_ID_LEN = 256
 MAX_PROMPT_CHARS = 4096
+MAX_OBSERVATIONS_PER_GROUP = 64
 MAX_DEADLINE_S = 3600.0  # a deadline further out than an hour is a mistake, not a budget
 
 
@@ -101,6 +102,8 @@ def _observations(images: np.ndarray, batched: bool) -> np.ndarray:
         if images.ndim != 3:
             raise ValueError(f"images must be [H, W, 3] (set batched for [B, H, W, 3]), got shape {list(images.shape)}")
         images = images[None]
+    if images.shape[0] > MAX_OBSERVATIONS_PER_GROUP:
+        raise ValueError(f"at most {MAX_OBSERVATIONS_PER_GROUP} observations per group, got {images.shape[0]}")
     if images.shape[0] < 1 or images.shape[-1] != 3:
         raise ValueError(f"images must have 3 channels and at least one observation, got shape {list(images.shape)}")
     return images

@@ -28,12 +28,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from candidate_scheduler.core.request import MAX_OBSERVATIONS_PER_GROUP
 from candidate_scheduler.core.work import BatchReport, CandidateWork, GroupWork, SamplingSpec
 from candidate_scheduler.worker.cosmos3_conditioning import observation_key
 from candidate_scheduler.worker.cosmos3_sglang import build_sglang_request
 from candidate_scheduler.worker.stepping import BadRequest
-
-MAX_OBSERVATIONS_PER_GROUP = 64
 
 # Per-row tensors of a group (observation-major rows). Anything that stacks groups into one forward
 # or slices them apart names every one of these (the pattern of sglang's batch_compaction).

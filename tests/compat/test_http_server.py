@@ -19,7 +19,7 @@ import pytest
 
 from candidate_scheduler import protocol
 from candidate_scheduler.core import reducers, rng
-from candidate_scheduler.worker.cosmos3 import MAX_OBSERVATIONS_PER_GROUP
+from candidate_scheduler.core.request import MAX_OBSERVATIONS_PER_GROUP
 
 from .conftest import ENV, ROOT
 
