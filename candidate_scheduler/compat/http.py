@@ -49,7 +49,8 @@ def relabel_candidate_response(output: dict[str, Any], response: dict[str, Any],
         reduced = output.get("reduced_actions")
         response["reduced_action"] = None if reduced is None else _action_value(reduced, preserve_numpy)
     response["candidate_group"] = {k: v for k, v in group.items() if k != "num_inputs"}
-    response.setdefault("usage", {})["num_candidates"] = group.get("count")
+    response["served_count"] = group.get("served_count", group.get("count"))
+    response.setdefault("usage", {})["num_candidates"] = response["served_count"]
     return response
 
 

@@ -74,6 +74,7 @@ def output_fields_for_result(plan: GroupPlan, result: protocol.GroupResult) -> d
     spec = plan.spec
     group = {
         "count": spec.count,
+        "served_count": result.served_count if result.served_count is not None else spec.count,
         "reducer": spec.reducer,
         "seed_policy": spec.seed_policy.value,
         "candidate_seeds": list(result.candidate_seeds),

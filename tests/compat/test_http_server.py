@@ -152,6 +152,7 @@ def test_candidates_listed_with_candidate_index(base_url, compat):
     np.testing.assert_array_equal(np.asarray(resp["reduced_action"]["values"], np.float32), reducers.reduce("mean", refs))
     assert resp["candidate_group"]["candidate_seeds"] == list(seeds)
     assert resp["candidate_group"]["count"] == 3 and resp["usage"]["num_candidates"] == 3
+    assert resp["served_count"] == resp["candidate_group"]["served_count"] == 3
 
 
 def test_candidates_reduced_only(base_url, compat):

@@ -380,6 +380,13 @@ def test_reply_is_an_output_batch_with_every_field():
     np.testing.assert_array_equal(entry["actions"], cands)
     np.testing.assert_array_equal(entry["reduced_actions"], cands.mean(0))
     assert entry["candidate_group"]["candidate_seeds"] == [5, 6, 7] and entry["request_id"] == "r1"
+    assert entry["candidate_group"]["served_count"] == 3  # no elastic count: all of them
+    elastic = protocol.GroupResult(request_id=plan.submit.request_id, status="done", served_count=2,
+                                   action=protocol.array_to_wire(cands[:2].mean(0)),
+                                   candidates=protocol.array_to_wire(cands[:2]), candidate_seeds=[5, 6])
+    [few] = safe_loads(reply_for_result(plan, elastic)).output
+    assert few["candidate_group"]["served_count"] == 2 and few["candidate_group"]["count"] == 3
+    np.testing.assert_array_equal(few["actions"], cands[:2])
     assert tuple(ob.action_pred.shape) == (3, 4, 7) and ob.error is None
     failed = safe_loads(reply_for_result(plan, protocol.GroupResult(request_id="x", status="rejected", error="too big",
                                                                  error_code="does_not_fit")))
