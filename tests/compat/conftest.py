@@ -29,8 +29,10 @@ import zmq
 
 from candidate_scheduler import protocol
 from candidate_scheduler.core import reducers, rng
-from candidate_scheduler.service.launcher import Launcher
+from candidate_scheduler.service.launcher import Launcher, child_env
 
+ROOT = Path(__file__).resolve().parents[2]
+ENV = child_env()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("SGLANG_DISABLE_COSMOS3_GUARDRAILS", "1")
 
