@@ -7,23 +7,21 @@ killed at teardown, even when the test fails.
 
 from __future__ import annotations
 
-import os
-import re
 import socket
-import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from candidate_scheduler.service.launcher import Launcher, SchedulerHandle, child_env
 from candidate_scheduler.service.processes import ChildProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = ROOT / ".cache" / "tiny-cosmos3"
-ENV = dict(os.environ, HF_HUB_OFFLINE="1", SGLANG_DISABLE_COSMOS3_GUARDRAILS="1", PYTHONUNBUFFERED="1")
-
-_LINE = re.compile(r"candidate-scheduler: (request endpoint|control endpoint|worker link|metrics|sglang compat)\s+(\S+)")
+ENV = child_env()
+# Fast failure detection for the tests that stop or kill workers (a test's own flags come later and win).
+TEST_SERVE_ARGS = ("--heartbeat-interval", "0.2", "--heartbeat-timeout", "1.5")
 
 
 def free_port() -> int:
@@ -50,70 +48,16 @@ class Proc(ChildProcess):
         super().__init__(cmd, log_path, env=ENV, cwd=ROOT)
 
 
-@dataclass
-class SchedulerHandle:
-    proc: Proc
-    request: str
-    control: str
-    worker: str
-    metrics: str
-    compat: str
-    workers: list[Proc] = field(default_factory=list)
-
-    def client(self, **kw):
-        from candidate_scheduler.service.client import Client
-
-        return Client(self.request, self.control, **kw)
-
-    def wait_workers(self, n: int, timeout_s: float = 120.0) -> dict:
-        with self.client() as c:
-            def enough():
-                stats = c.stats()
-                return stats if len(stats["workers"]) >= n else None
-
-            return wait_for(enough, timeout_s, f"{n} worker(s)")
-
-
-class Services:
-    """Factory for scheduler/worker processes; tears everything down at the end of the test."""
+class Services(Launcher):
+    """The launcher with the tests' defaults: short heartbeats, the tiny checkpoint for every worker,
+    logs in the test's tmp_path; `worker(handle, adapter, capacity, step_delay, *extra)`."""
 
     def __init__(self, tmp_path: Path):
+        super().__init__(tmp_path, serve_args=TEST_SERVE_ARGS, model=MODEL_DIR, env=ENV)
         self.tmp_path = tmp_path
-        self.procs: list[Proc] = []
-        self._n = 0
 
-    def _log(self, name: str) -> Path:
-        self._n += 1
-        return self.tmp_path / f"{self._n:02d}-{name}.log"
-
-    def scheduler(self, *extra: str, compat: bool = False, metrics: bool = False) -> SchedulerHandle:
-        cmd = [sys.executable, "-m", "candidate_scheduler.cli", "serve", "--request-port", "0", "--control-port", "0",
-               "--worker-port", "0", "--metrics-port", "0" if metrics else "-1",
-               "--heartbeat-interval", "0.2", "--heartbeat-timeout", "1.5"]
-        if compat:
-            cmd += ["--compat-port", "0"]
-        else:
-            cmd.append("--no-compat")
-        proc = Proc(cmd + list(extra), self._log("scheduler"))
-        self.procs.append(proc)
-        proc.wait_line(re.compile(r"candidate-scheduler: sglang compat"), 60)  # printed last
-        found = {m.group(1): m.group(2) for line in proc.lines if (m := _LINE.search(line))}
-        return SchedulerHandle(proc, found["request endpoint"], found["control endpoint"], found["worker link"],
-                               found["metrics"], found["sglang compat"])
-
-    def worker(self, handle: SchedulerHandle, adapter: str = "null", capacity: int = 8, step_delay: float = 0.0,
-               *extra: str) -> Proc:
-        cmd = [sys.executable, "-m", "candidate_scheduler.cli", "worker", "--scheduler", handle.worker,
-               "--adapter", adapter, "--capacity", str(capacity), "--step-delay", str(step_delay),
-               "--model", str(MODEL_DIR), *extra]
-        proc = Proc(cmd, self._log(f"worker-{adapter}"))
-        self.procs.append(proc)
-        handle.workers.append(proc)
-        return proc
-
-    def close(self) -> None:
-        for p in reversed(self.procs):
-            p.stop(timeout_s=5)
+    def worker(self, handle, adapter: str = "null", capacity: int = 8, step_delay: float = 0.0, *extra: str):
+        return super().worker(handle, adapter, capacity, *extra, step_delay=step_delay)
 
 
 @pytest.fixture

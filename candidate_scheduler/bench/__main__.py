@@ -1,5 +1,5 @@
 import sys
 
-from candidate_scheduler.bench.harness import build_parser, main
+from candidate_scheduler.bench.cli import build_parser, main
 
 sys.exit(main(build_parser().parse_args()))

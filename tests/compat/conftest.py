@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import os
 import queue
-import re
-import sys
 import threading
 import time
 import zlib
@@ -31,16 +29,15 @@ import zmq
 
 from candidate_scheduler import protocol
 from candidate_scheduler.core import reducers, rng
-from candidate_scheduler.service.processes import ChildProcess
+from candidate_scheduler.service.launcher import Launcher, child_env
 
 ROOT = Path(__file__).resolve().parents[2]
-ENV = dict(os.environ, HF_HUB_OFFLINE="1", SGLANG_DISABLE_COSMOS3_GUARDRAILS="1", PYTHONUNBUFFERED="1")
+ENV = child_env()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("SGLANG_DISABLE_COSMOS3_GUARDRAILS", "1")
 
 HOLD_PROMPT = "__hold__"
 FAIL_PROMPT = "__fail__"
-READY = re.compile(r"candidate-scheduler compat bridge: listening on (\S+)")
 
 
 # ---- the fake native scheduler ----------------------------------------------------------------------
@@ -206,16 +203,6 @@ class FakeScheduler:
 # ---- the bridge process ------------------------------------------------------------------------------
 
 
-class BridgeProc(ChildProcess):
-    def __init__(self, scheduler: str, *extra: str, log_path: Path):
-        cmd = [sys.executable, "-m", "candidate_scheduler.compat.bridge", "--bind", "tcp://127.0.0.1:0",
-               "--scheduler", scheduler, "--log-level", "INFO", *extra]
-        super().__init__(cmd, log_path, env=ENV, cwd=ROOT)
-        m = self.wait_line(READY, 30)
-        self.endpoint = m.group(1)
-        self.port = int(self.endpoint.rsplit(":", 1)[1])
-
-
 @pytest.fixture(scope="session")
 def fake_scheduler():
     fake = FakeScheduler()
@@ -226,25 +213,15 @@ def fake_scheduler():
 @pytest.fixture(scope="session")
 def fake_bridge(fake_scheduler, tmp_path_factory):
     """One bridge in front of the fake scheduler, shared by the session (with --control)."""
-    bridge = BridgeProc(fake_scheduler.request_endpoint, "--control", fake_scheduler.control_endpoint,
-                        log_path=tmp_path_factory.mktemp("bridge") / "bridge.log")
-    yield bridge
-    bridge.stop()
+    with Launcher(tmp_path_factory.mktemp("bridge")) as launcher:
+        yield launcher.bridge(fake_scheduler.request_endpoint, "--control", fake_scheduler.control_endpoint)
 
 
 @pytest.fixture
 def own_bridge(fake_scheduler, tmp_path):
     """A bridge of the test's own (for tests that stop it or need other flags)."""
-    started: list[BridgeProc] = []
-
-    def start(*extra: str) -> BridgeProc:
-        b = BridgeProc(fake_scheduler.request_endpoint, *extra, log_path=tmp_path / f"bridge{len(started)}.log")
-        started.append(b)
-        return b
-
-    yield start
-    for b in started:
-        b.stop()
+    with Launcher(tmp_path) as launcher:
+        yield lambda *extra: launcher.bridge(fake_scheduler.request_endpoint, *extra)
 
 
 # ---- what the tests run against ----------------------------------------------------------------------

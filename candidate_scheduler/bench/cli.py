@@ -1,0 +1,71 @@
+"""`candidate-scheduler bench` / `python -m candidate_scheduler.bench`: the method and load benchmarks.
+
+The default run does the method benchmark, then the load benchmark. `--load` runs the load benchmark only, `--no-load` the method benchmark only; the
+smoke run (`--smoke`) is the method benchmark's unless `--load` is given."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from candidate_scheduler.bench.common import DEFAULT_MODEL, DEFAULT_OUT
+
+
+def parts(args) -> tuple[bool, bool]:
+    """(run the method benchmark, run the load benchmark) for these arguments. Tolerates an args
+    object without the load flags (`candidate-scheduler bench` builds its own parser)."""
+    if getattr(args, "load", False):
+        return False, True
+    if getattr(args, "no_load", False):
+        return True, False
+    return True, not getattr(args, "smoke", False)
+
+
+def main(args) -> int:
+    run_methods, run_load = parts(args)
+    if run_methods:
+        from candidate_scheduler.bench.report import summary, write_outputs
+        from candidate_scheduler.bench.run import run
+
+        result, opts = run(args)
+        files = write_outputs(result, opts)
+        print(f"bench: {result['meta']['wall_s']:.0f} s; wrote {files['json']}, {files['report']}"
+              + (f", {len(files['plots'])} plots" if files["plots"] else ""))
+        print(summary(result))
+    if run_load:
+        from candidate_scheduler.bench import load
+
+        return load.main(args)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from candidate_scheduler.bench.settings import NS_FULL, SHAPES
+
+    p = argparse.ArgumentParser(prog="python -m candidate_scheduler.bench", description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=str(DEFAULT_MODEL), help="Cosmos3 checkpoint directory (default: the tiny one)")
+    p.add_argument("--smoke", action="store_true",
+                   help="a short run for CI: method benchmark 1 repeat, small shape, N in {1, 8}; with --load, a "
+                        "short load run (64x64, few points)")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default cpu)")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="output folder (default bench/results)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--load", action="store_true", help="run only the load benchmark")
+    which.add_argument("--no-load", action="store_true", help="run only the method benchmark")
+
+    m = p.add_argument_group("method benchmark")
+    m.add_argument("--repeats", type=int, default=None, help="timed repeats per shape (default: small 40, large 15)")
+    m.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=None, help="shapes (default: all)")
+    m.add_argument("--ns", nargs="+", type=int, default=None, help=f"candidate counts (default {list(NS_FULL)})")
+    m.add_argument("--no-plots", action="store_true", help="write no PNG plots (both benchmarks)")
+    m.add_argument("--sglang-cache", choices=["text", "cold", "warm"], default="text",
+                   help="sglang's cross-request conditioning cache before each method: drop VAE entries (text, "
+                        "default), drop all (cold), keep (warm)")
+    m.add_argument("--main-thread", action="store_true",
+                   help="run (a)-(c) on the main thread instead of a worker-style compute thread")
+
+    return p
+
+
+if __name__ == "__main__":
+    sys.exit(main(build_parser().parse_args()))

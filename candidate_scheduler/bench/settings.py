@@ -1,0 +1,28 @@
+"""The method benchmark's grid: the four methods, the shapes, the candidate counts and repeats, the
+seeds and the null-worker run's sizes."""
+
+from __future__ import annotations
+
+METHODS = ("a_sequential", "b_sglang_batch", "c_worker_batch", "d_scheduler_e2e")
+LABELS = {
+    "a_sequential": "(a) sequential sglang",
+    "b_sglang_batch": "(b) sglang image-list batch",
+    "c_worker_batch": "(c) worker batched group",
+    "d_scheduler_e2e": "(d) scheduler end to end",
+}
+SHORT = {m: m[0] for m in METHODS}
+SHAPES = {
+    "small": {"height": 64, "width": 64, "steps": 4},
+    "large": {"height": 256, "width": 256, "steps": 10},
+}
+NS_FULL = (1, 2, 4, 8, 10)
+NS_SMOKE = (1, 8)
+# Repeats of the full run: chosen so the whole run stays well under ~10 minutes on 2 CPU cores.
+REPEATS_FULL = {"small": 40, "large": 15}
+BASE_SEED = 20240607
+REDUCER = "mean"
+NULL_GROUPS = 1000
+NULL_COUNT = 8
+NULL_CAPACITY = 8
+WORKER_CAPACITY = 16
+TARGET_N = 8
