@@ -157,7 +157,7 @@ class Bridge:
             for t in loops:
                 t.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
-            for rid, entry in list(self.in_flight.items()):
+            for entry in list(self.in_flight.values()):
                 if not entry.future.done():
                     entry.future.set_exception(_BridgeStopping())
             if self._tasks:
@@ -300,7 +300,7 @@ class Bridge:
             await self.dealer.send_multipart(protocol.encode(protocol.Kind.SUBMIT, plan.submit))
             try:
                 result = await asyncio.wait_for(future, self.config.request_timeout_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.stats.timeouts += 1
                 await self._cancel(rid)
                 await self._reply(identity, error_reply(

@@ -28,8 +28,8 @@ from typing import Any
 from candidate_scheduler.core import deadlines
 from candidate_scheduler.core.admission import AdmissionPolicy, decide
 from candidate_scheduler.core.cost_model import CostModel
-from candidate_scheduler.core.forecast import duration as forecast_duration
 from candidate_scheduler.core.errors import CandidateContractError
+from candidate_scheduler.core.forecast import duration as forecast_duration
 from candidate_scheduler.core.group import Group, refusal
 from candidate_scheduler.core.group_state import GroupStatus
 from candidate_scheduler.core.messages import (

@@ -8,7 +8,8 @@ slice outcome (checked before anything is folded), and the reply in core terms.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

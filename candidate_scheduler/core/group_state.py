@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -167,7 +168,7 @@ class GroupState:
     @classmethod
     def from_request(
         cls, request_id: str, spec: CandidateTrajectorySpec, base_seed: int, **kwargs: Any
-    ) -> "GroupState":
+    ) -> GroupState:
         return cls(request_id, spec, spec.candidate_seeds(base_seed), **kwargs)
 
     # --- the one place status changes -------------------------------------------------------------

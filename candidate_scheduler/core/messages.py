@@ -8,8 +8,9 @@ or a worker is known to the engine only by an opaque reference the shell hands i
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 

@@ -17,8 +17,9 @@ The planning rule (FCFS with group atomicity, backfill behind the head):
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from candidate_scheduler.core.errors import CandidateContractError
 

@@ -7,8 +7,9 @@ or a ValueError; the engine answers either with status `invalid`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 

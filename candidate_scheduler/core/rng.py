@@ -25,7 +25,8 @@ lazily inside the snapshot functions: the scheduler process imports this module 
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from candidate_scheduler.core.errors import CandidateContractError
 
@@ -107,7 +108,7 @@ def candidate_seeds(
 _MAGIC = b"CSG1"  # candidate-scheduler generator snapshot, format 1
 
 
-def snapshot(generator: "torch.Generator") -> bytes:
+def snapshot(generator: torch.Generator) -> bytes:
     """The generator's exact state as bytes: header (magic, device type) + get_state() bytes.
 
     Reading the state does not advance the generator.
@@ -117,7 +118,7 @@ def snapshot(generator: "torch.Generator") -> bytes:
     return _MAGIC + struct.pack("B", len(device_type)) + device_type + bytes(state.numpy().tobytes())
 
 
-def restore(blob: bytes, device: str = "cpu") -> "torch.Generator":
+def restore(blob: bytes, device: str = "cpu") -> torch.Generator:
     """A NEW generator on `device` in exactly the snapshotted state.
 
     Never mutates an existing generator: a retry must not share a generator object with an attempt

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -153,7 +154,7 @@ class CandidateTrajectorySpec:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "CandidateTrajectorySpec":
+    def from_dict(cls, data: Mapping[str, Any]) -> CandidateTrajectorySpec:
         _check_keys(cls, data)
         return cls(**dict(data))
 
@@ -195,7 +196,7 @@ class EquivalenceRule:
         return {"dtype": self.dtype, "atol": self.atol, "rtol": self.rtol, "bitwise_on_cpu": self.bitwise_on_cpu}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "EquivalenceRule":
+    def from_dict(cls, data: Mapping[str, Any]) -> EquivalenceRule:
         _check_keys(cls, data)
         return cls(**dict(data))
 
@@ -267,7 +268,7 @@ class ModelCapability:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ModelCapability":
+    def from_dict(cls, data: Mapping[str, Any]) -> ModelCapability:
         _check_keys(cls, data)
         kwargs = dict(data)
         if "equivalence" in kwargs:

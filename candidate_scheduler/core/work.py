@@ -105,7 +105,7 @@ class SamplingSpec:
         return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in fields(self)}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "SamplingSpec":
+    def from_dict(cls, data: dict) -> SamplingSpec:
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
         unknown = set(data) - set(known)
         if unknown:

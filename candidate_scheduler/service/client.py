@@ -43,7 +43,7 @@ class Result:
         return self.status == "done"
 
     @classmethod
-    def from_wire(cls, r: protocol.GroupResult) -> "Result":
+    def from_wire(cls, r: protocol.GroupResult) -> Result:
         return cls(
             request_id=r.request_id,
             status=r.status,
@@ -212,7 +212,7 @@ class Client:
         if self._ctl is not None:
             self._ctl.close(0)
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -279,7 +279,7 @@ class AsyncClient:
         try:
             await asyncio.wait_for(fut, timeout_s)
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._pongs.pop(nonce, None)
             return False
 

@@ -128,13 +128,13 @@ def _check_vae(model_dir: str, server_args) -> dict:
 
 
 def _check_tokenizer(model_dir: str, vocab_size: int) -> dict:
-    from transformers import AutoTokenizer
     from sglang.multimodal_gen.runtime.pipelines_core.stages.model_specific_stages.cosmos3 import (
         Cosmos3TokenizationStage,
     )
     from sglang.multimodal_gen.runtime.pipelines_core.stages.model_specific_stages.cosmos3_action import (
         build_action_prompt,
     )
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(os.path.join(model_dir, "text_tokenizer"))
     stage = Cosmos3TokenizationStage(tokenizer)

@@ -70,7 +70,7 @@ class FaultSpec:
     oom_rows: int | None = None
 
     @classmethod
-    def parse(cls, text: str) -> "FaultSpec":
+    def parse(cls, text: str) -> FaultSpec:
         probs: list[tuple[str, float]] = []
         seed = oom_rows = None
         for raw in str(text).split(","):

@@ -299,7 +299,7 @@ def test_dashboards_have_data_in_a_real_prometheus(services, model_dir, tmp_path
         while True:
             assert load.error is None, f"load failed: {load.error!r}"
             failures = []
-            for dash, panel, expr, promql in expanded:
+            for dash, panel, _expr, promql in expanded:
                 samples = prom.query(promql)
                 if not samples:
                     failures.append(f"{dash} / {panel}: no samples: {promql}")

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from candidate_scheduler.core import rng
-from candidate_scheduler.service.client import make_request, synthetic_image
 from candidate_scheduler.core.work import CandidateWork, GroupWork, SamplingSpec
+from candidate_scheduler.service.client import make_request, synthetic_image
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.sglang

@@ -18,11 +18,11 @@ import zmq
 
 from candidate_scheduler import protocol
 from candidate_scheduler.core import rng
-from candidate_scheduler.service.client import make_request, synthetic_image
 from candidate_scheduler.core.reducers import reduce
 from candidate_scheduler.core.work import SamplingSpec
-from tests.conftest import wait_for
+from candidate_scheduler.service.client import make_request, synthetic_image
 from candidate_scheduler.worker.null_adapter import NullAdapter
+from tests.conftest import wait_for
 
 IMAGE = synthetic_image(64, 64, seed=3)
 

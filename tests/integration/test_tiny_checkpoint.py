@@ -151,8 +151,8 @@ def test_sglang_pipeline_runs_a_droid_request_on_a_raw_action_dim_10_checkpoint(
 def test_sglang_loader_builds_cosmos3_pipeline_and_runs_a_policy_request(model_dir, sglang_reference):
     import numpy as np
 
-    from candidate_scheduler.service.client import synthetic_image
     from candidate_scheduler.core.work import SamplingSpec
+    from candidate_scheduler.service.client import synthetic_image
 
     image = synthetic_image(64, 64, seed=1)
     actions = sglang_reference(image, "open the drawer", SamplingSpec(), 5)

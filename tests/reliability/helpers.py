@@ -17,9 +17,9 @@ import zmq
 
 from candidate_scheduler import protocol
 from candidate_scheduler.core import reducers
-from candidate_scheduler.service.client import make_request, synthetic_image
 from candidate_scheduler.core.spec import CandidateTrajectorySpec
 from candidate_scheduler.core.work import SamplingSpec
+from candidate_scheduler.service.client import make_request, synthetic_image
 from candidate_scheduler.worker.null_adapter import NullAdapter
 
 IMAGE = synthetic_image(64, 64, seed=3)

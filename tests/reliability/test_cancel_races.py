@@ -20,7 +20,12 @@ import pytest
 
 from candidate_scheduler import protocol
 from tests.reliability.helpers import (
-    Ledger, RawPeer, ReplyReader, decode_reply, random_request, wait_quiescent,
+    Ledger,
+    RawPeer,
+    ReplyReader,
+    decode_reply,
+    random_request,
+    wait_quiescent,
 )
 
 pytestmark = pytest.mark.timeout(900)

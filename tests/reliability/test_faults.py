@@ -17,7 +17,14 @@ import pytest
 from candidate_scheduler.service.client import make_request, synthetic_image
 from tests.conftest import wait_for
 from tests.reliability.helpers import (
-    IMAGE, Ledger, ReplyReader, check_result, fault_lines, random_request, stats, wait_quiescent,
+    IMAGE,
+    Ledger,
+    ReplyReader,
+    check_result,
+    fault_lines,
+    random_request,
+    stats,
+    wait_quiescent,
 )
 
 pytestmark = pytest.mark.timeout(900)

@@ -25,12 +25,19 @@ import zmq
 
 from candidate_scheduler import protocol
 from candidate_scheduler.service.client import make_request
+from candidate_scheduler.worker.null_adapter import NullAdapter
 from tests.conftest import wait_for
 from tests.reliability.fuzz import Evil, EvilShell, Mutator
 from tests.reliability.helpers import (
-    ERROR_CODES, IMAGE, Ledger, RawPeer, ReplyReader, check_result, decode_reply, stats,
+    ERROR_CODES,
+    IMAGE,
+    Ledger,
+    RawPeer,
+    ReplyReader,
+    check_result,
+    decode_reply,
+    stats,
 )
-from candidate_scheduler.worker.null_adapter import NullAdapter
 
 pytestmark = pytest.mark.timeout(900)
 REPLY_TIMEOUT_S = 15.0

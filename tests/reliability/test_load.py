@@ -24,7 +24,13 @@ import zmq.asyncio
 
 from candidate_scheduler import protocol
 from tests.reliability.helpers import (
-    Ledger, decode_reply, proc_fds, proc_rss_kb, random_request, stats, wait_quiescent,
+    Ledger,
+    decode_reply,
+    proc_fds,
+    proc_rss_kb,
+    random_request,
+    stats,
+    wait_quiescent,
 )
 
 pytestmark = pytest.mark.timeout(1200)
@@ -93,7 +99,7 @@ async def _client(ctx, endpoint: str, cid: int, n: int, window: int, ledger: Led
             if pending:
                 try:
                     kind, msg = await peer.recv(reply_timeout_s)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     break  # whatever is pending now is lost; the ledger says so
             else:
                 kind = None

@@ -1,7 +1,8 @@
 """Admission decisions: never truncate, partition, respect capacity, bounded reasons."""
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from candidate_scheduler.core.admission import (
     ADMISSION_REASONS,

@@ -492,7 +492,7 @@ def test_engine_every_group_gets_exactly_one_reply(events, batching):
     assert not h.engine.groups
     for rid in submitted:
         assert len(h.replies.get(rid, [])) == 1, rid
-    for rid, got in h.replies.items():
+    for got in h.replies.values():
         if got[0].status == "done":
             seeds = got[0].candidate_seeds
             np.testing.assert_allclose(got[0].action, reduced(seeds))

@@ -5,15 +5,16 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from candidate_scheduler import __version__
 from candidate_scheduler.core import admission, group_state
+from candidate_scheduler.core.work import BatchReport
 from candidate_scheduler.service import metrics as m
 from candidate_scheduler.service.metrics import SchedulerMetrics
-from candidate_scheduler.core.work import BatchReport
 
 P = m.PREFIX
 REPO = Path(__file__).resolve().parents[2]

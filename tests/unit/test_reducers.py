@@ -2,7 +2,8 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from candidate_scheduler.core import reducers
 from candidate_scheduler.core.errors import CandidateContractError

@@ -1,10 +1,9 @@
 """Seed policies and generator snapshots."""
 
-import subprocess
-import sys
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from candidate_scheduler.core import rng
 from candidate_scheduler.core.errors import CandidateContractError

@@ -220,8 +220,8 @@ def test_plain_data_survives():
     data = {"a": [1, 2.5, "s", b"b", None, True], "s": {1, 2}, "f": frozenset({3}), "c": complex(1, 2),
             "arr": np.arange(6, dtype=np.float16).reshape(2, 3), "scalar": np.float32(1.5),
             "t": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)[:, 1:], "ba": bytearray(b"xy")}
-    for protocol in range(6):
-        out = safe_loads(pickle.dumps(data, protocol=protocol))
+    for pickle_protocol in range(6):
+        out = safe_loads(pickle.dumps(data, protocol=pickle_protocol))
         assert out["a"] == data["a"] and out["s"] == {1, 2} and out["c"] == complex(1, 2)
         np.testing.assert_array_equal(out["arr"], data["arr"])
         assert out["scalar"] == np.float32(1.5) and out["ba"] == bytearray(b"xy")
@@ -282,7 +282,7 @@ def test_req_is_an_inert_stub_that_reads_through_to_sampling_params():
     assert r.seed == 5 and r.prompt == "pick" and r.data_type.name == "ACTION"
     assert isinstance(r.image_path, PILImageStub)
     with pytest.raises(AttributeError):
-        r.not_a_field
+        _ = r.not_a_field
 
 
 def test_plain_req_maps_to_count_one():

@@ -4,7 +4,8 @@ import pickle
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from candidate_scheduler.core import rng
 from candidate_scheduler.core.errors import ERROR_CODES, CandidateContractError
