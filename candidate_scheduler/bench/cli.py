@@ -40,6 +40,7 @@ def main(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from candidate_scheduler.bench.load_plan import ARMS
     from candidate_scheduler.bench.settings import NS_FULL, SHAPES
 
     p = argparse.ArgumentParser(prog="python -m candidate_scheduler.bench", description=__doc__.split("\n")[0])
@@ -64,6 +65,18 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--main-thread", action="store_true",
                    help="run (a)-(c) on the main thread instead of a worker-style compute thread")
 
+    g = p.add_argument_group("load benchmark")
+    g.add_argument("--arms", nargs="+", choices=list(ARMS), default=None,
+                   help=f"arms to run (default: all of {list(ARMS)}; an arm whose serve flags `serve` does not "
+                        "accept is skipped with a note)")
+    g.add_argument("--arm-flags", action="append", default=[], metavar="ARM=FLAGS",
+                   help="the extra `serve` flags of a service arm, e.g. 'dispatch=' (none) or "
+                        "'step=--batching step --max-queued-groups 4096' (default: --batching <arm>)")
+    g.add_argument("--load-shapes", nargs="+", choices=["64", "256"], default=None,
+                   help="load shapes, by side (default: 64 and 256; smoke: 64)")
+    g.add_argument("--load-seed", type=int, default=None, help="seed of the arrival schedules (default 20240613)")
+    g.add_argument("--load-scale", type=float, default=1.0,
+                   help="multiply every load window and group minimum by this (default 1; e.g. 3 for steadier figures)")
     return p
 
 

@@ -1,0 +1,158 @@
+"""One open-loop load point: send groups at precomputed arrival times, never waiting for replies, and
+record each group's latency from its scheduled arrival (so a late sender cannot hide queueing).
+
+Early stop (capacity-search probes and points far past an arm's capacity): once enough groups are
+over the SLO that the point's p99 must exceed it whatever the rest do, no further groups are sent;
+the ones sent are still waited for, so the arm is idle before the next point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from candidate_scheduler import protocol
+
+
+@dataclass
+class Planned:
+    at_s: float  # arrival offset from the point's start
+    count: int
+    request: protocol.SubmitRequest
+
+
+@dataclass
+class Outcome:
+    planned: Planned
+    status: str = "not_sent"  # a reply status, "lost" (no reply within the drain timeout) or "not_sent"
+    latency_s: float | None = None  # scheduled arrival -> reply
+    send_lag_s: float | None = None
+    metrics: dict = field(default_factory=dict)
+    candidates: np.ndarray | None = None
+
+
+@dataclass
+class PointRun:
+    rate: float
+    outcomes: list[Outcome]
+    stopped_early: bool
+    wall_s: float
+
+    @property
+    def sent(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.status != "not_sent"]
+
+
+def over_slo_needed(n: int) -> int:
+    """The fewest of n latencies over a bound that force their p99 (numpy's linear interpolation)
+    over it: the p99 lies at or above sorted[floor(0.99 (n - 1))]."""
+    return n - math.floor(0.99 * (n - 1))
+
+
+async def _run(endpoint: str, rate: float, planned: list[Planned], slo_s: float, early_stop: bool,
+               drain_timeout_s: float, on_reply) -> PointRun:
+    from candidate_scheduler.service.client import AsyncClient
+
+    loop = asyncio.get_running_loop()
+    client = AsyncClient(endpoint)
+    outcomes = [Outcome(p) for p in planned]
+    needed = over_slo_needed(len(planned))
+    start = loop.time() + 0.05
+    wall0 = time.perf_counter()
+
+    async def one(out: Outcome) -> None:
+        due = start + out.planned.at_s
+        out.send_lag_s = loop.time() - due
+        out.status = "pending"
+        result = await client.submit_request(out.planned.request)
+        out.latency_s = loop.time() - due
+        out.status = result.status
+        out.metrics = result.metrics
+        out.candidates = result.candidates
+        on_reply()
+
+    def over_slo(now: float) -> int:
+        late = 0
+        for o in outcomes:
+            if o.latency_s is not None:
+                late += o.latency_s > slo_s
+            elif o.status == "pending":
+                late += now - (start + o.planned.at_s) > slo_s
+        return late
+
+    tasks = []
+    stopped = False
+    try:
+        for out in outcomes:
+            delay = start + out.planned.at_s - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if early_stop and over_slo(loop.time()) >= needed:
+                stopped = True
+                break
+            tasks.append(loop.create_task(one(out)))
+        if tasks:
+            _done, pending = await asyncio.wait(tasks, timeout=drain_timeout_s)
+            for task in pending:
+                task.cancel()
+            now = loop.time()
+            for out in outcomes:
+                if out.status == "pending":  # counted at the time waited: a lower bound
+                    out.status = "lost"
+                    out.latency_s = now - (start + out.planned.at_s)
+    finally:
+        client.close()
+    return PointRun(rate, outcomes, stopped, time.perf_counter() - wall0)
+
+
+def run_point(endpoint: str, rate: float, planned: list[Planned], slo_s: float, *, early_stop: bool = False,
+              drain_timeout_s: float = 300.0, on_reply=lambda: None) -> PointRun:
+    return asyncio.run(_run(endpoint, rate, planned, slo_s, early_stop, drain_timeout_s, on_reply))
+
+
+def summarise(run: PointRun, slo_s: float) -> dict:
+    """A load point's row: latencies over the groups sent (a lost one counts at the time waited for it,
+    a lower bound), goodput = groups done within the SLO per second of arrivals, time to first step and rows per
+    forward from the replies' metrics when they carry them."""
+    sent = run.sent
+    window_s = len(sent) / run.rate if sent else 0.0
+    lat = np.asarray([o.latency_s for o in sent], dtype=np.float64)
+    statuses: dict[str, int] = {}
+    for o in sent:
+        statuses[o.status] = statuses.get(o.status, 0) + 1
+    good = sum(1 for o in sent if o.status == "done" and o.latency_s is not None and o.latency_s <= slo_s)
+    first = [float(o.metrics["first_step_s"]) for o in sent if o.metrics.get("first_step_s") is not None]
+    first_source = "reply first_step_s" if first else None
+    if not first:  # before the engine reports it: a dispatched group's first step follows its conditioning
+        first = [float(o.metrics["queue_wait_s"]) + float(o.metrics.get("condition_s") or 0.0)
+                 for o in sent if o.metrics.get("queue_wait_s") is not None]
+        first_source = "reply queue_wait_s + condition_s" if first else None
+    rows = [float(o.metrics["rows_per_forward"]) for o in sent if o.metrics.get("rows_per_forward") is not None]
+    p99 = float(np.percentile(lat, 99)) if sent else None
+    return {
+        "offered_groups_per_s": run.rate,
+        "groups_planned": len(run.outcomes),
+        "groups_sent": len(sent),
+        "window_s": window_s,
+        "p50_s": float(np.percentile(lat, 50)) if sent else None,
+        "p99_s": p99,
+        "max_s": float(lat.max()) if sent else None,
+        "goodput_groups_per_s": good / window_s if window_s else 0.0,
+        "good_groups": good,
+        "slo_s": slo_s,
+        "p99_within_slo": bool(p99 is not None and p99 <= slo_s and not run.stopped_early),
+        "first_step_p50_s": float(np.median(first)) if first else None,
+        "first_step_p99_s": float(np.percentile(first, 99)) if first else None,
+        "first_step_source": first_source,
+        "rows_per_forward": float(np.mean(rows)) if rows else None,
+        "rows_per_forward_source": "reply rows_per_forward (mean over groups)" if rows else None,
+        "rows_per_forward_reply_mean": float(np.mean(rows)) if rows else None,
+        "statuses": statuses,
+        "stopped_early": run.stopped_early,
+        "max_send_lag_s": max((o.send_lag_s for o in sent if o.send_lag_s is not None), default=None),
+        "wall_s": run.wall_s,
+    }

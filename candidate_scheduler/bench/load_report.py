@@ -1,0 +1,195 @@
+"""The load benchmark's outputs: `load_<device>[_smoke].json`, `load_report.md` (tables, the targets with
+PASS/MISS) and `load_p99.png` (p99 latency against offered load, one panel per shape)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from candidate_scheduler.bench.common import fmt, json_default
+from candidate_scheduler.bench.load_plan import COMPARE_AT, COUNTS, SLO_FACTOR
+
+ARM_LABELS = {
+    "sglang_sequential": "sglang sequential (one request per candidate, FCFS)",
+    "dispatch": "dispatch batching",
+    "step": "step-level batching",
+}
+ARM_COLORS = {"sglang_sequential": "#888888", "dispatch": "#0072b2", "step": "#009e73"}
+
+
+def _ratio(num, den):
+    return None if num is None or den is None or den == 0 else float(num) / float(den)
+
+
+def targets(shape: dict) -> list[dict]:
+    """The issue's targets on one shape (reported, never asserted); `measured` None when an arm is absent."""
+    cap = shape["capacity_groups_per_s"]
+    unloaded = shape["unloaded"]
+    compare = shape.get("compare", {})
+
+    def p99_at_compare(arm):
+        row = compare.get(arm)
+        return None if row is None else row["p99_s"]
+
+    def unloaded_mean(arm):
+        return unloaded[arm]["unloaded_mean_s"] if arm in unloaded else None
+
+    rows = [
+        ("`step` capacity >= 1.3x `dispatch`", _ratio(cap.get("step"), cap.get("dispatch")), "x", lambda v: v >= 1.3),
+        ("`step` capacity >= 4x `sglang_sequential`", _ratio(cap.get("step"), cap.get("sglang_sequential")), "x",
+         lambda v: v >= 4.0),
+        (f"at {COMPARE_AT:g}x `dispatch` capacity, `step` p99 <= 0.6x `dispatch` p99",
+         _ratio(p99_at_compare("step"), p99_at_compare("dispatch")), "x", lambda v: v <= 0.6),
+        ("unloaded latency of `step` within 5% of `dispatch` (mean over the counts of the per-count medians)",
+         _ratio(unloaded_mean("step"), unloaded_mean("dispatch")), "x", lambda v: v <= 1.05),
+    ]
+    return [{"shape": shape["shape"], "target": t, "measured": m, "unit": u,
+             "result": "n/a" if m is None else ("PASS" if ok(m) else "MISS")} for t, m, u, ok in rows]
+
+
+def build_result(shapes: list[dict], meta: dict) -> dict:
+    """`arms`: arm -> every point of every shape (each row names its shape); `capacity_groups_per_s`:
+    arm -> capacity on the first shape (64x64, the action-policy shape), with every shape's in
+    `capacity_groups_per_s_by_shape`; the per-shape details under `shapes`."""
+    arms: dict[str, list[dict]] = {}
+    for shape in shapes:
+        for arm, rows in shape["points"].items():
+            arms.setdefault(arm, []).extend(rows)
+    first = shapes[0] if shapes else {"capacity_groups_per_s": {}}
+    return {
+        "meta": meta,
+        "arms": arms,
+        "capacity_groups_per_s": dict(first["capacity_groups_per_s"]),
+        "capacity_groups_per_s_by_shape": {s["shape"]: s["capacity_groups_per_s"] for s in shapes},
+        "targets": [t for s in shapes for t in targets(s)],
+        "shapes": {s["shape"]: {k: v for k, v in s.items() if k != "points"} for s in shapes},
+    }
+
+
+def write_plot(result: dict, out_dir: Path) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = list(result["shapes"])
+    fig, axes = plt.subplots(1, len(shapes), figsize=(6.4 * len(shapes), 4.4), dpi=100, squeeze=False)
+    for ax, shape in zip(axes[0], shapes):
+        info = result["shapes"][shape]
+        for arm, rows in result["arms"].items():
+            rows = [r for r in rows if r["shape"] == shape and r["p99_s"] is not None]
+            if not rows:
+                continue
+            color = ARM_COLORS.get(arm)
+            ax.plot([r["offered_groups_per_s"] for r in rows], [r["p99_s"] for r in rows], marker="o", color=color,
+                    label=ARM_LABELS.get(arm, arm))
+            ax.axhline(info["unloaded"][arm]["slo_s"], color=color, lw=0.8, ls=":")
+            ax.axvline(info["capacity_groups_per_s"][arm], color=color, lw=0.8, ls="--")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("offered load, groups/s (open-loop Poisson)")
+        ax.set_ylabel("p99 latency, s")
+        ax.set_title(f"{shape}, {info['steps']} steps ({result['meta']['device']}): dotted = {SLO_FACTOR:g}x unloaded, "
+                     "dashed = capacity", fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    name = "load_p99.png"
+    fig.savefig(out_dir / name)
+    plt.close(fig)
+    return name
+
+
+def write_report(result: dict, out_dir: Path, json_name: str, plot: str | None) -> Path:
+    meta = result["meta"]
+    lines = [
+        f"# Load benchmark{' (smoke)' if meta['smoke'] else ''}",
+        "",
+        f"{meta['created']} · git {meta['git']} · device `{meta['device']}` ({meta['cpu_count']} CPUs) · sglang "
+        f"{meta['sglang']} · model `{Path(meta['model']).name}` · arrival seed {meta['seed']} · wall "
+        f"{meta['wall_s']:.0f} s · load average {meta['loadavg_start']} at start, {meta['loadavg_end']} at end. "
+        f"Raw data: [`{json_name}`]({json_name}).",
+        "",
+        "Open-loop Poisson arrivals of groups (counts uniform over 1, 2, 4, 8; 20 steps); the sender never waits "
+        "for replies and latency runs from each group's scheduled arrival to its reply. Arms: "
+        + "; ".join(f"**{a}**: {ARM_LABELS.get(a, a)}"
+                    + (f" (`serve {' '.join(meta['arm_flags'].get(a, ()))}`)" if a in meta["arm_flags"] else "")
+                    for a in meta["arms"]) + ". "
+        f"SLO = {SLO_FACTOR:g}x the arm's unloaded latency (its slowest count's median, sent alone); capacity = the "
+        "highest offered load whose p99 stays within it; goodput = groups answered `done` within it, per second.",
+    ]
+    for arm, notes in meta.get("notes", {}).items():
+        for note in notes:
+            lines.append(f"\n- `{arm}`: {note}")
+    lines += ["", "## Targets", "", "| shape | target | measured | result |", "|---|---|---|---|"]
+    for t in result["targets"]:
+        lines.append(f"| {t['shape']} | {t['target']} | {fmt(t['measured'], 2)} {t['unit']} | {t['result']} |")
+    for shape, info in result["shapes"].items():
+        arms = list(info["unloaded"])
+        pool = info.get("observation_pool")
+        observations = (f"observations from a pool of {pool}, encoded by every arm at warm-up" if pool
+                        else "every group a new observation")
+        lines += ["", f"## {shape}, {info['steps']} steps ({observations})", "",
+                  "Unloaded latency (one group at a time), median ms per count, and capacity:", "",
+                  "| arm | " + " | ".join(f"N={c}" for c in COUNTS) + " | unloaded (max) ms | mix mean ms | SLO ms "
+                  "| capacity groups/s | capacity |",
+                  "|---|" + "---|" * (len(COUNTS) + 5)]
+        for arm in arms:
+            u = info["unloaded"][arm]
+            cells = " | ".join(fmt(u["per_count_median_s"][str(c)] * 1e3) for c in COUNTS)
+            lines.append(f"| {arm} | {cells} | {fmt(u['unloaded_s'] * 1e3)} | {fmt(u['unloaded_mean_s'] * 1e3)} "
+                         f"| {fmt(u['slo_s'] * 1e3)} | {fmt(info['capacity_groups_per_s'][arm], 2)} "
+                         f"| {info['capacity_search'][arm]['bound']} ({info['capacity_search'][arm]['probes']} probes) |")
+        if info.get("compare_rate_groups_per_s"):
+            lines += ["", f"Comparison point: {fmt(info['compare_rate_groups_per_s'], 2)} groups/s = {COMPARE_AT:g}x "
+                      "the `dispatch` capacity."]
+        for arm in arms:
+            lines += ["", f"`{arm}` (capacity {fmt(info['capacity_groups_per_s'][arm], 2)} groups/s):", "",
+                      "| phase | offered groups/s | x capacity | sent | p50 ms | p99 ms | goodput groups/s "
+                      "| first step p50 ms | rows/forward | statuses |",
+                      "|---|---|---|---|---|---|---|---|---|---|"]
+            for r in (r for r in result["arms"][arm] if r["shape"] == shape):
+                early = " (stopped early)" if r["stopped_early"] else ""
+                statuses = ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items()))
+                lines.append(
+                    f"| {r['phase']}{early} | {fmt(r['offered_groups_per_s'], 2)} | {fmt(r['fraction_of_capacity'], 2)} "
+                    f"| {r['groups_sent']}/{r['groups_planned']} | {fmt(r['p50_s'] * 1e3 if r['p50_s'] is not None else None)} "
+                    f"| {fmt(r['p99_s'] * 1e3 if r['p99_s'] is not None else None)} | {fmt(r['goodput_groups_per_s'], 2)} "
+                    f"| {fmt(r['first_step_p50_s'] * 1e3 if r['first_step_p50_s'] is not None else None)} "
+                    f"| {fmt(r['rows_per_forward'], 2)} | {statuses} |")
+        lines += ["", "Parity: done replies re-sent alone to sglang's own pipeline (one request per candidate seed):", "",
+                  "| arm | groups | counts | bitwise equal |", "|---|---|---|---|"]
+        for arm in arms:
+            p = info["parity"][arm]
+            counts = ", ".join(str(c["count"]) for c in p["checks"])
+            lines.append(f"| {arm} | {p['groups']} | {counts} | {'yes' if p['all_bitwise_equal'] else 'NO'} |")
+    sources = sorted({(r.get("first_step_source") or "-", r.get("rows_per_forward_source") or "-")
+                      for rows in result["arms"].values() for r in rows})
+    lines += ["", "Sources of time to first step / rows per forward: "
+              + "; ".join(f"{a} / {b}" for a, b in sources) + "."]
+    if plot:
+        lines += ["", f"![{plot}]({plot})"]
+    lines += ["", "Notes: a shared 2-core machine; arms run one at a time, side by side in one run, so compare "
+              "ratios. Capacity comes from a short bounded search; each load point is a window of a few seconds.", ""]
+    path = out_dir / "load_report.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def write_outputs(result: dict, out_dir: Path, plots: bool) -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device_tag = "cuda" if result["meta"]["device"].startswith("cuda") else "cpu"
+    json_name = f"load_{device_tag}{'_smoke' if result['meta']['smoke'] else ''}.json"
+    plot = write_plot(result, out_dir) if plots and result["arms"] else None
+    result["meta"]["files"] = {"json": json_name, "report": "load_report.md", "plot": plot}
+    (out_dir / json_name).write_text(json.dumps(result, indent=1, default=json_default) + "\n")
+    report = write_report(result, out_dir, json_name, plot)
+    return {"json": out_dir / json_name, "report": report, "plot": None if plot is None else out_dir / plot}
+
+
+def summary(result: dict) -> str:
+    lines = [f"  capacity {shape}: " + ", ".join(f"{a} {fmt(c, 2)}" for a, c in caps.items()) + " groups/s"
+             for shape, caps in result["capacity_groups_per_s_by_shape"].items()]
+    lines += [f"  {t['result']:4}  {t['shape']} {t['target']}: {fmt(t['measured'], 2)} {t['unit']}"
+              for t in result["targets"]]
+    return "\n".join(lines)

@@ -1,0 +1,96 @@
+"""The load benchmark's pure parts: arrival schedules, the early-stop bound, flag parsing, rows per forward."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from candidate_scheduler.bench.load_arms import rows_per_forward
+from candidate_scheduler.bench.load_plan import (
+    COUNTS,
+    FULL,
+    arrivals,
+    group_sequence,
+    parse_arm_flags,
+    scaled,
+    unloaded_groups,
+)
+from candidate_scheduler.bench.load_point import over_slo_needed
+
+
+def test_group_sequence_is_fixed_and_mixes_the_counts():
+    a, b = group_sequence(64), group_sequence(64)
+    assert a == b  # every arm and every run gets the same groups
+    assert group_sequence(256) != a  # each shape its own
+    counts = np.asarray([g.count for g in a])
+    assert set(counts) == set(COUNTS)
+    for c in COUNTS:  # uniform over the four counts
+        assert abs(np.mean(counts == c) - 0.25) < 0.03
+    assert abs(np.mean([g.gap for g in a]) - 1.0) < 0.05  # unit-rate Poisson gaps
+
+
+def test_arrivals_time_scale_one_sequence():
+    seq = group_sequence(64)
+    slow = arrivals(seq, rate=2.0, window_s=10.0, min_groups=4, max_window_s=100.0)
+    fast = arrivals(seq, rate=4.0, window_s=10.0, min_groups=4, max_window_s=100.0)
+    assert len(slow) == 20 and len(fast) == 40  # rate * window groups
+    assert [g for _at, g in slow] == [g for _at, g in fast][:20]  # the same groups, in the same order
+    assert np.allclose([at for at, _g in slow], [2 * at for at, _g in fast][:20])
+    assert all(b > a for (a, _), (b, _) in zip(slow, slow[1:]))
+
+
+def test_arrivals_stretch_to_the_minimum_but_stop_at_the_cap():
+    seq = group_sequence(64)
+    low = arrivals(seq, rate=0.5, window_s=4.0, min_groups=10, max_window_s=1000.0)
+    assert len(low) == 10  # 0.5 * 4 = 2 groups stretched to 10
+    capped = arrivals(seq, rate=0.5, window_s=4.0, min_groups=10, max_window_s=5.0)
+    assert 1 <= len(capped) < 10 and all(at <= 5.0 for at, _g in capped[1:])
+    with pytest.raises(ValueError):
+        arrivals(seq, rate=0.0, window_s=1.0, min_groups=1, max_window_s=1.0)
+
+
+def test_over_slo_needed_forces_the_p99_over_the_bound():
+    for n in (1, 2, 5, 10, 40, 99, 100, 101, 250):
+        k = over_slo_needed(n)
+        assert 1 <= k <= n
+        forced = np.zeros(n)
+        forced[n - k:] = 1.0 + 1e-6  # k latencies just over a bound of 1: the p99 is over it
+        assert np.percentile(forced, 99) > 1.0, n
+        short = np.zeros(n)
+        short[n - k + 1:] = 1.0 + 1e-6  # one fewer: the p99 can still be within it
+        assert np.percentile(short, 99) <= 1.0, n
+
+
+def test_unloaded_groups_cover_every_count_per_repeat():
+    groups = unloaded_groups(64, 3)
+    assert [g.count for g in groups] == list(COUNTS) * 3
+    assert len({g.index for g in groups}) == len(groups)  # each its own observation
+
+
+def test_arm_flags_default_override_and_refuse_unknown_arms():
+    flags = parse_arm_flags([])
+    assert flags == {"dispatch": ("--batching", "dispatch"), "step": ("--batching", "step")}
+    flags = parse_arm_flags(["dispatch=", "step=--batching step --max-queued-groups 4096"])
+    assert flags["dispatch"] == () and flags["step"] == ("--batching", "step", "--max-queued-groups", "4096")
+    for bad in (["sglang_sequential=--x"], ["step"]):
+        with pytest.raises(SystemExit):
+            parse_arm_flags(bad)
+
+
+def test_scaled_plan_lengthens_every_window():
+    doubled = scaled(FULL, 2.0)
+    for a, b in zip(FULL.shapes, doubled.shapes):
+        assert b.window_s == 2 * a.window_s and b.max_window_s == 2 * a.max_window_s
+        assert b.min_groups == 2 * a.min_groups and b.sweep == a.sweep
+    assert scaled(FULL, 1.0) is FULL
+
+
+def test_rows_per_forward_prefers_the_per_forward_histogram():
+    before = {"cs_forward_rows_sum": 10.0, "cs_forward_rows_count": 5.0, "cs_batch_rows_sum": 4.0,
+              "cs_batch_rows_count": 2.0}
+    after = {"cs_forward_rows_sum": 70.0, "cs_forward_rows_count": 15.0, "cs_batch_rows_sum": 40.0,
+             "cs_batch_rows_count": 8.0}
+    assert rows_per_forward(before, after) == (6.0, "forward_rows histogram")
+    no_forwards = {k: v for k, v in after.items() if "forward" not in k}
+    assert rows_per_forward({}, no_forwards) == (5.0, "batch_rows histogram")
+    assert rows_per_forward(after, after) == (None, None)  # nothing ran in between
