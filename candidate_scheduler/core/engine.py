@@ -95,6 +95,7 @@ class Engine:
         self.draining = False
         self.counters: collections.Counter = collections.Counter()
         self.cost = CostModel()
+        self.cache_bytes: dict[str, int] = {}  # worker id -> its conditioning cache's bytes in use
         self.now = 0.0
 
     def _clock(self) -> float:
@@ -310,6 +311,10 @@ class Engine:
             return out
         worker.step = beat.step
         self.metrics.heartbeat()
+        if beat.cache:
+            self.metrics.conditioning_cache(beat.cache)
+            self.cache_bytes[worker.worker_id] = int(beat.cache.get("bytes", 0))
+            self.metrics.conditioning_cache_bytes_in_use(sum(self.cache_bytes.get(w, 0) for w in self.workers))
         for rows, seconds, label in beat.forwards:
             self.metrics.forward(rows, seconds)
             self.cost.observe_forward(worker.worker_id, label, rows, seconds)

@@ -597,3 +597,26 @@ def test_engine_bad_deadlines_and_min_counts_are_invalid(field, value):
     h.submit("ok", count=2)
     h.run_all()
     assert h.reply("ok").status == "done"
+
+
+def test_engine_records_the_workers_conditioning_cache_from_heartbeats():
+    from prometheus_client import CollectorRegistry
+
+    from candidate_scheduler.service.metrics import SchedulerMetrics
+
+    registry = CollectorRegistry()
+    h = Harness()
+    h.engine.metrics = SchedulerMetrics(registry)
+    h.register("w1")
+    h.take(h.engine.heartbeat(b"w1", Heartbeat("w1", cache={"text_hits": 3, "text_misses": 1, "vae_hits": 2,
+                                                            "bytes": 4096}), h.now))
+    h.take(h.engine.heartbeat(b"w1", Heartbeat("w1", cache={"text_hits": 1, "evictions": 2, "bytes": 1024}), h.now))
+
+    def value(name, **labels):
+        return registry.get_sample_value(name, labels)
+
+    lookups = "candidate_scheduler_conditioning_cache_lookups_total"
+    assert value(lookups, kind="text", result="hit") == 4 and value(lookups, kind="text", result="miss") == 1
+    assert value(lookups, kind="vae", result="hit") == 2
+    assert value("candidate_scheduler_conditioning_cache_evictions_total") == 2
+    assert value("candidate_scheduler_conditioning_cache_bytes") == 1024
