@@ -26,7 +26,7 @@ import dataclasses
 import math
 
 from candidate_scheduler.core.admission import split_balanced
-from candidate_scheduler.core.forecast import Job, SimWorker, forecast
+from candidate_scheduler.core.forecast import Job, SimItem, SimWorker, forecast
 from candidate_scheduler.core.planning import Unit
 
 
@@ -72,11 +72,18 @@ def sim_workers(engine, now: float, only: str | None = None) -> list[SimWorker]:
     for w in engine.workers.values():
         if only is not None and w.worker_id != only:
             continue
-        running = []
-        for a in w.assignments.values():
-            end = max(now, a.sent_at + a.predicted_s)
-            running.append((end, a.rows, a.forward_key))
-        sims.append(SimWorker(w.worker_id, engine.rows_of(w), running))
+        sim = SimWorker(w.worker_id, engine.rows_of(w))
+        running = list(w.assignments.values())
+        total_rows = sum(a.cost_rows for a in running)
+        for a in running:
+            # steps it has left: what its time so far bought at the rows running there now
+            tau = engine.cost.forward_s(w.worker_id, a.label, total_rows)
+            fixed = engine.cost.group_s(w.worker_id, a.label, 0, 0) * len(a.entries)
+            done = (now - a.sent_at - fixed) / tau if tau > 0 else 0.0
+            left = min(float(a.steps), max(0.5, a.steps - max(0.0, done)))
+            sim.items.append(SimItem(tuple((e.request_id, e.slice_index) for e in a.entries), a.rows, a.cost_rows,
+                                     left, a.label, a.forward_key))
+        sims.append(sim)
     return sims
 
 

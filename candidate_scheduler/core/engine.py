@@ -257,6 +257,8 @@ class Engine:
         jobs = [j for e in entries for j in deadlines.jobs_of(self.groups[e.request_id], e)]
         sim = deadlines.sim_workers(self, self.now, only=worker.worker_id)[0]
         assignment.predicted_s = forecast_duration(self.cost, sim, jobs, self.config.batching)
+        assignment.steps = max(j.steps for j in jobs)
+        assignment.cost_rows = sum(j.cost_rows for j in jobs)
         worker.assignments[batch_id] = assignment
         self.assignments[batch_id] = assignment
         self.metrics.physical_batch(assignment.rows, worker.capacity)
