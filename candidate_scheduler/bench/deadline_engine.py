@@ -52,27 +52,29 @@ def _median_us(fn, repeats: int) -> float:
     return float(np.median(times) * 1e6)
 
 
+def _at_depth(step_s: dict[int, float], sampling: dict, deadline_s: float, depth: int, repeats: int) -> dict:
+    image = np.zeros((sampling["height"], sampling["width"], 3), dtype=np.uint8)
+    engine = engine_with_worker(step_s, sampling)
+    # deadlines far enough out to be admitted: the queue is what the decisions look through
+    for k in range(depth):
+        engine.submit(("c", k), _submission(f"q{k}", image, sampling, 2, 60.0 + k), 0.001 * k)
+    now = 0.001 * depth
+    ids = iter(range(10**9))
+    refused = []
+
+    def refuse() -> None:
+        out = engine.submit(("c", -1), _submission(f"r{next(ids)}", image, sampling, 8, deadline_s / 100), now)
+        refused.extend(m.result.error_code for m in out if isinstance(m, Reply))
+
+    refuse_us = _median_us(refuse, repeats)
+    tick_us = _median_us(lambda: engine.tick(now), repeats)
+    if set(refused) != {"deadline_unmeetable"}:
+        raise RuntimeError(f"the engine did not refuse as expected at depth {depth}: {set(refused)}")
+    return {"depth": depth, "refuse_us": refuse_us, "tick_us": tick_us}
+
+
 def engine_timings(step_s: dict[int, float], sampling: dict, deadline_s: float, depths=DEPTHS,
                    repeats: int = 50) -> dict:
     """step_s: {rows: seconds of one denoise step} measured on the service (e.g. {2: .., 8: ..})."""
-    image = np.zeros((sampling["height"], sampling["width"], 3), dtype=np.uint8)
-    rows = []
-    for depth in depths:
-        engine = engine_with_worker(step_s, sampling)
-        # deadlines far enough out to be admitted: the queue is what the decisions look through
-        for k in range(depth):
-            engine.submit(("c", k), _submission(f"q{k}", image, sampling, 2, 60.0 + k), 0.001 * k)
-        now = 0.001 * depth
-        ids = iter(range(10**9))
-        refused = []
-
-        def refuse() -> None:
-            out = engine.submit(("c", -1), _submission(f"r{next(ids)}", image, sampling, 8, deadline_s / 100), now)
-            refused.extend(m.result.error_code for m in out if isinstance(m, Reply))
-
-        refuse_us = _median_us(refuse, repeats)
-        tick_us = _median_us(lambda: engine.tick(now), repeats)
-        if set(refused) != {"deadline_unmeetable"}:
-            raise RuntimeError(f"the engine did not refuse as expected at depth {depth}: {set(refused)}")
-        rows.append({"depth": depth, "refuse_us": refuse_us, "tick_us": tick_us})
+    rows = [_at_depth(step_s, sampling, deadline_s, depth, repeats) for depth in depths]
     return {"step_s": {str(k): v for k, v in step_s.items()}, "repeats": repeats, "rows": rows}

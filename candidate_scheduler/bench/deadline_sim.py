@@ -1,12 +1,19 @@
-"""The deadline policy with a perfect forecast: the real engine (core/engine.py) against a simulated
-worker whose every assignment takes exactly the time the engine predicted for it, in simulated time.
+"""The deadline policy in simulated time: the real engine (core/engine.py) against a simulated worker.
 
-What misses here is the policy's doing (refusal at receipt, earliest deadline first, the elastic count
-rule), not the cost model's error or the machine's noise: run next to the service's figures, it
-separates the two. Simulated: arrivals (`Engine.submit`), results at `sent_at + predicted_s`
-(`Engine.worker_result`), a cancelled row leaving after one more step, and `Engine.tick` every
-`tick_s`, as the shell calls it. Not simulated: a joined group slowing the forwards of the groups
-already running (the engine's forecast ignores that too, so a perfect forecast cannot have it).
+Two workers, to tell the causes of a miss apart:
+
+- `perfect`: every assignment takes exactly the time the engine predicted for it when it was sent. What
+  misses here is the policy's doing (refusal at receipt, earliest deadline first, the elastic count
+  rule), not the cost model's or the machine's.
+- `stepping`: an idealised running batch, as worker/running.py runs one: assignments join at the next
+  step boundary (their conditioning first), every step is one forward over all running rows that takes
+  the profiled time for that many rows, a group leaves when its last step is done, a cancelled one at
+  the next boundary. No noise at all -- so what misses here and not under `perfect` is the forecast's
+  own simplification: an assignment's prediction is fixed when it is sent, so the groups that join it
+  later (and slow its forwards) are not in it.
+
+Both report `prediction_ratio` as the service does (actual / predicted time of each assignment), and the
+engine gets `tick` every `tick_s`, as the shell calls it.
 """
 
 from __future__ import annotations
@@ -21,73 +28,164 @@ from candidate_scheduler.core.messages import CancelRows, Reply, SendWork, Slice
 from candidate_scheduler.core.request import Submission
 from candidate_scheduler.core.work import SamplingSpec
 
+WORKERS = ("perfect", "stepping")
+
+
+def _line(step_s: dict[int, float]) -> tuple[float, float]:
+    """t(rows) = a + b * rows through the profiled step times (one point: through the origin)."""
+    pts = sorted(step_s.items())
+    if len(pts) == 1:
+        return 0.0, pts[0][1] / pts[0][0]
+    (r0, t0), (r1, t1) = pts[0], pts[-1]
+    b = (t1 - t0) / (r1 - r0)
+    return max(0.0, t0 - b * r0), max(0.0, b)
+
+
+class _Sim:
+    def __init__(self, step_s, sampling, overhead_s, steps):
+        self.engine = engine_with_worker(step_s, sampling, heartbeat_timeout_s=1e12)
+        self.seq = itertools.count()
+        self.events: list = []
+        self.sent: dict[int, SendWork] = {}
+        self.sent_at: dict[int, float] = {}
+        self.cancelled: dict[int, set] = {}
+        self.ratios: list[float] = []
+        self.overhead_s = overhead_s
+        self.steps = steps
+        spec = SamplingSpec(**sampling)
+        self.shape = (1, spec.horizon, spec.raw_action_dim)
+        self.a, self.b = _line(step_s)
+
+    def push(self, t: float, kind: str, payload) -> None:
+        heapq.heappush(self.events, (t, next(self.seq), kind, payload))
+
+    def result(self, batch_id: int, now: float) -> list:
+        """The worker answers an assignment (its cancelled groups as cancelled)."""
+        work = self.sent.pop(batch_id)
+        gone = self.cancelled.pop(batch_id, set())
+        predicted = self.engine.assignments[batch_id].predicted_s if batch_id in self.engine.assignments else 0.0
+        if predicted > 0 and not gone:
+            self.ratios.append((now - self.sent_at[batch_id]) / predicted)
+        outputs = tuple(
+            SliceOutcome(sw.dispatch.request_id, "cancelled") if sw.dispatch.request_id in gone else
+            SliceOutcome(sw.dispatch.request_id, "ok", sw.dispatch.candidate_ids,
+                         np.zeros((len(sw.dispatch.candidate_ids), *self.shape), dtype=np.float32))
+            for sw in work.slices)
+        report = {"condition_s": self.overhead_s, "transformer_forwards": self.steps}
+        return self.engine.worker_result(work.identity, WorkerResult("w1", batch_id, outputs, report), now)
+
+
+class _Perfect(_Sim):
+    def send(self, m: SendWork, now: float) -> None:
+        self.push(now + self.engine.assignments[m.batch_id].predicted_s, "done", m.batch_id)
+
+    def cancel(self, m: CancelRows, now: float) -> None:
+        self.push(now + self.a + 8 * self.b, "done", m.batch_id)  # it leaves at the next step boundary
+
+    def worker_event(self, kind: str, payload, now: float) -> list:
+        return self.result(payload, now) if payload in self.sent else []
+
+
+class _Stepping(_Sim):
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.running: dict[int, list] = {}  # batch id -> [rows, steps left]
+        self.joining: list[int] = []
+        self.stepping = False
+
+    def send(self, m: SendWork, now: float) -> None:
+        self.joining.append(m.batch_id)
+        if not self.stepping:
+            self.stepping = True
+            self.push(now, "boundary", None)
+
+    def cancel(self, m: CancelRows, now: float) -> None:
+        pass  # applied at the next boundary
+
+    def worker_event(self, kind: str, payload, now: float) -> list:
+        out = []
+        # a step boundary: groups done or cancelled leave and are answered, the waiting ones join
+        for bid in list(self.running):
+            steps_left = self.running[bid][1]
+            if steps_left <= 0 or bid in self.cancelled:
+                del self.running[bid]
+                out += self.result(bid, now)
+        t = now
+        for bid in self.joining:
+            if bid in self.sent and bid not in self.cancelled:
+                rows = sum(len(sw.dispatch.candidate_ids) for sw in self.sent[bid].slices)
+                self.running[bid] = [rows, self.steps]
+                t += self.overhead_s  # its conditioning runs on the compute thread, before the step
+            elif bid in self.sent:
+                out += self.result(bid, now)
+        self.joining = []
+        if not self.running:
+            self.stepping = False
+            return out
+        rows = sum(r for r, _left in self.running.values())
+        t += self.a + self.b * rows
+        for state in self.running.values():
+            state[1] -= 1
+        self.push(t, "boundary", None)
+        return out
+
 
 def simulate(arrivals: list[float], min_count: int, deadline_s: float, step_s: dict[int, float], sampling: dict,
-             overhead_s: float = 0.0, count: int = 8, tick_s: float = 0.05) -> list[dict]:
-    """One outcome per arrival: {"status", "error_code", "served_count", "latency_s"}."""
-    spec = SamplingSpec(**sampling)
-    engine = engine_with_worker(step_s, sampling, heartbeat_timeout_s=1e12)
-    shape = (1, spec.horizon, spec.raw_action_dim)
-    image = np.zeros((spec.height, spec.width, 3), dtype=np.uint8)
-    seq = itertools.count()
-    events: list = [(t, next(seq), "submit", i) for i, t in enumerate(arrivals)]
-    heapq.heapify(events)
-    sent: dict[int, SendWork] = {}
-    cancelled: dict[int, set] = {}
-    done_at: dict[int, float] = {}
+             overhead_s: float = 0.0, count: int = 8, tick_s: float = 0.05, worker: str = "perfect") -> dict:
+    """{"outcomes": one {"status", "error_code", "served_count", "latency_s"} per arrival,
+    "prediction_ratios": actual / predicted time of each answered assignment}."""
+    if worker not in WORKERS:
+        raise ValueError(f"worker must be one of {WORKERS}")
+    sim = (_Perfect if worker == "perfect" else _Stepping)(step_s, sampling, overhead_s, sampling["steps"])
+    image = np.zeros((sampling["height"], sampling["width"], 3), dtype=np.uint8)
     outcomes: list[dict | None] = [None] * len(arrivals)
-    step8 = max(step_s.values())
+    for i, t in enumerate(arrivals):
+        sim.push(t, "submit", i)
 
     def handle(out: list, now: float) -> None:
         for m in out:
             if isinstance(m, SendWork):
-                sent[m.batch_id] = m
-                end = now + engine.assignments[m.batch_id].predicted_s
-                done_at[m.batch_id] = end
-                heapq.heappush(events, (end, next(seq), "result", m.batch_id))
-            elif isinstance(m, CancelRows) and m.batch_id in sent:
-                cancelled.setdefault(m.batch_id, set()).update(m.request_ids)
-                end = min(done_at[m.batch_id], now + step8)  # it leaves at the next step boundary
-                heapq.heappush(events, (end, next(seq), "result", m.batch_id))
+                sim.sent[m.batch_id], sim.sent_at[m.batch_id] = m, now
+                sim.send(m, now)
+            elif isinstance(m, CancelRows) and m.batch_id in sim.sent:
+                sim.cancelled.setdefault(m.batch_id, set()).update(m.request_ids)
+                sim.cancel(m, now)
             elif isinstance(m, Reply):
                 i = int(m.result.request_id)
                 outcomes[i] = {"status": m.result.status, "error_code": m.result.error_code,
                                "served_count": m.result.served_count, "latency_s": now - arrivals[i]}
 
     next_tick = 0.0
-    while events:
-        t, _, kind, payload = heapq.heappop(events)
+    while sim.events:
+        t, _, kind, payload = heapq.heappop(sim.events)
         while next_tick <= t:
-            handle(engine.tick(next_tick), next_tick)
+            handle(sim.engine.tick(next_tick), next_tick)
             next_tick += tick_s
         if kind == "submit":
             sub = Submission(str(payload), image, "pick", {"count": count, "reducer": "mean", "min_count": min_count},
                              payload, dict(sampling), deadline_s=deadline_s)
-            handle(engine.submit(("sim", payload), sub, t), t)
-        elif payload in sent:
-            work = sent.pop(payload)
-            gone = cancelled.pop(payload, set())
-            outputs = tuple(
-                SliceOutcome(sw.dispatch.request_id, "cancelled") if sw.dispatch.request_id in gone else
-                SliceOutcome(sw.dispatch.request_id, "ok", sw.dispatch.candidate_ids,
-                             np.zeros((len(sw.dispatch.candidate_ids), *shape), dtype=np.float32))
-                for sw in work.slices)
-            report = {"condition_s": overhead_s, "transformer_forwards": spec.steps}
-            handle(engine.worker_result(work.identity, WorkerResult("w1", payload, outputs, report), t), t)
+            handle(sim.engine.submit(("sim", payload), sub, t), t)
+        else:
+            handle(sim.worker_event(kind, payload, t), t)
     for _ in range(int(deadline_s / tick_s) + 2):  # expiries of whatever is left
-        handle(engine.tick(next_tick), next_tick)
+        handle(sim.engine.tick(next_tick), next_tick)
         next_tick += tick_s
-    return [o if o is not None else {"status": "no_reply", "error_code": None, "served_count": None,
+    done = [o if o is not None else {"status": "no_reply", "error_code": None, "served_count": None,
                                      "latency_s": None} for o in outcomes]
+    return {"outcomes": done, "prediction_ratios": sim.ratios}
 
 
-def summarize_sim(outcomes: list[dict], deadline_s: float) -> dict:
+def summarize_sim(run: dict, deadline_s: float) -> dict:
+    outcomes = run["outcomes"]
     n = len(outcomes)
     in_time = sum(1 for o in outcomes if o["status"] == "done" and o["latency_s"] <= deadline_s + 1e-9)
     refused = sum(1 for o in outcomes if o["error_code"] == "deadline_unmeetable")
     expired = sum(1 for o in outcomes if o["status"] == "expired")
     late = sum(1 for o in outcomes if o["status"] == "done" and o["latency_s"] > deadline_s + 1e-9)
     served = [o["served_count"] for o in outcomes if o["status"] == "done" and o["served_count"] is not None]
+    ratios = run["prediction_ratios"]
     return {"groups": n, "in_time": in_time, "miss_rate": (n - in_time) / n if n else None, "refused": refused,
             "expired": expired, "done_late": late, "other": n - in_time - refused - expired - late,
-            "mean_served_count": float(np.mean(served)) if served else None}
+            "mean_served_count": float(np.mean(served)) if served else None,
+            "prediction_ratio_p50": float(np.median(ratios)) if ratios else None,
+            "prediction_ratio_p90": float(np.percentile(ratios, 90)) if ratios else None}

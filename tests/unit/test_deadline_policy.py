@@ -24,10 +24,10 @@ def test_a_burst_of_elastic_groups_shrinks_queued_counts_to_make_room():
     # queued ahead of a newcomer shrink to make room for it (forecast at receipt with every queued
     # elastic group at its minimum, and counts chosen behind the groups queued ahead).
     arrivals = [0.01 * i for i in range(6)]
-    fixed = simulate(arrivals, 8, DEADLINE_S, STEP_S, SAMPLING, overhead_s=OVERHEAD_S)
+    fixed = simulate(arrivals, 8, DEADLINE_S, STEP_S, SAMPLING, overhead_s=OVERHEAD_S)["outcomes"]
     assert [o["status"] for o in fixed] == ["done"] * 3 + ["rejected"] * 3
     assert all(o["error_code"] == "deadline_unmeetable" for o in fixed[3:])
-    elastic = simulate(arrivals, 2, DEADLINE_S, STEP_S, SAMPLING, overhead_s=OVERHEAD_S)
+    elastic = simulate(arrivals, 2, DEADLINE_S, STEP_S, SAMPLING, overhead_s=OVERHEAD_S)["outcomes"]
     assert [o["status"] for o in elastic] == ["done"] * 6, elastic
     assert all(o["latency_s"] <= DEADLINE_S for o in elastic)
     served = [o["served_count"] for o in elastic]
