@@ -50,7 +50,7 @@ from candidate_scheduler.bench.common import (
 )
 from candidate_scheduler.bench.deadline_capacity import search_capacity
 from candidate_scheduler.bench.deadline_engine import DEPTHS, engine_timings
-from candidate_scheduler.bench.deadline_outcomes import kind, pooled_refusals
+from candidate_scheduler.bench.deadline_outcomes import kind, latency_stats_ms, pooled_refusals
 from candidate_scheduler.bench.deadline_parity import same_bits, streams_vs_references
 from candidate_scheduler.bench.deadline_quality import candidate_streams, delivered, quality_table, reply_rmse
 from candidate_scheduler.bench.deadline_settings import (
@@ -115,6 +115,23 @@ def measure_unloaded(client, image: np.ndarray, settings: DeadlineSettings, say:
             "min_count_latencies_ms": [x * 1000 for x in floor], "min_count_median_s": float(np.median(floor)),
             "step_s": {n: float(np.median(v)) for n, v in step_s.items()}, "overhead_s": float(np.median(overhead_s)),
             "references_repeatable": repeatable, "references": references}
+
+
+def fixed_crossover(cap: float, deadline_s: float, unloaded: dict, settings: DeadlineSettings) -> dict | None:
+    """In simulated time (perfect worker): the lowest load, in capacities, at which the fixed arm misses
+    more than half its groups, and what the elastic arm misses there (perfect and stepping workers)."""
+    def run(arm: str, rate: float, worker: str) -> dict:
+        arrivals = poisson_schedule(rate, settings.sim_window_s, BASE_SEED + 999)
+        return summarize_sim(simulate(arrivals, ARMS[arm]["min_count"], deadline_s, unloaded["step_s"],
+                                      settings.sampling, overhead_s=unloaded["overhead_s"], count=COUNT,
+                                      worker=worker), deadline_s)
+
+    for factor in np.arange(2.5, 8.01, 0.5):  # 2x and below are run for real
+        fixed = run("fixed", factor * cap, "perfect")
+        if fixed["miss_rate"] > 0.5:
+            return {"factor": float(factor), "rate": float(factor * cap), "fixed": fixed,
+                    "elastic": {w: run("elastic", factor * cap, w) for w in WORKERS}}
+    return None
 
 
 def _line(arm: str, rate: float, s: dict) -> str:
@@ -182,8 +199,8 @@ def run_deadline_bench(out_dir: Path, model: str | Path = DEFAULT_MODEL, smoke: 
             unit = unit_schedule(int(mu * settings.probe_window_s * 2 + 50), BASE_SEED)
 
             def probe(rate: float) -> dict:
-                summary, _ = run_window(target, "fixed", at_rate(unit, rate, settings.probe_window_s),
-                                        settings.probe_window_s)
+                summary, _, _ = run_window(target, "fixed", at_rate(unit, rate, settings.probe_window_s),
+                                           settings.probe_window_s)
                 say("capacity probe " + _line("fixed", rate, summary))
                 return summary
 
@@ -196,6 +213,7 @@ def run_deadline_bench(out_dir: Path, model: str | Path = DEFAULT_MODEL, smoke: 
             t_loads = time.perf_counter()
             loads, arms = [], {arm: [] for arm in ARMS}
             all_outcomes: dict[str, list] = {arm: [] for arm in ARMS}
+            all_pings: list[float] = []
             for li, factor in enumerate(settings.factors):
                 rate, window = factor * cap, settings.window_of(factor)
                 schedule_seed = BASE_SEED + 100 + li
@@ -204,7 +222,8 @@ def run_deadline_bench(out_dir: Path, model: str | Path = DEFAULT_MODEL, smoke: 
                               "schedule_seed": schedule_seed})
                 # alternate which arm goes first, so neither always runs on a machine the other warmed
                 for arm in (list(ARMS) if li % 2 == 0 else list(reversed(ARMS))):
-                    summary, outcomes = run_window(target, arm, times, window)
+                    summary, outcomes, pings = run_window(target, arm, times, window)
+                    all_pings += pings
                     hist = _in_time_histogram(outcomes, deadline_s)
                     summary.update(factor=factor, offered_rate=rate, in_time_served_histogram=hist,
                                    quality_rmse_table_weighted=delivered(quality, hist),
@@ -228,11 +247,13 @@ def run_deadline_bench(out_dir: Path, model: str | Path = DEFAULT_MODEL, smoke: 
                                                    settings.sampling, overhead_s=unloaded["overhead_s"], count=COUNT,
                                                    worker=worker), deadline_s)
                     for worker in WORKERS}
+        crossover = fixed_crossover(cap, deadline_s, unloaded, settings)
         say("the deadline decisions' own cost, in process (an engine with the measured step times)")
         decisions = engine_timings(unloaded["step_s"], settings.sampling, deadline_s,
                                    depths=(1, 16) if smoke else DEPTHS, repeats=10 if smoke else 50)
         refusals = {arm: pooled_refusals(all_outcomes[arm]) for arm in ARMS}
         refusals["all"] = pooled_refusals([o for arm in ARMS for o in all_outcomes[arm]])
+        refusals["ping_baseline"] = latency_stats_ms(all_pings)
         wall = time.perf_counter() - t0
         result = {
             "meta": {
@@ -249,6 +270,7 @@ def run_deadline_bench(out_dir: Path, model: str | Path = DEFAULT_MODEL, smoke: 
             "arms": arms,
             "refusals": refusals,
             "engine_decisions": decisions,
+            "fixed_crossover": crossover,
             "quality": quality,
         }
         from candidate_scheduler.bench.deadline_report import targets, write_outputs

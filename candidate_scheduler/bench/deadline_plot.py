@@ -20,6 +20,9 @@ def write_plot(result: dict, path: Path) -> Path:
         x = [r["factor"] for r in rows]
         style = dict(marker="o", color=COLORS.get(arm), label=arm)
         axes[0].plot(x, [100.0 * (r["miss_rate"] or 0.0) for r in rows], **style)
+        if all("simulated" in r for r in rows):
+            axes[0].plot(x, [100.0 * (r["simulated"]["stepping"]["miss_rate"] or 0.0) for r in rows], ls=":",
+                         marker=".", color=COLORS.get(arm), label=f"{arm}, simulated stepping worker")
         axes[1].plot(x, [r["goodput"] or 0.0 for r in rows], **style)
         axes[2].plot(x, [r["mean_served_count"] if r["mean_served_count"] is not None else float("nan")
                          for r in rows], **style)

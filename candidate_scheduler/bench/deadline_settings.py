@@ -46,7 +46,7 @@ def full() -> DeadlineSettings:
     return DeadlineSettings(
         smoke=False, seeds=tuple(BASE_SEED + i for i in range(4)), unloaded_rounds=2, warmup_groups=3,
         capacity_iterations=4, probe_window_s=7.0, factors=(0.5, 0.75, 1.0, 1.25, 1.5, 2.0),
-        window_s=7.0, target_window_s=14.0,
+        window_s=8.0, target_window_s=16.0,
     )
 
 

@@ -7,13 +7,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from candidate_scheduler.bench.common import PROMPT
-from candidate_scheduler.bench.deadline_outcomes import summarize
+from candidate_scheduler.bench.common import PROMPT, loadavg
+from candidate_scheduler.bench.deadline_outcomes import latency_stats_ms, summarize
 from candidate_scheduler.bench.deadline_parity import check_replies
 from candidate_scheduler.bench.deadline_settings import ARMS, COUNT, REDUCER, DeadlineSettings
 from candidate_scheduler.bench.open_loop import run_open_loop
 from candidate_scheduler.bench.scrape import scrape, window_delta
 from candidate_scheduler.service.client import make_request
+
+PING_S = 0.1  # a PING this often while a window sends: the baseline of the refusal round trip
 
 
 @dataclass
@@ -39,16 +41,18 @@ def requests_for(target: Target, arm: str, n: int) -> tuple[list, list[int]]:
     return reqs, seeds
 
 
-def run_window(target: Target, arm: str, times: list[float], window_s: float) -> tuple[dict, list]:
-    """Send one arm's groups at `times`; returns (summary, outcomes)."""
+def run_window(target: Target, arm: str, times: list[float], window_s: float) -> tuple[dict, list, list[float]]:
+    """Send one arm's groups at `times`; returns (summary, outcomes, PING round trips)."""
     reqs, seeds = requests_for(target, arm, len(times))
     before = scrape(target.metrics_url)
-    outcomes = run_open_loop(target.request_endpoint, reqs, seeds, times,
-                             drain_s=target.deadline_s + target.settings.drain_extra_s)
+    outcomes, pings = run_open_loop(target.request_endpoint, reqs, seeds, times,
+                                    drain_s=target.deadline_s + target.settings.drain_extra_s, ping_s=PING_S)
     after = scrape(target.metrics_url)
     summary = summarize(outcomes, target.deadline_s, window_s)
+    summary["ping_latency"] = latency_stats_ms(pings)
+    summary["loadavg_1min"] = (loadavg() or [None])[0]
     summary["scheduler_metrics"] = window_delta(before, after)
     summary["parity"] = check_replies(outcomes, target.references, COUNT)
     stats = target.control.stats()
     summary["left_in_flight"] = stats.get("groups_in_flight")
-    return summary, outcomes
+    return summary, outcomes, pings

@@ -2,10 +2,10 @@
 next send (a closed loop would slow its own arrivals down exactly when the service falls behind, and
 hide the overload a deadline benchmark is about).
 
-A schedule is a list of send times (seconds from the window's start). `unit_schedule` draws the gaps of a
-rate-1 Poisson process once; `at_rate` scales it, so probes at different rates see the same arrival
-pattern, only faster or slower (the miss count is then nearly monotone in the rate, which a bounded
-search needs). `run_open_loop` sends every request at its time on one asyncio DEALER connection and
+A schedule is a list of send times (seconds from the window's start). `poisson_schedule` offers exactly
+its nominal load over the window. `unit_schedule` draws the gaps of a rate-1 Poisson process once;
+`at_rate` scales it, so probes at different rates see the same arrival pattern, only faster or slower
+(the miss count is then nearly monotone in the rate, which a bounded search needs). `run_open_loop` sends every request at its time on one asyncio DEALER connection and
 collects one `Outcome` per request.
 """
 
@@ -57,17 +57,31 @@ def at_rate(unit: np.ndarray, rate: float, window_s: float) -> list[float]:
 
 
 def poisson_schedule(rate: float, window_s: float, seed: int) -> list[float]:
-    """Send times of a Poisson process at `rate` per second over `window_s` seconds."""
-    n = int(rate * window_s * 3 + 50)
-    return at_rate(unit_schedule(n, seed), rate, window_s)
+    """Send times of a Poisson process at `rate` per second over `window_s` seconds, conditioned on its
+    expected count: round(rate * window_s) times, uniform and independent over the window, sorted (what
+    a Poisson process is, given its count). A short window then offers exactly the load it is labelled
+    with, instead of a draw that may be 30% over or under it."""
+    n = max(1, round(rate * window_s))
+    return sorted(float(t) for t in np.random.default_rng(seed).uniform(0.0, window_s, size=n))
 
 
 async def _run(endpoint: str, requests: list, seeds: list[int], times: list[float], drain_s: float,
-               on_reply=None) -> list[Outcome]:
+               on_reply=None, ping_s: float | None = None) -> tuple[list[Outcome], list[float]]:
     client = AsyncClient(endpoint)
     loop = asyncio.get_running_loop()
     outcomes: list[Outcome | None] = [None] * len(requests)
     tasks = []
+    pings: list[float] = []
+    sending = True
+
+    async def pinger() -> None:
+        # PING is answered by the scheduler's IO loop itself, without the engine: its round trip is the
+        # baseline (sockets, both event loops, the machine) a refusal's round trip is read against
+        while sending:
+            t = time.perf_counter()
+            if await client.ping(timeout_s=2.0):
+                pings.append(time.perf_counter() - t)
+            await asyncio.sleep(ping_s)
 
     async def one(i: int, lag: float) -> None:
         sent = time.perf_counter()
@@ -87,12 +101,16 @@ async def _run(endpoint: str, requests: list, seeds: list[int], times: list[floa
     try:
         # one ping first: the connection is up before the clock starts, so the first send is not slow
         await client.ping(timeout_s=10.0)
+        ping_task = loop.create_task(pinger()) if ping_s else None
         start = loop.time()
         for i, t in enumerate(times):
             delay = start + t - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
             tasks.append(loop.create_task(one(i, max(0.0, loop.time() - start - t))))
+        sending = False
+        if ping_task is not None:
+            await ping_task
         if tasks:
             await asyncio.wait(tasks, timeout=drain_s)
     finally:
@@ -100,13 +118,14 @@ async def _run(endpoint: str, requests: list, seeds: list[int], times: list[floa
             task.cancel()
         client.close()
     return [o if o is not None else Outcome(i, seeds[i], times[i], 0.0, None, "no_reply")
-            for i, o in enumerate(outcomes)]
+            for i, o in enumerate(outcomes)], pings
 
 
 def run_open_loop(endpoint: str, requests: list, seeds: list[int], times: list[float], drain_s: float,
-                  on_reply=None) -> list[Outcome]:
+                  on_reply=None, ping_s: float | None = None) -> tuple[list[Outcome], list[float]]:
     """Send requests[i] at times[i] (seconds from now); wait at most `drain_s` after the last send for
-    the replies still missing (those are "no_reply"). `on_reply(outcome)` is called as each arrives."""
+    the replies still missing (those are "no_reply"). `on_reply(outcome)` is called as each arrives.
+    With `ping_s`, a PING every ping_s seconds while sending. Returns (outcomes, ping round trips)."""
     if not len(requests) == len(seeds) == len(times):
         raise ValueError("requests, seeds and times must have the same length")
-    return asyncio.run(_run(endpoint, requests, seeds, times, drain_s, on_reply))
+    return asyncio.run(_run(endpoint, requests, seeds, times, drain_s, on_reply, ping_s))
