@@ -118,8 +118,8 @@ def measure_unloaded(client, image: np.ndarray, settings: DeadlineSettings, say:
 
 
 def fixed_crossover(cap: float, deadline_s: float, unloaded: dict, settings: DeadlineSettings) -> dict | None:
-    """In simulated time (perfect worker): the lowest load, in capacities, at which the fixed arm misses
-    more than half its groups, and what the elastic arm misses there (perfect and stepping workers)."""
+    """In simulated time (fluid worker): the lowest load, in capacities, at which the fixed arm misses
+    more than half its groups, and what the elastic arm misses there (fluid and stepping workers)."""
     def run(arm: str, rate: float, worker: str) -> dict:
         arrivals = poisson_schedule(rate, settings.sim_window_s, BASE_SEED + 999)
         return summarize_sim(simulate(arrivals, ARMS[arm]["min_count"], deadline_s, unloaded["step_s"],
@@ -127,7 +127,7 @@ def fixed_crossover(cap: float, deadline_s: float, unloaded: dict, settings: Dea
                                       worker=worker), deadline_s)
 
     for factor in np.arange(2.5, 8.01, 0.5):  # 2x and below are run for real
-        fixed = run("fixed", factor * cap, "perfect")
+        fixed = run("fixed", factor * cap, "fluid")
         if fixed["miss_rate"] > 0.5:
             return {"factor": float(factor), "rate": float(factor * cap), "fixed": fixed,
                     "elastic": {w: run("elastic", factor * cap, w) for w in WORKERS}}
@@ -237,7 +237,7 @@ def run_deadline_bench(out_dir: Path, model: str | Path = DEFAULT_MODEL, smoke: 
         finally:
             control.close()
         say(f"the same loads in simulated time ({settings.sim_window_s:.0f} s each), the real engine against a "
-            "perfect worker and a noise-free stepping one")
+            "fluid worker (the forecast's own model) and a noise-free stepping one")
         for arm, rows in arms.items():
             for summary in rows:
                 load = next(x for x in loads if x["factor"] == summary["factor"])

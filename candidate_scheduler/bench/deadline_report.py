@@ -92,17 +92,18 @@ def _policy_alone(s: dict) -> str:
     sim = s.get("simulated")
     if not sim:
         return ""
-    p, st = sim["perfect"], sim["stepping"]
-    text = (f"In simulated time the same policy at this load misses {_pct(p['miss_rate'])} of {p['groups']} groups "
-            f"with a perfect forecast (the policy alone) and {_pct(st['miss_rate'])} against a noise-free stepping "
-            f"worker (expired {st['expired']}, done late {st['done_late']}; actual/predicted p90 "
-            f"{fmt(st['prediction_ratio_p90'], 2)}).")
-    if st["miss_rate"] - p["miss_rate"] >= 0.01:
-        text += (" The difference between the two is the forecast's: an assignment's predicted time is fixed when "
-                 "it is sent, so the groups that join its running batch later, and slow its forwards, are not in "
-                 "it; groups forecast to finish behind it inherit the error.")
+    fl, st = sim["fluid"], sim["stepping"]
+    text = (f"In simulated time the same policy at this load misses {_pct(fl['miss_rate'])} of {fl['groups']} groups "
+            f"against a worker that runs exactly as the forecast models it (fluid: expired {fl['expired']}, done "
+            f"late {fl['done_late']}, refused {fl['refused']}) and {_pct(st['miss_rate'])} against a noise-free "
+            f"stepping worker (actual/predicted p90 {fmt(st['prediction_ratio_p90'], 2)}).")
+    if fl["miss_rate"] >= 0.01:
+        text += (" So the policy itself misses: a group's count is the largest that the forecast says will just "
+                 "make its deadline, but the forecast knows only the groups already here -- groups that arrive "
+                 "later join the running batch and slow it, and neither the refusal at receipt nor the choice "
+                 "of a newcomer's count watches the deadlines of the groups already running.")
     if s["miss_rate"] - st["miss_rate"] >= 0.01:
-        text += " What the service missed beyond the stepping simulation is the machine's noise (shared CPUs)."
+        text += " What the service missed beyond the simulation is the cost model's error and the machine's noise."
     return text
 
 
@@ -118,18 +119,18 @@ def _crossover(result: dict) -> str:
     if not c:
         return " In simulated time the fixed arm never missed more than half its groups from 2.5x to 8x capacity."
     el = c["elastic"]
-    return (f" In simulated time (perfect forecast) the fixed arm misses most ({_pct(c['fixed']['miss_rate'])}) from "
+    return (f" In simulated time (fluid worker) the fixed arm misses most ({_pct(c['fixed']['miss_rate'])}) from "
             f"{c['factor']:g}x capacity ({c['rate']:.2f} groups/s, {c['rate'] / result['capacity']['mu']:.2f} of mu) on; "
-            f"the elastic arm there misses {_pct(el['perfect']['miss_rate'])} with a perfect forecast and "
-            f"{_pct(el['stepping']['miss_rate'])} against the stepping worker, serving "
-            f"{fmt(el['perfect']['mean_served_count'], 2)} candidates on average.")
+            f"the elastic arm there misses {_pct(el['fluid']['miss_rate'])} (fluid) and "
+            f"{_pct(el['stepping']['miss_rate'])} (stepping worker), serving "
+            f"{fmt(el['fluid']['mean_served_count'], 2)} candidates on average.")
 
 
 def _load_table(result: dict) -> list[str]:
     lines = [
         "| load | offered /s | arm | groups | miss | refused | expired | late | goodput /s | mean served "
         "| done p50 / p99 ms | RMSE delivered | actual/predicted p50 / p90 | bitwise "
-        "| sim perfect: miss, served | sim stepping: miss, served |",
+        "| sim fluid: miss, served | sim stepping: miss, served |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for load in result["loads"]:
@@ -145,7 +146,7 @@ def _load_table(result: dict) -> list[str]:
                 f"| {s['refused']} | {s['expired']} | {s['done_late']} | {fmt(s['goodput'], 2)} "
                 f"| {fmt(s['mean_served_count'], 2)} | {fmt(d['p50_ms'], 0)} / {fmt(d['p99_ms'], 0)} "
                 f"| {fmt(s['quality_rmse_replies'], 4)} | {fmt(pr.get('p50'), 2)} / {fmt(pr.get('p90'), 2)} "
-                f"| {par['checked'] - par['mismatched']}/{par['checked']} | {_sim(s, 'perfect')} | {_sim(s, 'stepping')} |")
+                f"| {par['checked'] - par['mismatched']}/{par['checked']} | {_sim(s, 'fluid')} | {_sim(s, 'stepping')} |")
     return lines
 
 
@@ -229,9 +230,9 @@ def write_report(result: dict, path: Path, json_name: str, plot_name: str | None
         "(`prediction_ratio` on /metrics). bitwise: done replies whose candidates equal, bit for bit, the first n "
         "of the same seed's count-8 group run alone. sim: the same arm and load in simulated time "
         "(bench/deadline_sim.py: a Poisson schedule of the same rate and seed over a longer window, the measured "
-        "step times) on the real engine, against a *perfect* worker (every assignment takes exactly its "
-        "predicted time: what the policy alone misses) and a noise-free *stepping* worker (joins at step "
-        "boundaries, one forward over all running rows per step: what the forecast's simplifications add).",
+        "step times) on the real engine, against a *fluid* worker (the running batch exactly as the forecast "
+        "models it: what the policy alone misses) and a noise-free *stepping* worker (joins at step boundaries, "
+        "one forward over all running rows per step: what discrete steps add).",
         "",
         *_load_table(result),
     ]

@@ -29,7 +29,7 @@ class DeadlineSettings:
     factors: tuple[float, ...]
     window_s: float  # the arrival window of each (arm, load)
     target_window_s: float  # ... of the target load (longer: the targets are read there)
-    sim_window_s: float = 60.0  # simulated seconds per (arm, load) of the perfect-forecast replay
+    sim_window_s: float = 60.0  # simulated seconds per (arm, load) in simulated time (bench/deadline_sim.py)
     drain_extra_s: float = 5.0  # after the last send: the deadline plus this for the last replies
     sampling: dict = field(default_factory=lambda: dict(SAMPLING))
 

@@ -2,18 +2,20 @@
 
 Two workers, to tell the causes of a miss apart:
 
-- `perfect`: every assignment takes exactly the time the engine predicted for it when it was sent. What
-  misses here is the policy's doing (refusal at receipt, earliest deadline first, the elastic count
-  rule), not the cost model's or the machine's.
+- `fluid`: the running batch exactly as the engine's forecast models it (core/forecast.py): every
+  running group advances continuously at one step per forward time of ALL the rows running, a joining
+  group's fixed cost stalls the worker, a cancelled group leaves at once. What misses here is the
+  policy's doing (refusal at receipt, earliest deadline first, the elastic count rule) with a forecast
+  that is right about the worker -- though not about the groups that have not arrived yet.
 - `stepping`: an idealised running batch, as worker/running.py runs one: assignments join at the next
   step boundary (their conditioning first), every step is one forward over all running rows that takes
-  the profiled time for that many rows, a group leaves when its last step is done, a cancelled one at
-  the next boundary. No noise at all -- so what misses here and not under `perfect` is the forecast's
-  own simplification: an assignment's prediction is fixed when it is sent, so the groups that join it
-  later (and slow its forwards) are not in it.
+  the profiled time for that many rows, a group leaves after its last step, a cancelled one at the next
+  boundary. No noise at all -- so what misses here and not under `fluid` comes from the steps being
+  discrete (a join waits for a boundary).
 
-Both report `prediction_ratio` as the service does (actual / predicted time of each assignment), and the
-engine gets `tick` every `tick_s`, as the shell calls it.
+The service's own misses beyond `stepping` are the cost model's errors and the machine's noise. Both
+workers report `prediction_ratio` as the service does (actual / predicted time of each assignment, the
+prediction made when it was sent), and the engine gets `tick` every `tick_s`, as the shell calls it.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from candidate_scheduler.core.messages import CancelRows, Reply, SendWork, Slice
 from candidate_scheduler.core.request import Submission
 from candidate_scheduler.core.work import SamplingSpec
 
-WORKERS = ("perfect", "stepping")
+WORKERS = ("fluid", "stepping")
 
 
 def _line(step_s: dict[int, float]) -> tuple[float, float]:
@@ -75,15 +77,55 @@ class _Sim:
         return self.engine.worker_result(work.identity, WorkerResult("w1", batch_id, outputs, report), now)
 
 
-class _Perfect(_Sim):
+class _Fluid(_Sim):
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.running: dict[int, list] = {}  # batch id -> [rows, steps left]
+        self.stall = 0.0
+        self.last = 0.0
+        self.version = 0
+
+    def _step_s(self) -> float:
+        return self.a + self.b * sum(r for r, _left in self.running.values())
+
+    def _advance(self, now: float) -> None:
+        dt, self.last = max(0.0, now - self.last), max(self.last, now)
+        if not self.running:
+            self.stall = max(0.0, self.stall - dt)
+            return
+        stalled = min(self.stall, dt)
+        self.stall -= stalled
+        progress = (dt - stalled) / self._step_s()
+        for state in self.running.values():
+            state[1] -= progress
+
+    def _reschedule(self, now: float) -> None:
+        self.version += 1
+        if self.running:
+            left = min(max(0.0, s[1]) for s in self.running.values())
+            self.push(now + self.stall + left * self._step_s(), "check", self.version)
+
     def send(self, m: SendWork, now: float) -> None:
-        self.push(now + self.engine.assignments[m.batch_id].predicted_s, "done", m.batch_id)
+        self._advance(now)
+        rows = sum(len(sw.dispatch.candidate_ids) for sw in m.slices)
+        self.running[m.batch_id] = [rows, float(self.steps)]
+        self.stall += self.overhead_s
+        self._reschedule(now)
 
     def cancel(self, m: CancelRows, now: float) -> None:
-        self.push(now + self.a + 8 * self.b, "done", m.batch_id)  # it leaves at the next step boundary
+        self.push(now, "check", None)  # it leaves at once
 
     def worker_event(self, kind: str, payload, now: float) -> list:
-        return self.result(payload, now) if payload in self.sent else []
+        if payload is not None and payload != self.version:
+            return []  # a check made stale by a later join or leave
+        self._advance(now)
+        out = []
+        for bid in list(self.running):
+            if self.running[bid][1] <= 1e-9 or bid in self.cancelled:
+                del self.running[bid]
+                out += self.result(bid, now)
+        self._reschedule(now)
+        return out
 
 
 class _Stepping(_Sim):
@@ -131,12 +173,12 @@ class _Stepping(_Sim):
 
 
 def simulate(arrivals: list[float], min_count: int, deadline_s: float, step_s: dict[int, float], sampling: dict,
-             overhead_s: float = 0.0, count: int = 8, tick_s: float = 0.05, worker: str = "perfect") -> dict:
+             overhead_s: float = 0.0, count: int = 8, tick_s: float = 0.05, worker: str = "fluid") -> dict:
     """{"outcomes": one {"status", "error_code", "served_count", "latency_s"} per arrival,
     "prediction_ratios": actual / predicted time of each answered assignment}."""
     if worker not in WORKERS:
         raise ValueError(f"worker must be one of {WORKERS}")
-    sim = (_Perfect if worker == "perfect" else _Stepping)(step_s, sampling, overhead_s, sampling["steps"])
+    sim = (_Fluid if worker == "fluid" else _Stepping)(step_s, sampling, overhead_s, sampling["steps"])
     image = np.zeros((sampling["height"], sampling["width"], 3), dtype=np.uint8)
     outcomes: list[dict | None] = [None] * len(arrivals)
     for i, t in enumerate(arrivals):

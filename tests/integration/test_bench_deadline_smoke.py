@@ -66,7 +66,7 @@ def test_deadline_bench_smoke_writes_every_figure(smoke_run):
             assert r["other"] == 0, r["other_statuses"]  # no error, no lost reply
             assert r["parity"]["mismatched"] == 0 and r["parity"]["wrong_seeds"] == 0
             assert r["left_in_flight"] == 0
-            assert set(r["simulated"]) == {"perfect", "stepping"}
+            assert set(r["simulated"]) == {"fluid", "stepping"}
     assert all(r["mean_served_count"] == 8 for r in result["arms"]["fixed"] if r["mean_served_count"] is not None)
     quality = result["quality"]
     rmse = [quality["per_count"][str(n)]["rmse"] for n in range(1, 9)]
