@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import time
 
 import numpy as np
 
@@ -52,6 +53,7 @@ class _Sim:
         self.sent_at: dict[int, float] = {}
         self.cancelled: dict[int, set] = {}
         self.ratios: list[float] = []
+        self.event_s: list[float] = []  # wall time of each engine call: the scheduler loop's decision work
         self.overhead_s = overhead_s
         self.steps = steps
         spec = SamplingSpec(**sampling)
@@ -74,7 +76,13 @@ class _Sim:
                          np.zeros((len(sw.dispatch.candidate_ids), *self.shape), dtype=np.float32))
             for sw in work.slices)
         report = {"condition_s": self.overhead_s, "transformer_forwards": self.steps}
-        return self.engine.worker_result(work.identity, WorkerResult("w1", batch_id, outputs, report), now)
+        return self.timed(self.engine.worker_result, work.identity, WorkerResult("w1", batch_id, outputs, report), now)
+
+    def timed(self, call, *args):
+        t0 = time.perf_counter()
+        out = call(*args)
+        self.event_s.append(time.perf_counter() - t0)
+        return out
 
 
 class _Fluid(_Sim):
@@ -175,7 +183,8 @@ class _Stepping(_Sim):
 def simulate(arrivals: list[float], min_count: int, deadline_s: float, step_s: dict[int, float], sampling: dict,
              overhead_s: float = 0.0, count: int = 8, tick_s: float = 0.05, worker: str = "fluid") -> dict:
     """{"outcomes": one {"status", "error_code", "served_count", "latency_s"} per arrival,
-    "prediction_ratios": actual / predicted time of each answered assignment}."""
+    "prediction_ratios": actual / predicted time of each answered assignment, "engine_event_s": the
+    wall time of every engine call (submit, tick, a worker's result), measured in this process}."""
     if worker not in WORKERS:
         raise ValueError(f"worker must be one of {WORKERS}")
     sim = (_Fluid if worker == "fluid" else _Stepping)(step_s, sampling, overhead_s, sampling["steps"])
@@ -201,12 +210,12 @@ def simulate(arrivals: list[float], min_count: int, deadline_s: float, step_s: d
     while sim.events:
         t, _, kind, payload = heapq.heappop(sim.events)
         while next_tick <= t:
-            handle(sim.engine.tick(next_tick), next_tick)
+            handle(sim.timed(sim.engine.tick, next_tick), next_tick)
             next_tick += tick_s
         if kind == "submit":
             sub = Submission(str(payload), image, "pick", {"count": count, "reducer": "mean", "min_count": min_count},
                              payload, dict(sampling), deadline_s=deadline_s)
-            handle(sim.engine.submit(("sim", payload), sub, t), t)
+            handle(sim.timed(sim.engine.submit, ("sim", payload), sub, t), t)
         else:
             handle(sim.worker_event(kind, payload, t), t)
     for _ in range(int(deadline_s / tick_s) + 2):  # expiries of whatever is left
@@ -214,7 +223,7 @@ def simulate(arrivals: list[float], min_count: int, deadline_s: float, step_s: d
         next_tick += tick_s
     done = [o if o is not None else {"status": "no_reply", "error_code": None, "served_count": None,
                                      "latency_s": None} for o in outcomes]
-    return {"outcomes": done, "prediction_ratios": sim.ratios}
+    return {"outcomes": done, "prediction_ratios": sim.ratios, "engine_event_s": sim.event_s}
 
 
 def summarize_sim(run: dict, deadline_s: float) -> dict:
@@ -230,4 +239,13 @@ def summarize_sim(run: dict, deadline_s: float) -> dict:
             "expired": expired, "done_late": late, "other": n - in_time - refused - expired - late,
             "mean_served_count": float(np.mean(served)) if served else None,
             "prediction_ratio_p50": float(np.median(ratios)) if ratios else None,
-            "prediction_ratio_p90": float(np.percentile(ratios, 90)) if ratios else None}
+            "prediction_ratio_p90": float(np.percentile(ratios, 90)) if ratios else None,
+            "engine_event_ms": _ms_stats(run.get("engine_event_s") or [])}
+
+
+def _ms_stats(values: list[float]) -> dict:
+    if not values:
+        return {"n": 0, "p50_ms": None, "p99_ms": None, "max_ms": None}
+    arr = np.asarray(values) * 1000.0
+    return {"n": int(arr.size), "p50_ms": float(np.median(arr)), "p99_ms": float(np.percentile(arr, 99)),
+            "max_ms": float(arr.max())}
