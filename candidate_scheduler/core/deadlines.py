@@ -7,15 +7,18 @@ without, except that a group without a deadline that has waited `best_effort_s` 
 deadline that ends later than that: its wait is bounded, it is never starved.
 
 Refusal at receipt. A group with a deadline is forecast (core/forecast.py) as if it and every
-not-yet-started elastic group behind it ran at their minimum counts -- the most room the scheduler
-could make. If even then it would finish after its deadline, it is refused at once (`rejected`,
-`deadline_unmeetable`, with the predicted completion), instead of being served late.
+not-yet-started elastic group in the queue -- ahead of it or behind it -- ran at their minimum counts:
+the most room the scheduler could make (the groups ahead shrink to make it: their counts are chosen
+with every deadline group behind them watched, below). If even then it would finish after its
+deadline, it is refused at once (`rejected`, `deadline_unmeetable`, with the predicted completion),
+instead of being served late.
 
 Elastic count before start. For a group with a deadline and min_count < count that is about to start,
-or waits at the head of the queue, the largest n in [min_count, count] is chosen such that it and every
-deadline group queued behind it (again at their minimum counts) are forecast to finish in time; with no
-such n, min_count. A waiting group may so start now with the rows that are free instead of later with
-all it asked for; once chosen, a count only ever shrinks. The served candidates
+or waits near the head of the queue, the largest n in [min_count, count] is chosen such that it and
+every deadline group queued behind it (at their minimum counts) are forecast to finish in time, behind
+the groups queued ahead of it (at their counts as they stand); with no such n, min_count. A waiting
+group may so start now with the rows that are free instead of later with all it asked for; once
+chosen, a count only ever shrinks. The served candidates
 are 0..n-1, bitwise those of the full group. Without a calibrated cost model there is no forecast and
 nothing is refused or shrunk.
 """
@@ -99,15 +102,8 @@ def refuse_at_receipt(engine, group, now: float) -> float | None:
     """The predicted completion when the group's deadline cannot be met even at its minimum, else None."""
     if group.deadline is None or not engine.workers or not all(engine.cost.calibrated(w) for w in engine.workers):
         return None
-    best = engine.config.best_effort_s
-    queue = order([engine.groups[rid] for rid in engine.queue] + [group], best)
-    mine = effective_deadline(group, best)
-    sizes = {}
-    for g in queue:
-        if g is group:
-            sizes[g.request_id] = group.spec.min_count
-        elif effective_deadline(g, best) >= mine:
-            sizes[g.request_id] = _startable_min(g)
+    queue = order([engine.groups[rid] for rid in engine.queue] + [group], engine.config.best_effort_s)
+    sizes = {g.request_id: group.spec.min_count if g is group else _startable_min(g) for g in queue}
     finish = _forecast(engine, now, queue, sizes).get(group.request_id, math.inf)
     return finish if finish > group.deadline else None
 
@@ -120,12 +116,16 @@ def choose_count(engine, group, now: float) -> int:
             or not all(engine.cost.calibrated(w) for w in engine.workers):
         return group.served_count
     queue = order([engine.groups[rid] for rid in engine.queue], engine.config.best_effort_s)
-    behind = queue[queue.index(group):] if group in queue else [group]
+    if group not in queue:
+        queue.append(group)
+    # The groups ahead are forecast too (at their counts as they stand): a group second in the queue
+    # that was forecast alone would keep a count it cannot have once the first one starts.
+    behind = queue[queue.index(group):]
     watched = [g for g in behind if g.deadline is not None]
     others = {g.request_id: _startable_min(g) for g in behind if g is not group}
 
     def feasible(n: int) -> bool:
-        finish = _forecast(engine, now, behind, {**others, group.request_id: n})
+        finish = _forecast(engine, now, queue, {**others, group.request_id: n})
         return all(finish.get(g.request_id, math.inf) <= g.deadline for g in watched)
 
     lo, hi = spec.min_count, group.served_count
