@@ -29,6 +29,7 @@ import dataclasses
 import math
 
 from candidate_scheduler.core.admission import split_balanced
+from candidate_scheduler.core.group_state import GroupStatus
 from candidate_scheduler.core.forecast import Job, SimItem, SimWorker, forecast
 from candidate_scheduler.core.planning import Unit
 
@@ -95,7 +96,7 @@ def _forecast(engine, now: float, queue: list, sizes: dict[str, int | None]) -> 
     jobs = []
     for g in queue:
         jobs.extend(_jobs(g, capacity, sizes.get(g.request_id)))
-    return forecast(now, sim_workers(engine, now), jobs, engine.cost, engine.config.batching)
+    return forecast(now, sim_workers(engine, now), jobs, engine.cost.with_margin(), engine.config.batching)
 
 
 def refuse_at_receipt(engine, group, now: float) -> float | None:
@@ -121,8 +122,13 @@ def choose_count(engine, group, now: float) -> int:
     # The groups ahead are forecast too (at their counts as they stand): a group second in the queue
     # that was forecast alone would keep a count it cannot have once the first one starts.
     behind = queue[queue.index(group):]
-    watched = [g for g in behind if g.deadline is not None]
     others = {g.request_id: _startable_min(g) for g in behind if g is not group}
+    # Watched: the deadline groups behind it, and the running ones ahead of it that can still make
+    # theirs (its rows slow their forwards too); one already late whatever happens constrains nothing.
+    floor = _forecast(engine, now, queue, {**others, group.request_id: spec.min_count})
+    ahead = [g for g in queue[:queue.index(group)] if g.deadline is not None and g.status is GroupStatus.RUNNING
+             and floor.get(g.request_id, math.inf) <= g.deadline]
+    watched = ahead + [g for g in behind if g.deadline is not None]
 
     def feasible(n: int) -> bool:
         finish = _forecast(engine, now, queue, {**others, group.request_id: n})

@@ -353,6 +353,7 @@ class Engine:
         self.cost.observe_group(worker.worker_id, a.label, {**report, "groups": len(a.entries), "device": worker.device})
         if a.predicted_s > 0:
             self.metrics.prediction(a.predicted_s, now - a.sent_at)
+            self.cost.observe_error(a.predicted_s, now - a.sent_at)
         if len(result.outputs) != len(a.entries):
             # A wrong-shaped answer is the worker's fault: retry every member elsewhere.
             for entry in a.entries:

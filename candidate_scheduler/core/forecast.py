@@ -115,13 +115,13 @@ def _advance(cost: CostModel, w: SimWorker, dt: float, t_end: float, ended: dict
 
 
 def forecast(now: float, workers: list[SimWorker], jobs: list[Job], cost: CostModel, mode: str) -> dict[str, float]:
-    """Predicted finish time of every request id in `jobs`: when its last slice ends, counting the
-    slices of it already running on `workers` (inf when no worker can ever hold one of them)."""
+    """Predicted finish time of every request id in `jobs` and of every group running on `workers`: when
+    its last slice ends, counting its slices already running (inf when no worker can ever hold one)."""
     ended: dict[tuple[str, int], float] = {}
     pending = list(jobs)
     by_key = {_key(j): j for j in jobs}
     sims = {w.worker_id: w for w in workers}
-    wanted = set(by_key) | {k for w in workers for i in w.items for k in i.keys if k[0] in {j.unit.request_id for j in jobs}}
+    wanted = set(by_key) | {k for w in workers for i in w.items for k in i.keys}  # running groups too
     t = now
     for _ in range(4 * (len(jobs) + sum(len(w.items) for w in workers)) + 4):
         if pending:

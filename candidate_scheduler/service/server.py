@@ -60,6 +60,7 @@ class ClientRef:
 
     identity: bytes
     delimited: bool
+    received_at: float = 0.0  # perf_counter() when the shell read the SUBMIT
 
 
 class Scheduler:
@@ -180,8 +181,10 @@ class Scheduler:
     def _send(self, msg) -> None:
         if isinstance(msg, messages.Reply):
             ref = msg.client
-            frames = protocol.reply_frames(ref.identity, ref.delimited, protocol.Kind.RESULT,
-                                           convert.result_to_wire(msg.result))
+            result = convert.result_to_wire(msg.result)
+            # measured here, around the engine: what a client's round trip cannot separate from its own
+            result.metrics["receipt_to_reply_s"] = time.perf_counter() - ref.received_at
+            frames = protocol.reply_frames(ref.identity, ref.delimited, protocol.Kind.RESULT, result)
             self.request_sock.send_multipart(frames)
         elif isinstance(msg, messages.SendWork):
             kind, payload = convert.work_to_wire(msg)
@@ -201,6 +204,7 @@ class Scheduler:
 
     # ---- request socket -----------------------------------------------------------------------------------
     def _on_request(self, frames: list[bytes]) -> None:
+        read_at = time.perf_counter()
         try:
             identity, delimited, kind, msg = _read(frames, protocol.REQUEST_KINDS)
         except protocol.ProtocolError as exc:
@@ -211,7 +215,7 @@ class Scheduler:
             self.request_sock.send_multipart(
                 protocol.reply_frames(identity, delimited, protocol.Kind.PONG, protocol.Pong(msg.nonce)))
             return
-        client, now = ClientRef(identity, delimited), time.monotonic()
+        client, now = ClientRef(identity, delimited, read_at), time.monotonic()
         try:
             sub = convert.submission_from_wire(msg)
         except protocol.ProtocolError as exc:  # an array that cannot be decoded: the request is invalid

@@ -50,3 +50,16 @@ def test_forecast_counts_the_work_already_running_and_what_cannot_be_held():
     f = forecast(0.0, [SimWorker("w", 8, [running])], [job("new", 4, 10), job("huge", 9, 1)], cost(), "step")
     assert f["new"] == pytest.approx(10 * 0.06 + 10 * 0.04)  # waits for the 6 running rows to leave
     assert math.isinf(f["huge"])
+
+
+def test_the_margin_is_the_measured_90th_percentile_of_the_prediction_error():
+    c = cost()
+    assert c.margin() == 1.0  # nothing measured yet
+    for ratio in [0.8] * 10 + [1.0] * 8 + [1.3] * 2:
+        c.observe_error(1.0, ratio)
+    assert c.margin() == pytest.approx(1.0)
+    for _ in range(10):
+        c.observe_error(1.0, 1.5)
+    assert c.margin() == pytest.approx(1.5)
+    f = forecast(0.0, [SimWorker("w", 8)], [job("a", 4, 10)], c.with_margin(), "step")
+    assert f["a"] == pytest.approx(1.5 * 0.4)
