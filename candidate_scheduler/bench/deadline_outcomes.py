@@ -54,7 +54,7 @@ def summarize(outcomes: list[Outcome], deadline_s: float, window_s: float) -> di
     other = sorted({f"{o.status}:{o.error_code}" for o, k in zip(outcomes, kinds) if k == "other"})
     # the scheduler's own view of a done group: receipt -> reply built (reply metrics total_s)
     sched_done = [float(o.metrics["total_s"]) for o in done if "total_s" in o.metrics]
-    sched_refused = [float(o.metrics["total_s"]) for o in refused if "total_s" in o.metrics]
+    sched_refused = [float(o.metrics["receipt_to_reply_s"]) for o in refused if "receipt_to_reply_s" in o.metrics]
     lags = [o.lag_s for o in outcomes]
     return {
         "groups": n,
@@ -81,5 +81,9 @@ def summarize(outcomes: list[Outcome], deadline_s: float, window_s: float) -> di
 
 def pooled_refusals(outcomes: list[Outcome]) -> dict:
     """Refusal round trips pooled over many windows (the refusal target is about all of them)."""
-    rt = [o.latency_s for o in outcomes if o.status == "rejected" and o.error_code == "deadline_unmeetable"]
-    return latency_stats_ms(rt)
+    refused = [o for o in outcomes if o.status == "rejected" and o.error_code == "deadline_unmeetable"]
+    stats = latency_stats_ms([o.latency_s for o in refused])
+    # the scheduler's own receipt -> reply, stamped by its shell around the engine
+    stats["scheduler"] = latency_stats_ms([float(o.metrics["receipt_to_reply_s"]) for o in refused
+                                           if "receipt_to_reply_s" in o.metrics])
+    return stats

@@ -61,6 +61,15 @@ def targets(result: dict) -> list[dict]:
                      "measured": 100.0 * fx["miss_rate"], "unit": "%", "pass": ok,
                      "measured_text": f"{_pct(fx['miss_rate'])} ({_kinds(fx)})", "why": why})
     ref = result["refusals"]["all"]
+    own = ref.get("scheduler") or {}
+    if own.get("n"):
+        ok = own["p99_ms"] <= REFUSAL_TARGET_MS
+        rows.append({"target": f"a refusal leaves the scheduler within {REFUSAL_TARGET_MS:.0f} ms of receipt "
+                               "(the scheduler's own receipt-to-reply, p99, every refusal of both arms)",
+                     "measured": own["p99_ms"], "unit": "ms", "pass": ok,
+                     "measured_text": f"p99 {fmt(own['p99_ms'], 2)} ms (p50 {fmt(own['p50_ms'], 2)}, max "
+                                      f"{fmt(own['max_ms'], 2)}, {own['n']} refusals)",
+                     "why": None if ok else "the scheduler's loop was busy with other events when they arrived"})
     if ref["n"]:
         ok = ref["p99_ms"] <= REFUSAL_TARGET_MS
         ping = result["refusals"].get("ping_baseline") or {}
@@ -75,10 +84,9 @@ def targets(result: dict) -> list[dict]:
             f"over the same windows ({ping.get('n', 0)} pings); the engine's refusal decision itself takes "
             + (", ".join(f"{r['refuse_us'] / 1000:.2f} ms behind {r['depth']} queued" for r in dec) or "-")
             + " (in process), and in the stepping simulation at this load one engine call (which a refusal "
-            f"may wait behind) takes {_engine_at_target(result)}. The scheduler does not report its own "
-            "receipt-to-reply time of a refusal (see the notes).")
-        rows.append({"target": f"a refusal leaves the scheduler within {REFUSAL_TARGET_MS:.0f} ms of receipt "
-                               "(client round trip p99, every refusal of both arms)",
+            f"may wait behind) takes {_engine_at_target(result)}.")
+        rows.append({"target": f"a refusal reaches the client within {REFUSAL_TARGET_MS:.0f} ms of sending "
+                               "(client round trip p99, every refusal of both arms: an upper bound)",
                      "measured": ref["p99_ms"], "unit": "ms", "pass": ok,
                      "measured_text": f"p99 {fmt(ref['p99_ms'], 2)} ms (p50 {fmt(ref['p50_ms'], 2)}, max "
                                       f"{fmt(ref['max_ms'], 2)}, {ref['n']} refusals)", "why": why})
