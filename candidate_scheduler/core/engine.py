@@ -95,6 +95,7 @@ class Engine:
         self.draining = False
         self.counters: collections.Counter = collections.Counter()
         self.cost = CostModel()
+        self._largest_fitted = 0  # the largest worker's rows when pending slices were last fitted to it
         self.cache_bytes: dict[str, int] = {}  # worker id -> its conditioning cache's bytes in use
         self.now = 0.0
 
@@ -188,8 +189,13 @@ class Engine:
 
     def _fit_slices(self) -> None:
         """Halve pending slices no live worker can hold (the largest shrank after running out of memory,
-        or the workers big enough left), so nothing waits forever for rows that will not come."""
+        or the workers big enough left), so nothing waits forever for rows that will not come. Admission
+        sizes new slices for the smallest worker, so only a shrink of the largest calls for a pass."""
         largest = max(self.rows_of(w) for w in self.workers.values())
+        if largest >= self._largest_fitted:
+            self._largest_fitted = largest
+            return
+        self._largest_fitted = largest
         for rid in self.queue:
             g = self.groups[rid]
             todo = [i for i, ids in g.pending_slices() if len(ids) > largest]
