@@ -22,6 +22,7 @@ def _endpoint(host: str, port: int) -> str:
 
 def _config(args) -> server.SchedulerConfig:
     from candidate_scheduler.core.admission import AdmissionPolicy
+    from candidate_scheduler.core.engine import EngineConfig
 
     return server.SchedulerConfig(
         request_endpoint=_endpoint(args.host, args.request_port),
@@ -29,14 +30,11 @@ def _config(args) -> server.SchedulerConfig:
         worker_endpoint=_endpoint(args.worker_host or args.host, args.worker_port),
         metrics_host=args.host,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
-        policy=AdmissionPolicy(args.policy),
-        batching=args.batching,
-        max_queued_groups=args.max_queued_groups,
-        retry_limit=args.retry_limit,
-        best_effort_s=args.best_effort_slack,
-        heartbeat_interval_s=args.heartbeat_interval,
-        heartbeat_timeout_s=args.heartbeat_timeout,
         curve_dir=args.curve_dir,
+        engine=EngineConfig(policy=AdmissionPolicy(args.policy), batching=args.batching,
+                            max_queued_groups=args.max_queued_groups, retry_limit=args.retry_limit,
+                            best_effort_s=args.best_effort_slack, heartbeat_interval_s=args.heartbeat_interval,
+                            heartbeat_timeout_s=args.heartbeat_timeout),
     )
 
 

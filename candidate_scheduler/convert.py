@@ -174,4 +174,5 @@ def registration_from_wire(msg: protocol.RegisterMsg) -> messages.Registration:
 def heartbeat_from_wire(msg: protocol.HeartbeatMsg) -> messages.Heartbeat:
     running = tuple(msg.running) or (() if msg.busy_batch is None else (msg.busy_batch,))
     forwards = tuple((int(r), float(s), str(label)) for r, s, label in msg.forwards[:1024])
-    return messages.Heartbeat(msg.worker_id, running, msg.step, forwards)
+    cache = {str(k): max(0, int(v)) for k, v in list(msg.cache.items())[:16]}
+    return messages.Heartbeat(msg.worker_id, running, msg.step, forwards, cache)

@@ -241,6 +241,7 @@ class HeartbeatMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     step: int | None = None
     running: list[int] = []  # every assignment id the worker holds, queued or in its running batch
     forwards: list[tuple[int, float, str]] = []  # (rows, seconds, forward label) of each forward since the last one
+    cache: dict[str, int] = {}  # conditioning cache: counter increments since the last heartbeat, and "bytes" in use
 
 
 class CandidateMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

@@ -12,16 +12,21 @@ Per worker and per forward label (SamplingSpec.forward_label: shape, horizon, CF
 - peak memory: bytes(rows) = m0 + m1 * rows from the peaks reported (CUDA; 0 elsewhere), which caps the
   rows a worker may hold under its memory budget.
 
-`Prediction` records what was predicted for an assignment, so its error (actual / predicted) can be
-observed when the result arrives.
+The error of every assignment's prediction (actual / predicted, observed when its result arrives) is
+kept too, and `margin()` -- its 90th percentile over the recent past, never below 1 -- is what the
+deadline forecasts multiply every duration by: on a machine whose steps run 20% slower than measured
+one time in ten, a deadline is planned with that 20% in hand. It is measured, not set.
 """
 
 from __future__ import annotations
 
+import collections
 import re
 from dataclasses import dataclass, field
 
 DECAY = 0.97  # per observation: about the last 30 forwards carry the fit
+ERRORS_KEPT = 200  # recent prediction errors behind the margin
+MIN_ERRORS = 20  # fewer than this: no margin yet (1.0)
 _LABEL = re.compile(r"^(\d+)x(\d+)h(\d+)")
 
 
@@ -119,6 +124,21 @@ class WorkerCost:
 class CostModel:
     def __init__(self) -> None:
         self.workers: dict[str, WorkerCost] = {}
+        self.errors: collections.deque[float] = collections.deque(maxlen=ERRORS_KEPT)
+
+    def observe_error(self, predicted_s: float, actual_s: float) -> None:
+        if predicted_s > 0 and actual_s >= 0:
+            self.errors.append(actual_s / predicted_s)
+
+    def margin(self) -> float:
+        """The 90th percentile of actual / predicted over recent assignments, at least 1."""
+        if len(self.errors) < MIN_ERRORS:
+            return 1.0
+        ranked = sorted(self.errors)
+        return max(1.0, ranked[int(0.9 * (len(ranked) - 1))])
+
+    def with_margin(self) -> "Scaled":
+        return Scaled(self, self.margin())
 
     def _w(self, worker_id: str) -> WorkerCost:
         return self.workers.setdefault(worker_id, WorkerCost())
@@ -151,3 +171,16 @@ class CostModel:
     def calibrated(self, worker_id: str) -> bool:
         w = self.workers.get(worker_id)
         return w is not None and any(f.known for f in w.forward.values())
+
+
+class Scaled:
+    """The cost model's durations times a factor (its margin): what the deadline forecasts plan with."""
+
+    def __init__(self, cost: CostModel, factor: float):
+        self.cost, self.factor = cost, factor
+
+    def forward_s(self, worker_id: str, label: str, rows: int) -> float:
+        return self.factor * self.cost.forward_s(worker_id, label, rows)
+
+    def group_s(self, worker_id: str, label: str, rows: int, steps: int, batch_rows: int | None = None) -> float:
+        return self.factor * self.cost.group_s(worker_id, label, rows, steps, batch_rows)

@@ -7,15 +7,18 @@ without, except that a group without a deadline that has waited `best_effort_s` 
 deadline that ends later than that: its wait is bounded, it is never starved.
 
 Refusal at receipt. A group with a deadline is forecast (core/forecast.py) as if it and every
-not-yet-started elastic group behind it ran at their minimum counts -- the most room the scheduler
-could make. If even then it would finish after its deadline, it is refused at once (`rejected`,
-`deadline_unmeetable`, with the predicted completion), instead of being served late.
+not-yet-started elastic group in the queue -- ahead of it or behind it -- ran at their minimum counts:
+the most room the scheduler could make (the groups ahead shrink to make it: their counts are chosen
+with every deadline group behind them watched, below). If even then it would finish after its
+deadline, it is refused at once (`rejected`, `deadline_unmeetable`, with the predicted completion),
+instead of being served late.
 
 Elastic count before start. For a group with a deadline and min_count < count that is about to start,
-or waits at the head of the queue, the largest n in [min_count, count] is chosen such that it and every
-deadline group queued behind it (again at their minimum counts) are forecast to finish in time; with no
-such n, min_count. A waiting group may so start now with the rows that are free instead of later with
-all it asked for; once chosen, a count only ever shrinks. The served candidates
+or waits near the head of the queue, the largest n in [min_count, count] is chosen such that it and
+every deadline group queued behind it (at their minimum counts) are forecast to finish in time, behind
+the groups queued ahead of it (at their counts as they stand); with no such n, min_count. A waiting
+group may so start now with the rows that are free instead of later with all it asked for; once
+chosen, a count only ever shrinks. The served candidates
 are 0..n-1, bitwise those of the full group. Without a calibrated cost model there is no forecast and
 nothing is refused or shrunk.
 """
@@ -26,7 +29,8 @@ import dataclasses
 import math
 
 from candidate_scheduler.core.admission import split_balanced
-from candidate_scheduler.core.forecast import Job, SimWorker, forecast
+from candidate_scheduler.core.group_state import GroupStatus
+from candidate_scheduler.core.forecast import Job, SimItem, SimWorker, forecast
 from candidate_scheduler.core.planning import Unit
 
 
@@ -72,11 +76,18 @@ def sim_workers(engine, now: float, only: str | None = None) -> list[SimWorker]:
     for w in engine.workers.values():
         if only is not None and w.worker_id != only:
             continue
-        running = []
-        for a in w.assignments.values():
-            end = max(now, a.sent_at + a.predicted_s)
-            running.append((end, a.rows, a.forward_key))
-        sims.append(SimWorker(w.worker_id, engine.rows_of(w), running))
+        sim = SimWorker(w.worker_id, engine.rows_of(w))
+        running = list(w.assignments.values())
+        total_rows = sum(a.cost_rows for a in running)
+        for a in running:
+            # steps it has left: what its time so far bought at the rows running there now
+            tau = engine.cost.forward_s(w.worker_id, a.label, total_rows)
+            fixed = engine.cost.group_s(w.worker_id, a.label, 0, 0) * len(a.entries)
+            done = (now - a.sent_at - fixed) / tau if tau > 0 else 0.0
+            left = min(float(a.steps), max(0.5, a.steps - max(0.0, done)))
+            sim.items.append(SimItem(tuple((e.request_id, e.slice_index) for e in a.entries), a.rows, a.cost_rows,
+                                     left, a.label, a.forward_key))
+        sims.append(sim)
     return sims
 
 
@@ -85,22 +96,15 @@ def _forecast(engine, now: float, queue: list, sizes: dict[str, int | None]) -> 
     jobs = []
     for g in queue:
         jobs.extend(_jobs(g, capacity, sizes.get(g.request_id)))
-    return forecast(now, sim_workers(engine, now), jobs, engine.cost, engine.config.batching)
+    return forecast(now, sim_workers(engine, now), jobs, engine.cost.with_margin(), engine.config.batching)
 
 
 def refuse_at_receipt(engine, group, now: float) -> float | None:
     """The predicted completion when the group's deadline cannot be met even at its minimum, else None."""
     if group.deadline is None or not engine.workers or not all(engine.cost.calibrated(w) for w in engine.workers):
         return None
-    best = engine.config.best_effort_s
-    queue = order([engine.groups[rid] for rid in engine.queue] + [group], best)
-    mine = effective_deadline(group, best)
-    sizes = {}
-    for g in queue:
-        if g is group:
-            sizes[g.request_id] = group.spec.min_count
-        elif effective_deadline(g, best) >= mine:
-            sizes[g.request_id] = _startable_min(g)
+    queue = order([engine.groups[rid] for rid in engine.queue] + [group], engine.config.best_effort_s)
+    sizes = {g.request_id: group.spec.min_count if g is group else _startable_min(g) for g in queue}
     finish = _forecast(engine, now, queue, sizes).get(group.request_id, math.inf)
     return finish if finish > group.deadline else None
 
@@ -113,12 +117,21 @@ def choose_count(engine, group, now: float) -> int:
             or not all(engine.cost.calibrated(w) for w in engine.workers):
         return group.served_count
     queue = order([engine.groups[rid] for rid in engine.queue], engine.config.best_effort_s)
-    behind = queue[queue.index(group):] if group in queue else [group]
-    watched = [g for g in behind if g.deadline is not None]
+    if group not in queue:
+        queue.append(group)
+    # The groups ahead are forecast too (at their counts as they stand): a group second in the queue
+    # that was forecast alone would keep a count it cannot have once the first one starts.
+    behind = queue[queue.index(group):]
     others = {g.request_id: _startable_min(g) for g in behind if g is not group}
+    # Watched: the deadline groups behind it, and the running ones ahead of it that can still make
+    # theirs (its rows slow their forwards too); one already late whatever happens constrains nothing.
+    floor = _forecast(engine, now, queue, {**others, group.request_id: spec.min_count})
+    ahead = [g for g in queue[:queue.index(group)] if g.deadline is not None and g.status is GroupStatus.RUNNING
+             and floor.get(g.request_id, math.inf) <= g.deadline]
+    watched = ahead + [g for g in behind if g.deadline is not None]
 
     def feasible(n: int) -> bool:
-        finish = _forecast(engine, now, behind, {**others, group.request_id: n})
+        finish = _forecast(engine, now, queue, {**others, group.request_id: n})
         return all(finish.get(g.request_id, math.inf) <= g.deadline for g in watched)
 
     lo, hi = spec.min_count, group.served_count

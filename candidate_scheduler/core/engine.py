@@ -95,6 +95,8 @@ class Engine:
         self.draining = False
         self.counters: collections.Counter = collections.Counter()
         self.cost = CostModel()
+        self._largest_fitted = 0  # the largest worker's rows when pending slices were last fitted to it
+        self.cache_bytes: dict[str, int] = {}  # worker id -> its conditioning cache's bytes in use
         self.now = 0.0
 
     def _clock(self) -> float:
@@ -187,8 +189,13 @@ class Engine:
 
     def _fit_slices(self) -> None:
         """Halve pending slices no live worker can hold (the largest shrank after running out of memory,
-        or the workers big enough left), so nothing waits forever for rows that will not come."""
+        or the workers big enough left), so nothing waits forever for rows that will not come. Admission
+        sizes new slices for the smallest worker, so only a shrink of the largest calls for a pass."""
         largest = max(self.rows_of(w) for w in self.workers.values())
+        if largest >= self._largest_fitted:
+            self._largest_fitted = largest
+            return
+        self._largest_fitted = largest
         for rid in self.queue:
             g = self.groups[rid]
             todo = [i for i, ids in g.pending_slices() if len(ids) > largest]
@@ -256,6 +263,8 @@ class Engine:
         jobs = [j for e in entries for j in deadlines.jobs_of(self.groups[e.request_id], e)]
         sim = deadlines.sim_workers(self, self.now, only=worker.worker_id)[0]
         assignment.predicted_s = forecast_duration(self.cost, sim, jobs, self.config.batching)
+        assignment.steps = max(j.steps for j in jobs)
+        assignment.cost_rows = sum(j.cost_rows for j in jobs)
         worker.assignments[batch_id] = assignment
         self.assignments[batch_id] = assignment
         self.metrics.physical_batch(assignment.rows, worker.capacity)
@@ -310,6 +319,10 @@ class Engine:
             return out
         worker.step = beat.step
         self.metrics.heartbeat()
+        if beat.cache:
+            self.metrics.conditioning_cache(beat.cache)
+            self.cache_bytes[worker.worker_id] = int(beat.cache.get("bytes", 0))
+            self.metrics.conditioning_cache_bytes_in_use(sum(self.cache_bytes.get(w, 0) for w in self.workers))
         for rows, seconds, label in beat.forwards:
             self.metrics.forward(rows, seconds)
             self.cost.observe_forward(worker.worker_id, label, rows, seconds)
@@ -346,6 +359,7 @@ class Engine:
         self.cost.observe_group(worker.worker_id, a.label, {**report, "groups": len(a.entries), "device": worker.device})
         if a.predicted_s > 0:
             self.metrics.prediction(a.predicted_s, now - a.sent_at)
+            self.cost.observe_error(a.predicted_s, now - a.sent_at)
         if len(result.outputs) != len(a.entries):
             # A wrong-shaped answer is the worker's fault: retry every member elsewhere.
             for entry in a.entries:

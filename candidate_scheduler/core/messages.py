@@ -38,6 +38,8 @@ class Heartbeat:
     step: int | None = None
     # (rows, seconds, forward label) of the transformer forwards since the last heartbeat
     forwards: tuple[tuple[int, float, str], ...] = ()
+    # the worker's conditioning cache: hit / miss / eviction increments since the last heartbeat, bytes in use
+    cache: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

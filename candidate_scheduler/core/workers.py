@@ -25,6 +25,8 @@ class Assignment:
     join: bool = False
     label: str = ""  # the forward label of its groups (cost model key)
     predicted_s: float = 0.0  # what the cost model predicted for it when it was sent
+    steps: int = 0  # denoise steps it runs (the longest of its slices)
+    cost_rows: int = 0  # rows its forwards carry (candidates x observations)
     seen_at: float | None = None  # last heartbeat that listed it
     cancelled: set[str] = field(default_factory=set)
 

@@ -87,6 +87,7 @@ SECONDS_BUCKETS = (
 # lands exactly on the common values (le is inclusive).
 COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MICROBATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128, 256)
+CACHE_KINDS = ("text", "vae")
 # actual / predicted: 1 is a perfect forecast; a decade either side
 RATIO_BUCKETS = (0.1, 0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0, 10.0)
 # forward latency is labelled by rows rounded up to a power of two: a closed set of 10 series
@@ -254,6 +255,18 @@ class SchedulerMetrics:
             buckets=RATIO_BUCKETS, registry=r,
         )
 
+        # Conditioning reuse across groups (the workers' caches, reported in heartbeats).
+        self.conditioning_cache_lookups_total = Counter(
+            p + "conditioning_cache_lookups", "Worker conditioning-cache lookups, by kind (text K/V, VAE latent) "
+            "and result (hit, miss).", ["kind", "result"], registry=r,
+        )
+        self.conditioning_cache_evictions_total = Counter(
+            p + "conditioning_cache_evictions", "Entries evicted from the workers' conditioning caches.", registry=r,
+        )
+        self.conditioning_cache_bytes = Gauge(
+            p + "conditioning_cache_bytes", "Bytes held by the live workers' conditioning caches.", registry=r,
+        )
+
         # Cancellation and failure.
         self.cancellations_total = Counter(
             p + "cancellations", "Cancel requests, by the group state they found.", ["state"],
@@ -313,6 +326,9 @@ class SchedulerMetrics:
                 self.protocol_errors_total.labels(socket, kind)
         for kind in COMPAT_REQUEST_TYPES:
             self.compat_requests_total.labels(kind)
+        for kind in CACHE_KINDS:
+            for result in ("hit", "miss"):
+                self.conditioning_cache_lookups_total.labels(kind, result)
         for rows in ROW_LABELS:
             self.forward_seconds.labels(rows)
 
@@ -415,6 +431,18 @@ class SchedulerMetrics:
     def prediction(self, predicted_s: float, actual_s: float) -> None:
         if predicted_s > 0:
             self.prediction_ratio.observe(actual_s / predicted_s)
+
+    def conditioning_cache(self, delta: Mapping[str, int]) -> None:
+        for kind in CACHE_KINDS:
+            for result in ("hit", "miss"):
+                n = int(delta.get(f"{kind}_{result}{'s' if result == 'hit' else 'es'}", 0) or 0)
+                if n > 0:
+                    self.conditioning_cache_lookups_total.labels(kind, result).inc(n)
+        if int(delta.get("evictions", 0) or 0) > 0:
+            self.conditioning_cache_evictions_total.inc(int(delta["evictions"]))
+
+    def conditioning_cache_bytes_in_use(self, n: int) -> None:
+        self.conditioning_cache_bytes.set(n)
 
     def group_joined(self) -> None:
         self.groups_joined_total.inc()

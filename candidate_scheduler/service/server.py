@@ -20,14 +20,13 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
 
 from candidate_scheduler import convert, protocol
 from candidate_scheduler.core import messages
-from candidate_scheduler.core.admission import AdmissionPolicy
 from candidate_scheduler.core.engine import Engine, EngineConfig
 from candidate_scheduler.service.endpoints import bind_socket, is_loopback_endpoint
 
@@ -43,27 +42,16 @@ _BURST = 64  # messages read from one socket before the others get a turn
 
 @dataclass
 class SchedulerConfig:
+    """Where the scheduler listens; every scheduling knob is the engine's (core/engine.EngineConfig)."""
+
     request_endpoint: str = f"tcp://{DEFAULT_HOST}:{DEFAULT_REQUEST_PORT}"
     control_endpoint: str = f"tcp://{DEFAULT_HOST}:{DEFAULT_CONTROL_PORT}"
     worker_endpoint: str = f"tcp://{DEFAULT_HOST}:{DEFAULT_WORKER_PORT}"
     metrics_host: str = DEFAULT_HOST
     metrics_port: int | None = 9464  # None: no HTTP exporter
-    policy: AdmissionPolicy = AdmissionPolicy.MICROBATCH
-    batching: str = "dispatch"
-    max_queued_groups: int = 1024
-    retry_limit: int = 3  # attempts per slice, the first one included
-    heartbeat_interval_s: float = 0.5
-    heartbeat_timeout_s: float = 3.0
     tick_s: float = 0.05
-    finished_memory: int = 10_000  # finished groups remembered for STATUS
-    best_effort_s: float = 30.0  # see core/deadlines.py
     curve_dir: str | None = None  # holds server.key_secret and authorized_clients/*.key
-
-    def engine_config(self) -> EngineConfig:
-        return EngineConfig(policy=self.policy, batching=self.batching, max_queued_groups=self.max_queued_groups,
-                            retry_limit=self.retry_limit, heartbeat_interval_s=self.heartbeat_interval_s,
-                            heartbeat_timeout_s=self.heartbeat_timeout_s, finished_memory=self.finished_memory,
-                            best_effort_s=self.best_effort_s)
+    engine: EngineConfig = field(default_factory=EngineConfig)
 
 
 @dataclass(frozen=True)
@@ -72,12 +60,13 @@ class ClientRef:
 
     identity: bytes
     delimited: bool
+    received_at: float = 0.0  # perf_counter() when the shell read the SUBMIT
 
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, metrics: Any | None = None, ctx: zmq.Context | None = None):
         self.config = config
-        self.engine = Engine(config.engine_config(), metrics,
+        self.engine = Engine(config.engine, metrics,
                              first_batch_id=int.from_bytes(os.urandom(6), "big") + 1)
         self.metrics = self.engine.metrics
         self._owns_ctx = ctx is None
@@ -192,8 +181,10 @@ class Scheduler:
     def _send(self, msg) -> None:
         if isinstance(msg, messages.Reply):
             ref = msg.client
-            frames = protocol.reply_frames(ref.identity, ref.delimited, protocol.Kind.RESULT,
-                                           convert.result_to_wire(msg.result))
+            result = convert.result_to_wire(msg.result)
+            # measured here, around the engine: what a client's round trip cannot separate from its own
+            result.metrics["receipt_to_reply_s"] = time.perf_counter() - ref.received_at
+            frames = protocol.reply_frames(ref.identity, ref.delimited, protocol.Kind.RESULT, result)
             self.request_sock.send_multipart(frames)
         elif isinstance(msg, messages.SendWork):
             kind, payload = convert.work_to_wire(msg)
@@ -213,6 +204,7 @@ class Scheduler:
 
     # ---- request socket -----------------------------------------------------------------------------------
     def _on_request(self, frames: list[bytes]) -> None:
+        read_at = time.perf_counter()
         try:
             identity, delimited, kind, msg = _read(frames, protocol.REQUEST_KINDS)
         except protocol.ProtocolError as exc:
@@ -223,7 +215,7 @@ class Scheduler:
             self.request_sock.send_multipart(
                 protocol.reply_frames(identity, delimited, protocol.Kind.PONG, protocol.Pong(msg.nonce)))
             return
-        client, now = ClientRef(identity, delimited), time.monotonic()
+        client, now = ClientRef(identity, delimited, read_at), time.monotonic()
         try:
             sub = convert.submission_from_wire(msg)
         except protocol.ProtocolError as exc:  # an array that cannot be decoded: the request is invalid

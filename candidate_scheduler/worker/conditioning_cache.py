@@ -68,6 +68,16 @@ class ConditioningCache:
             self.bytes -= size
             self.evictions += 1
 
+    def resize(self, max_bytes: int) -> None:
+        """A new limit; entries past it are evicted (least recently used first), 0 empties the cache."""
+        if max_bytes < 0:
+            raise ValueError(f"conditioning cache size must be >= 0 bytes, got {max_bytes}")
+        self.max_bytes = int(max_bytes)
+        while self._entries and self.bytes > self.max_bytes:
+            _old, (_value, size) = self._entries.popitem(last=False)
+            self.bytes -= size
+            self.evictions += 1
+
     def clear(self) -> None:
         self._entries.clear()
         self.bytes = 0

@@ -53,7 +53,7 @@ from candidate_scheduler.worker.cosmos3_sglang import (  # noqa: F401 - re-expor
     prepare_environment,
     sglang_reference_actions,
 )
-from candidate_scheduler.worker.cosmos3_step import CohortCaches, run_step
+from candidate_scheduler.worker.cosmos3_step import Cohorts, run_step
 
 
 class Cosmos3CandidateAdapter:
@@ -100,7 +100,7 @@ class Cosmos3CandidateAdapter:
         self.proj_out_contiguous = False  # set only around our forwards whose reference runs at B=1
         self.text = TextPathway(self.transformer.language_model, self._counts, model_cache)
         self.vae = VaeEncoder(self.latent_stage, self._counts, model_cache)
-        self.cohort_caches = CohortCaches(self.transformer)
+        self.cohorts = Cohorts(self.transformer)
         self._install_hooks()
 
     def _install_hooks(self) -> None:
@@ -179,7 +179,7 @@ class Cosmos3CandidateAdapter:
     def _leave(self, group: Cosmos3Group) -> None:
         self.text.release(group.text_keys)
         group.text_keys = []
-        self.cohort_caches.drop_group(group.uid)
+        self.cohorts.drop_group(group.uid)
 
     def run_batch(
         self,

@@ -91,15 +91,16 @@ class TextPathway:
         rows no running group holds and the cache does not know are computed in ONE call, in order.
         Returns the row keys the group now holds (give them back with `release`)."""
         keys = [text_row_key(ids[u], mask[u], pos[:, u]) for u in range(ids.shape[0])]
-        missing = []
+        missing, wanted = [], set()
         for u, key in enumerate(keys):
-            if key in self.live:
+            if key in self.live or key in wanted:
                 continue
             cached = self.cache.get("text", key)
             if cached is not None:
                 self.live[key] = [cached, 0]
-            elif u not in missing:
+            else:
                 missing.append(u)
+                wanted.add(key)
         if missing:
             before = self.counts["text"]
             idx = torch.as_tensor(missing, device=ids.device)

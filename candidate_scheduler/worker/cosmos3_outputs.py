@@ -14,7 +14,7 @@ import torch
 
 from candidate_scheduler.core.work import GroupOutput
 from candidate_scheduler.worker.cosmos3_rows import Cosmos3Group
-from candidate_scheduler.worker.rollout import ROLLOUT_FIELDS
+from candidate_scheduler.worker.rollout import ROLLOUT_STEP_FIELDS
 
 
 def finish_group(g: Cosmos3Group, stats_path: str | None) -> GroupOutput:
@@ -32,7 +32,7 @@ def finish_group(g: Cosmos3Group, stats_path: str | None) -> GroupOutput:
     if g.sampling.rollout:
         output.rollout = {
             name: per_candidate(np.stack([rec[name].cpu().numpy() for _i, rec in g.records], axis=1))
-            for name in ROLLOUT_FIELDS
+            for name in ROLLOUT_STEP_FIELDS
         }
         output.rollout["final_latents"] = per_candidate(action_latents[..., : g.raw_dim].float().cpu().numpy())
         output.rollout_meta = {

@@ -50,6 +50,13 @@ ROW_TENSORS = (
     "uncond_text_mask",
 )
 
+# Step-invariant halves of the re-blend after each solver step, (1 - mask) * condition, per group:
+# term name -> (mask, condition). Computed once at start instead of at every step.
+BLEND_TERMS = {
+    "condition_term": ("velocity_mask", "condition_latents"),
+    "action_condition_term": ("action_velocity_mask", "action_condition_latents"),
+}
+
 NO_CFG, BATCHED_CFG, SERIAL_CFG = "none", "batched", "serial"
 
 
@@ -69,7 +76,7 @@ class Cosmos3Group:
     rows: int
     steps: int
     report: BatchReport
-    tensors: dict  # ROW_TENSORS -> [rows, ...]; latents and action_latents move every step
+    tensors: dict  # ROW_TENSORS and BLEND_TERMS -> [rows, ...]; latents and action_latents move every step
     generators: list  # per row, past the initial-noise draws (rollout SDE noise continues them)
     timesteps: torch.Tensor
     sigmas: torch.Tensor  # the action scheduler's own sigmas [T+1] (rollouts)
@@ -234,6 +241,8 @@ def start_group(model, item: GroupWork, uid: int) -> Cosmos3Group:
                 for name in ROW_TENSORS[2:7]:
                     per_row[name].append(req.extra[name])
     tensors = {name: torch.cat(values, dim=0) for name, values in per_row.items()}
+    for term, (mask, condition) in BLEND_TERMS.items():
+        tensors[term] = (1.0 - tensors[mask]) * tensors[condition]
     n_cand = len(item.candidates)
     text = {
         "cond_text_ids": _obs_text(observations, "cond_text_ids", cond_len),

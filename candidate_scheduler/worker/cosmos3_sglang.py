@@ -87,6 +87,8 @@ def build_sglang_request(server_args, image, prompt: str, sampling: SamplingSpec
         "fps": sampling.fps,
         "seed": int(seed),
     }
+    if getattr(sampling, "domain_name", None) is not None:
+        parameters["domain_name"] = sampling.domain_name
     payload = {"parameters": parameters, "request_id": request_id or None}
     sp = build_cosmos3_action_sampling_params(
         payload, {"image": image, "prompt": prompt}, server_args, Cosmos3SamplingParams

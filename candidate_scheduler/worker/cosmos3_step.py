@@ -25,41 +25,99 @@ once, and calls the stage's own `_run_transformer` so the model math stays sglan
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from candidate_scheduler.worker.cosmos3_rows import BATCHED_CFG, NO_CFG, SERIAL_CFG, Cosmos3Group
 
 
-class CohortCaches:
-    """Names of the transformer's UND K/V cache entries, one set per distinct cohort."""
+@dataclass(eq=False)
+class Cohort:
+    """The groups that share forwards, their rows stacked once per membership (not per step).
+
+    Forward inputs that do not change during the denoise (masks, domain ids, text rows, and the
+    [uncond; cond] doubling of batched CFG) are stacked when the cohort forms. Latents and timesteps do
+    change: a single group's own tensors go straight into the forward (no copy); several groups, or the
+    doubled rows of batched CFG, are copied into buffers the cohort owns. The solvers never see these
+    buffers (FlowUniPC keeps the sample it was given as `last_sample`), only each group's own tensors."""
+
+    name: str  # prefix of this cohort's UND K/V cache keys in the transformer
+    mode: str
+    members: list
+    bounds: list  # (first row, end row) of each member
+    rows: int
+    copies: int  # 2 for batched CFG ([uncond; cond] rows), else 1
+    inputs: dict
+    latents: torch.Tensor | None = None  # buffers: None when the single member's tensors are used
+    action_latents: torch.Tensor | None = None
+    timestep: torch.Tensor | None = None
+
+
+def _stack(members, name: str, copies: int = 1) -> torch.Tensor:
+    parts = [g.tensors[name] for g in members]
+    if len(parts) == 1 and copies == 1:
+        return parts[0]
+    return torch.cat(parts * copies, dim=0)
+
+
+def build_cohort(name: str, mode: str, members: list[Cosmos3Group]) -> Cohort:
+    copies = 2 if mode == BATCHED_CFG else 1
+    bounds, start = [], 0
+    for g in members:
+        bounds.append((start, start + g.rows))
+        start += g.rows
+    inputs = {n: _stack(members, n, copies) for n in ("velocity_mask", "action_velocity_mask", "action_domain_ids")}
+    if mode == BATCHED_CFG:
+        inputs["text_ids"] = torch.cat([_stack(members, "uncond_text_ids"), _stack(members, "cond_text_ids")])
+        inputs["text_mask"] = torch.cat([_stack(members, "uncond_text_mask"), _stack(members, "cond_text_mask")])
+    else:
+        for branch in ("cond", "uncond") if mode == SERIAL_CFG else ("cond",):
+            inputs[f"{branch}_text_ids"] = _stack(members, f"{branch}_text_ids")
+            inputs[f"{branch}_text_mask"] = _stack(members, f"{branch}_text_mask")
+    cohort = Cohort(name, mode, list(members), bounds, start, copies, inputs)
+    if len(members) > 1 or copies > 1:
+        lead = members[0]
+        cohort.latents = lead.latents.new_empty((copies * start, *lead.latents.shape[1:]))
+        cohort.action_latents = lead.action_latents.new_empty((copies * start, *lead.action_latents.shape[1:]))
+        cohort.timestep = lead.timesteps.new_empty((copies * start,))
+    return cohort
+
+
+class Cohorts:
+    """The cohorts of the last step, by signature (forward key, member uids); each has UND K/V cache
+    keys of its own in the transformer, dropped when the cohort is."""
 
     BRANCHES = ("cond", "uncond", "cfg")
 
     def __init__(self, transformer):
         self.transformer = transformer
-        self._names: dict[tuple, str] = {}
+        self._cohorts: dict[tuple, Cohort] = {}
         self._counter = 0
 
-    def name(self, signature: tuple) -> str:
-        name = self._names.get(signature)
-        if name is None:
+    def get(self, key: tuple, members: list[Cosmos3Group]) -> tuple[tuple, Cohort]:
+        signature = (key, tuple(g.uid for g in members))
+        cohort = self._cohorts.get(signature)
+        if cohort is None:
             self._counter += 1
-            name = self._names[signature] = f"cohort{self._counter}"
-        return name
+            cohort = self._cohorts[signature] = build_cohort(f"cohort{self._counter}", key[0], members)
+        return signature, cohort
 
     def keep_only(self, signatures) -> None:
+        if len(signatures) == len(self._cohorts):
+            return  # every cohort of the last step ran again (the common case)
         keep = set(signatures)
-        for signature in [s for s in self._names if s not in keep]:
+        for signature in [s for s in self._cohorts if s not in keep]:
             self._drop(signature)
 
     def drop_group(self, uid: int) -> None:
-        for signature in [s for s in self._names if uid in s[1]]:
+        for signature in [s for s in self._cohorts if uid in s[1]]:
             self._drop(signature)
 
     def _drop(self, signature: tuple) -> None:
-        name = self._names.pop(signature)
+        cohort = self._cohorts.pop(signature)
         for branch in self.BRANCHES:
-            self.transformer.reset_cache(f"{name}:{branch}")
+            self.transformer.reset_cache(f"{cohort.name}:{branch}")
 
 
 def plan_cohorts(groups, step_sensitive: bool) -> dict[tuple, list[Cosmos3Group]]:
@@ -75,76 +133,75 @@ def run_step(model, groups) -> int:
     """Advance every group by one step; returns the transformer forwards run."""
     transformer = model.transformer
     step_sensitive = transformer.step_precision_controller is not None
-    cohorts = plan_cohorts(groups, step_sensitive)
     forwards, used = 0, []
     try:
-        for key, members in cohorts.items():
-            signature = (key, tuple(g.uid for g in members))
+        for key, members in plan_cohorts(groups, step_sensitive).items():
+            signature, cohort = model.cohorts.get(key, members)
             used.append(signature)
-            forwards += _run_cohort(model, key, members, model.cohort_caches.name(signature), step_sensitive)
+            forwards += _run_cohort(model, cohort, step_sensitive)
     finally:
         model.proj_out_contiguous = False
         model.text.serving = False
         if step_sensitive:
             transformer.reset_denoising_step()
-    model.cohort_caches.keep_only(used)
+    model.cohorts.keep_only(used)
     return forwards
-
-
-def _cat(members, name: str) -> torch.Tensor:
-    if len(members) == 1:
-        return members[0].tensors[name]
-    return torch.cat([g.tensors[name] for g in members], dim=0)
 
 
 def _combine(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
     return uncond + scale * (cond - uncond)
 
 
-def _run_cohort(model, key: tuple, members: list[Cosmos3Group], name: str, step_sensitive: bool) -> int:
-    stage = model.denoise_stage
-    lead = members[0]
-    mode = key[0]
-    latents = _cat(members, "latents")
-    action_latents = _cat(members, "action_latents")
-    velocity_mask = _cat(members, "velocity_mask")
-    action_mask = _cat(members, "action_velocity_mask")
-    domain_ids = _cat(members, "action_domain_ids")
-    timestep = torch.cat([g.timesteps[g.step_index].unsqueeze(0).expand(g.rows) for g in members])
-    bounds, start = [], 0
-    for g in members:
-        bounds.append((start, start + g.rows))
-        start += g.rows
-    total = start
+def _step_inputs(cohort: Cohort):
+    """This step's latents, action latents and per-row timesteps of a cohort's forward."""
+    if cohort.latents is None:
+        g = cohort.members[0]
+        t = g.timesteps[g.step_index]
+        return g.latents, g.action_latents, t.unsqueeze(0).expand(g.rows)
+    rows = cohort.rows
+    for g, (a, b) in zip(cohort.members, cohort.bounds):
+        t = g.timesteps[g.step_index]
+        for off in range(0, cohort.copies * rows, rows):
+            cohort.latents[off + a : off + b].copy_(g.latents)
+            cohort.action_latents[off + a : off + b].copy_(g.action_latents)
+            cohort.timestep[off + a : off + b].fill_(t)
+    return cohort.latents, cohort.action_latents, cohort.timestep
 
+
+def _run_cohort(model, cohort: Cohort, step_sensitive: bool) -> int:
+    stage = model.denoise_stage
+    members, bounds, inputs = cohort.members, cohort.bounds, cohort.inputs
+    lead = members[0]
+    latents, action_latents, timestep = _step_inputs(cohort)
     stage._share_vision_temporal_positions = lead.share_vision
     stage._extra_transformer_kwargs = {}
     if step_sensitive:
         model.transformer.set_denoising_step(step_index=lead.step_index, num_steps=lead.steps)
-    model.text.serving = True
 
-    def forward(latents, timestep, text_ids, text_mask, branch, text_len, vmask, actions, domains, amask):
+    def forward(text_ids, text_mask, branch, text_len):
         return stage._run_transformer(
             latents=latents, timestep=timestep, text_ids=text_ids, text_mask=text_mask,
-            video_shape=lead.video_shape, fps=lead.fps, cache_key=f"{name}:{branch}",
-            noisy_frame_mask=vmask, max_text_seq_len=text_len, current_timestep=lead.step_index,
-            action_latents=actions, action_domain_ids=domains, action_noisy_mask=amask,
-            action_fps=lead.action_fps, action_start_frame_offset=lead.action_offset,
+            video_shape=lead.video_shape, fps=lead.fps, cache_key=f"{cohort.name}:{branch}",
+            noisy_frame_mask=inputs["velocity_mask"], max_text_seq_len=text_len, current_timestep=lead.step_index,
+            action_latents=action_latents, action_domain_ids=inputs["action_domain_ids"],
+            action_noisy_mask=inputs["action_velocity_mask"], action_fps=lead.action_fps,
+            action_start_frame_offset=lead.action_offset,
         )
 
-    rows = (velocity_mask, action_latents, domain_ids, action_mask)
+    model.text.serving = True
+    mode = cohort.mode
     if mode == NO_CFG:
         model.proj_out_contiguous = True
-        out = forward(latents, timestep, _cat(members, "cond_text_ids"), _cat(members, "cond_text_mask"),
-                      "cond", lead.cond_len, velocity_mask, action_latents, domain_ids, action_mask)
-        preds = [(out[0][a:b], out[1][a:b]) for a, b in bounds]
+        video, action = forward(inputs["cond_text_ids"], inputs["cond_text_mask"], "cond", lead.cond_len)
+        if len(members) == 1:
+            preds = [(video, action)]
+        else:
+            preds = [(video[a:b], action[a:b]) for a, b in bounds]
         forwards = 1
     elif mode == SERIAL_CFG:
         model.proj_out_contiguous = True
-        cond = forward(latents, timestep, _cat(members, "cond_text_ids"), _cat(members, "cond_text_mask"),
-                       "cond", lead.cond_len, *rows)
-        uncond = forward(latents, timestep, _cat(members, "uncond_text_ids"), _cat(members, "uncond_text_mask"),
-                         "uncond", lead.uncond_len, *rows)
+        cond = forward(inputs["cond_text_ids"], inputs["cond_text_mask"], "cond", lead.cond_len)
+        uncond = forward(inputs["uncond_text_ids"], inputs["uncond_text_mask"], "uncond", lead.uncond_len)
         preds = [
             tuple(_combine(c[a:b], u[a:b], g.cfg_plan[g.step_index][1]) for c, u in zip(cond, uncond, strict=True))
             for g, (a, b) in zip(members, bounds)
@@ -153,15 +210,10 @@ def _run_cohort(model, key: tuple, members: list[Cosmos3Group], name: str, step_
     elif mode == BATCHED_CFG:
         # the reference forward is B=2 [uncond, cond] on a non-contiguous proj_out slice too
         model.proj_out_contiguous = False
-        text_ids = torch.cat([_cat(members, "uncond_text_ids"), _cat(members, "cond_text_ids")])
-        text_mask = torch.cat([_cat(members, "uncond_text_mask"), _cat(members, "cond_text_mask")])
-        out = forward(
-            torch.cat([latents, latents]), torch.cat([timestep, timestep]), text_ids, text_mask, "cfg",
-            lead.cond_len, torch.cat([velocity_mask, velocity_mask]), torch.cat([action_latents, action_latents]),
-            torch.cat([domain_ids, domain_ids]), torch.cat([action_mask, action_mask]),
-        )
+        out = forward(inputs["text_ids"], inputs["text_mask"], "cfg", lead.cond_len)
+        rows = cohort.rows
         preds = [
-            tuple(_combine(o[total + a : total + b], o[a:b], g.cfg_plan[g.step_index][1]) for o in out)
+            tuple(_combine(o[rows + a : rows + b], o[a:b], g.cfg_plan[g.step_index][1]) for o in out)
             for g, (a, b) in zip(members, bounds)
         ]
         forwards = 1
@@ -198,9 +250,9 @@ def advance(g: Cosmos3Group, video_pred: torch.Tensor, action_pred: torch.Tensor
             g.records.append((i, out))
     else:
         action_latents = g.action_scheduler.step(action_pred, t, action_latents, return_dict=False)[0]
-    mask = tensors["action_velocity_mask"]
-    tensors["action_latents"] = mask * action_latents + (1.0 - mask) * tensors["action_condition_latents"]
-    vmask = tensors["velocity_mask"]
-    tensors["latents"] = vmask * latents + (1.0 - vmask) * tensors["condition_latents"]
+    # re-blend the clean condition: mask * x + (1 - mask) * condition, the second term computed once
+    # per group (cosmos3_rows.BLEND_TERMS): the same values, so the same bits, as sglang's loop
+    tensors["action_latents"] = tensors["action_velocity_mask"] * action_latents + tensors["action_condition_term"]
+    tensors["latents"] = tensors["velocity_mask"] * latents + tensors["condition_term"]
     g.step_index += 1
     g.report.steps_run += 1

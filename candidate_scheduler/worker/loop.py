@@ -72,7 +72,8 @@ class Worker:
         self._cancelled: dict[int, set[str]] = {}
         self._forwards: list[tuple[int, float, str]] = []
         self._step: int | None = None
-        self._held: list[int] = []  # assignment ids received and not yet answered (I/O thread only)
+        self._held: list[int] = []
+        self._cache_seen: dict[str, int] = {}  # assignment ids received and not yet answered (I/O thread only)
         self._stop = threading.Event()
         self.registered = threading.Event()
         self._wake_addr = f"inproc://worker-results-{id(self)}"
@@ -245,12 +246,23 @@ class Worker:
             step, forwards = self._step, self._forwards
             self._forwards = []
         held = list(self._held)
-        return protocol.HeartbeatMsg(self.worker_id, held[0] if held else None, step, held, forwards)
+        return protocol.HeartbeatMsg(self.worker_id, held[0] if held else None, step, held, forwards, self._cache_delta())
+
+    def _cache_delta(self) -> dict[str, int]:
+        """Conditioning-cache counter increments since the last heartbeat (and the bytes in use now)."""
+        stats = getattr(self.adapter, "cache_stats", None)
+        if stats is None:
+            return {}
+        now = {k: int(v) for k, v in stats().items() if k in _CACHE_COUNTERS + ("bytes",)}
+        delta = {k: now[k] - self._cache_seen.get(k, 0) for k in _CACHE_COUNTERS if k in now}
+        self._cache_seen = now
+        return {**{k: v for k, v in delta.items() if v}, "bytes": now.get("bytes", 0)}
 
     def stop(self) -> None:
         self._stop.set()
 
 
+_CACHE_COUNTERS = ("text_hits", "text_misses", "vae_hits", "vae_misses", "evictions")
 _FROM_SCHEDULER = frozenset({protocol.Kind.REGISTERED, protocol.Kind.BATCH, protocol.Kind.JOIN,
                              protocol.Kind.CANCEL_ROWS, protocol.Kind.WORKER_STOP})
 

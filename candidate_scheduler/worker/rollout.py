@@ -21,11 +21,13 @@ import math
 
 import torch
 
+from candidate_scheduler.core.work import ROLLOUT_FIELDS
+
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
-# Per-candidate rollout arrays (candidate axis first). Anything that slices a running batch or
-# stacks microbatches must carry all of these.
-ROLLOUT_FIELDS = ("log_probs", "latents", "next_latents", "means", "stds")
+# The per-step ones of the per-candidate rollout arrays (core/work.ROLLOUT_FIELDS, the one list; the
+# last, final_latents, is the end state). Anything that slices a running batch must carry all of them.
+ROLLOUT_STEP_FIELDS = tuple(name for name in ROLLOUT_FIELDS if name != "final_latents")
 
 
 def sde_std(sigma: torch.Tensor, sigma_next: torch.Tensor, sigma_max: torch.Tensor, noise_level: float):

@@ -77,6 +77,10 @@ LOAD_VISIBLE = [
     ("request-socket protocol errors", 'sum(increase(candidate_scheduler_protocol_errors_total{socket="request"}[5m]))'),
     ("control-socket protocol errors", 'sum(increase(candidate_scheduler_protocol_errors_total{socket="control"}[5m]))'),
     ("transformer forwards", "sum(increase(candidate_scheduler_transformer_forwards_total[5m]))"),
+    ("slices joining running batches", "sum(increase(candidate_scheduler_groups_joined_total[5m]))"),
+    ("deadline refusals", "sum(increase(candidate_scheduler_deadline_refusals_total[5m]))"),
+    ("cost-model predictions", "sum(increase(candidate_scheduler_prediction_ratio_count[5m]))"),
+    ("conditioning cache lookups", "sum(increase(candidate_scheduler_conditioning_cache_lookups_total[5m]))"),
     ("Cosmos3 conditioning-encode samples", "sum(increase(candidate_scheduler_conditioning_encode_seconds_count[5m]))"),
     ("reducer samples", "sum(increase(candidate_scheduler_reducer_seconds_count[5m]))"),
     ("worker heartbeats", "sum(increase(candidate_scheduler_worker_heartbeats_total[5m]))"),
@@ -254,6 +258,15 @@ class Load(threading.Thread):
         x = r.submit(IMAGE, PROMPT, count=6, seed=i)
         assert x.status == "rejected" and x.error_code == "does_not_fit", (x.status, x.error_code)
         assert r.submit(IMAGE, PROMPT, count=3, seed=i, reducer=reducer).status == "done"
+        # Step-level batching and deadlines (the "reject" scheduler runs --batching step): a short group
+        # joins a long one; a group whose deadline cannot be met is refused at once.
+        long = r.send(make_request(IMAGE, PROMPT, count=2, seed=i, steps=200))
+        wait_for(lambda: r.status(long).state == "running", 30, "the long group to run")
+        assert r.submit(IMAGE, PROMPT, count=2, seed=i, steps=4).metrics["joined_running_batches"] == 1
+        late = r.submit(IMAGE, PROMPT, count=4, seed=i, steps=10, deadline_s=0.05)
+        assert late.status == "rejected" and late.error_code == "deadline_unmeetable", (late.status, late.error)
+        r.cancel(long)
+        assert r.wait(long).status == "cancelled"
 
 
 def _host_port(metrics_url: str) -> str:
@@ -268,8 +281,8 @@ def test_dashboards_have_data_in_a_real_prometheus(services, model_dir, tmp_path
 
     main = services.scheduler(metrics=True)
     services.worker(main, "cosmos3", 4)
-    reject = services.scheduler("--policy", "reject", metrics=True)
-    services.worker(reject, "null", 4)
+    reject = services.scheduler("--policy", "reject", "--batching", "step", metrics=True)
+    services.worker(reject, "null", 4, 0.01)
     # Prometheus starts while the Cosmos3 worker loads: counters are scraped at 0 before the load.
     prom = Prometheus(prometheus_bin, [_host_port(main.metrics), _host_port(reject.metrics)], tmp_path)
     load = Load(main, reject)

@@ -267,3 +267,34 @@ def test_a_step_with_two_compatible_groups_runs_one_forward(adapter):
         adapter.release(a)
         adapter.release(b)
     assert_no_cohort_caches(adapter)
+
+
+class RecordingPrecisionController:
+    """Stands in for sglang's FP8 StepMixedPrecisionController: records the step it is set to."""
+
+    def __init__(self):
+        self.calls: list[tuple[int, int]] = []
+
+    def set_step(self, step_index: int, num_steps: int) -> None:
+        self.calls.append((step_index, num_steps))
+
+    def reset(self) -> None:
+        pass
+
+
+def test_with_a_step_precision_controller_only_groups_at_the_same_step_share(adapter, ref, monkeypatch):
+    controller = RecordingPrecisionController()
+    monkeypatch.setattr(adapter.transformer, "step_precision_controller", controller)
+    img_a, img_b = image(19), image(20)
+    a = group("A", img_a, PROMPT, sampling(4), [951])
+    b = group("B", img_b, PROMPT_SAME_LEN, sampling(4), [952])
+    c = group("C", img_b, PROMPT, sampling(3), [953])
+    driver = Driver(adapter)
+    out = driver.run((0, a), (0, b), (1, c))
+    assert_matches_reference(ref, out["A"], a, img_a, PROMPT)
+    assert_matches_reference(ref, out["B"], b, img_b, PROMPT_SAME_LEN)
+    assert_matches_reference(ref, out["C"], c, img_b, PROMPT)
+    # A and B walk in step and share; C (joined a step later) is one step behind: a forward of its own
+    assert driver.forwards == [1, 2, 2, 2]
+    # each forward selected its own cohort's step (and step count) before it ran
+    assert controller.calls == [(0, 4), (1, 4), (0, 3), (2, 4), (1, 3), (3, 4), (2, 3)]

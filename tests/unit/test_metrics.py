@@ -52,10 +52,10 @@ def test_naming_follows_prometheus_practice(registry, sm):
             assert name.endswith("_seconds")
         for sample in fam.samples:
             # Ids as labels would be unbounded; only the closed label names are allowed ("rows" takes
-            # the ten values of metrics.ROW_LABELS).
+            # the ten values of metrics.ROW_LABELS, "result" hit or miss).
             assert set(sample.labels) <= {
                 "api", "mode", "outcome", "reason", "state", "kind", "socket", "type", "le",
-                "version", "python_version", "rows",
+                "version", "python_version", "rows", "result",
             }, sample
 
 

@@ -26,10 +26,10 @@ KNOWN_IGNORED_KEYS = ("observation/wrist_image", "observation/state", "observati
                       "observation.state", "state", "images")
 # The reply to an openpi call carries one action chunk, not per-step rollout data: use the native
 # protocol (Client.submit(rollout=True)) for RL rollouts.
-ROLLOUT_FIELDS = ("rollout", "noise_level", "return_step_indices")
+ROLLOUT_KNOBS = ("rollout", "noise_level", "return_step_indices")
 CANDIDATE_FIELDS = tuple(protocol.CandidateSpecMsg.__struct_fields__)
 NATIVE_DOMAIN_NAME = "domain_name" in protocol.SamplingMsg.__struct_fields__
-SAMPLING_FIELDS = tuple(f for f in protocol.SamplingMsg.__struct_fields__ if f not in ROLLOUT_FIELDS) + (
+SAMPLING_FIELDS = tuple(f for f in protocol.SamplingMsg.__struct_fields__ if f not in ROLLOUT_KNOBS) + (
     () if NATIVE_DOMAIN_NAME else ("domain_name",))
 FLOAT_RANGES = ("0,1", "-1,1")
 RANDOM_SEED_LIMIT = 1 << 63  # fresh seeds fit a signed 64-bit integer, like the scheduler's derived seeds
@@ -70,7 +70,7 @@ class FrontDefaults:
 
     def full_sampling(self) -> dict[str, Any]:
         out = msgspec.structs.asdict(sampling_msg(self.sampling, {}))
-        for name in ROLLOUT_FIELDS:
+        for name in ROLLOUT_KNOBS:
             out.pop(name, None)
         return out
 
@@ -100,7 +100,7 @@ def _spec_map(obs: dict, key: str, allowed: tuple[str, ...]) -> dict[str, Any]:
     if not isinstance(given, dict):
         raise ObservationError(f"{key} must be a map of {list(allowed)}, got {type(given).__name__}")
     for name in given:
-        if name in ROLLOUT_FIELDS and key == "sampling":
+        if name in ROLLOUT_KNOBS and key == "sampling":
             raise ObservationError(f"sampling.{name}: rollouts are not served on the openpi front; "
                                    "use the native protocol (Client.submit(rollout=True))")
         if name not in allowed:

@@ -1,0 +1,110 @@
+"""The engine's deadline rules in process: the cost model, refusal at receipt, earliest-deadline-first,
+elastic counts, out-of-memory re-planning, memory caps (see core/deadlines.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from candidate_scheduler.core.messages import Registration
+from tests.unit.test_engine import Harness, capability, expected, reduced  # noqa: F401
+
+LABEL = "64x64h16f5"  # SamplingSpec().forward_label()
+
+
+def calibrated(h: Harness, worker_id: str, capacity: int = 8, per_row: float = 0.01, fixed: float = 0.05):
+    """A worker whose warm-up profile says a forward takes fixed + per_row * rows seconds."""
+    profile = tuple((LABEL, r, fixed + per_row * r) for r in (1, capacity // 2, capacity))
+    return h.take(h.engine.register(worker_id.encode(), Registration(worker_id, capability(), capacity,
+                                                                     profile=profile), h.now))
+
+
+def test_engine_cost_model_predicts_from_the_warm_up_profile():
+    h = Harness()
+    calibrated(h, "w1")
+    assert h.engine.cost.forward_s("w1", LABEL, 4) == pytest.approx(0.09)
+    # an unseen shape borrows the profiled line, scaled by video tokens (4x the pixels)
+    assert h.engine.cost.forward_s("w1", "128x128h16f5", 4) == pytest.approx(0.36)
+    h.submit("g", count=4, steps=10)
+    assert h.engine.assignments[h.work[0].batch_id].predicted_s == pytest.approx(0.9)
+
+
+def test_engine_refuses_an_unmeetable_deadline_at_once():
+    h = Harness(batching="step")
+    calibrated(h, "w1")
+    h.submit("busy", count=8, steps=20)  # 20 x 0.13 s
+    h.submit("late", count=4, steps=10, deadline_s=1.0)  # must wait ~2.6 s for rows
+    r = h.reply("late")
+    assert r.status == "rejected" and r.error_code == "deadline_unmeetable"
+    assert "predicted completion" in r.error and "deadline of 1.000 s" in r.error
+    h.submit("fine", count=4, steps=10, deadline_s=10.0)
+    assert "fine" not in h.replies and h.engine.status("fine").state in ("admitted", "running")
+
+
+def test_engine_orders_deadlines_first_and_never_starves_best_effort_groups():
+    h = Harness(best_effort_s=5.0)
+    h.register("w1", capacity=2)
+    h.submit("busy", count=2)
+    h.submit("besteffort", count=2)
+    h.advance(1.0)
+    h.submit("urgent", count=2, deadline_s=2.0)  # due before the best-effort group's horizon
+    h.submit("relaxed", count=2, deadline_s=30.0)  # due after it
+    h.run_all()
+    order = [w.slices[0].dispatch.request_id for w in h.work]
+    assert order == ["busy", "urgent", "besteffort", "relaxed"]
+
+
+def test_engine_elastic_count_serves_the_first_n_candidates_of_the_full_group():
+    h = Harness(batching="step")
+    calibrated(h, "w1", capacity=8, per_row=0.05, fixed=0.0)
+    h.submit("full", count=8, seed=77, steps=4)
+    h.run_all()
+    full = h.reply("full")
+    h.submit("busy", count=4, steps=40)  # 40 x 0.2-0.4 s on the worker's rows
+    h.submit("elastic", count=8, seed=77, steps=4, deadline_s=9.0, candidates_min=2)
+    h.run_all()
+    r = h.reply("elastic")
+    assert r.status == "done" and 2 <= r.metrics["served_count"] < 8
+    n = r.metrics["served_count"]
+    assert r.metrics["requested_count"] == 8 and len(r.candidate_seeds) == n
+    assert tuple(r.candidate_seeds) == tuple(full.candidate_seeds[:n])
+    np.testing.assert_array_equal(r.candidates, full.candidates[:n])
+    np.testing.assert_allclose(r.action, reduced(r.candidate_seeds))
+
+
+def test_engine_out_of_memory_replans_smaller_slices_instead_of_failing():
+    h = Harness()
+    h.register("w1", capacity=8)
+    h.submit("g", count=8, seed=3)
+    h.answer(h.work[0], status="error", error_code="out_of_memory")
+    assert h.engine.workers["w1"].capacity == 7 and "g" not in h.replies
+    h.run_all()
+    r = h.reply("g")
+    assert r.status == "done" and r.metrics["microbatches"] == 2
+    np.testing.assert_allclose(r.action, reduced(r.candidate_seeds))
+
+
+def test_engine_memory_budget_caps_a_cuda_workers_rows():
+    h = Harness(batching="step")
+    h.take(h.engine.register(b"w1", Registration("w1", capability(), 8, device="cuda", memory_budget_bytes=1000), h.now))
+    for rows, peak in ((2, 300), (4, 500)):  # 100 + 100 * rows bytes
+        h.engine.cost.observe_group("w1", LABEL, {"rows": rows, "peak_memory_bytes": peak, "device": "cuda"})
+    assert h.engine.rows_of(h.engine.workers["w1"]) == 9 - 1  # min(capacity 8, (1000 - 100) // 100 = 9)
+    h.engine.workers["w1"].memory_budget_bytes = 600
+    assert h.engine.rows_of(h.engine.workers["w1"]) == 5
+
+
+@pytest.mark.parametrize("field, value", [("deadline_s", 0.0), ("deadline_s", -1.0), ("deadline_s", 1e9),
+                                          ("min_count", 9), ("min_count", 0)])
+def test_engine_bad_deadlines_and_min_counts_are_invalid(field, value):
+    h = Harness()
+    h.register("w1")
+    kw = {"deadline_s": value} if field == "deadline_s" else {"candidates_min": value}
+    h.submit("g", count=8, **kw)
+    r = h.reply("g")
+    assert r.status == "invalid" and field in (r.metrics.get("error_field") or "")
+    h.submit("ok", count=2)
+    h.run_all()
+    assert h.reply("ok").status == "done"
+
+

@@ -1,0 +1,65 @@
+"""The forecast's fluid model of a running batch: joins slow everything running, fixed costs stall the
+worker, dispatch runs batches one after another, and what no worker can hold never finishes."""
+
+import math
+
+import pytest
+
+from candidate_scheduler.core.cost_model import CostModel
+from candidate_scheduler.core.forecast import Job, SimItem, SimWorker, forecast
+from candidate_scheduler.core.planning import Unit
+
+LABEL = "64x64h16f5"
+KEY = (64, 64, 16, 5, "policy", False)
+
+
+def cost(per_row: float = 0.01, fixed: float = 0.0) -> CostModel:
+    c = CostModel()
+    for rows in (1, 8):
+        c.observe_forward("w", LABEL, rows, per_row * rows)
+    if fixed:
+        c.observe_group("w", LABEL, {"condition_s": fixed, "groups": 1})
+    return c
+
+
+def job(rid: str, rows: int, steps: int, slice_index: int = 0) -> Job:
+    return Job(Unit(rid, slice_index, tuple(range(rows)), ("bk",), KEY), rows, rows, steps, LABEL)
+
+
+def test_forecast_a_join_slows_the_groups_already_running():
+    alone = forecast(0.0, [SimWorker("w", 8)], [job("a", 4, 10)], cost(), "step")
+    assert alone["a"] == pytest.approx(0.4)  # 10 steps x 4 rows x 10 ms
+    both = forecast(0.0, [SimWorker("w", 8)], [job("a", 4, 10), job("b", 4, 10)], cost(), "step")
+    assert both["a"] == pytest.approx(0.8) and both["b"] == pytest.approx(0.8)  # every step carries 8 rows
+
+
+def test_forecast_a_short_group_leaves_early_and_the_long_one_speeds_up():
+    f = forecast(0.0, [SimWorker("w", 8)], [job("long", 4, 20), job("short", 4, 5)], cost(), "step")
+    assert f["short"] == pytest.approx(5 * 0.08)
+    assert f["long"] == pytest.approx(5 * 0.08 + 15 * 0.04)
+
+
+def test_forecast_fixed_costs_stall_the_worker_and_dispatch_runs_batches_in_turn():
+    c = cost(fixed=0.1)
+    f = forecast(0.0, [SimWorker("w", 4)], [job("a", 4, 10), job("b", 4, 10)], c, "dispatch")
+    assert f["a"] == pytest.approx(0.1 + 0.4) and f["b"] == pytest.approx(2 * (0.1 + 0.4))
+
+
+def test_forecast_counts_the_work_already_running_and_what_cannot_be_held():
+    running = SimItem((("old", 0),), 6, 6, 10.0, LABEL, KEY)
+    f = forecast(0.0, [SimWorker("w", 8, [running])], [job("new", 4, 10), job("huge", 9, 1)], cost(), "step")
+    assert f["new"] == pytest.approx(10 * 0.06 + 10 * 0.04)  # waits for the 6 running rows to leave
+    assert math.isinf(f["huge"])
+
+
+def test_the_margin_is_the_measured_90th_percentile_of_the_prediction_error():
+    c = cost()
+    assert c.margin() == 1.0  # nothing measured yet
+    for ratio in [0.8] * 10 + [1.0] * 8 + [1.3] * 2:
+        c.observe_error(1.0, ratio)
+    assert c.margin() == pytest.approx(1.0)
+    for _ in range(10):
+        c.observe_error(1.0, 1.5)
+    assert c.margin() == pytest.approx(1.5)
+    f = forecast(0.0, [SimWorker("w", 8)], [job("a", 4, 10)], c.with_margin(), "step")
+    assert f["a"] == pytest.approx(1.5 * 0.4)
