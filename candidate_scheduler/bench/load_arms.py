@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 import sys
-import urllib.request
 from dataclasses import dataclass, field
 
 from candidate_scheduler.bench.load_plan import DEFAULT_ARM_FLAGS, SERVICE_ARMS, WORKER_CAPACITY
@@ -97,30 +96,8 @@ def start_arms(launcher: Launcher, names: list[str], flags: dict[str, tuple[str,
     return {n: arms[n] for n in names if n in arms}, skipped, reference
 
 
-def scrape(url: str | None) -> dict[str, float]:
-    """The scheduler's Prometheus samples that rows per forward is computed from: every `*_sum` and
-    `*_count` of the histograms whose name holds `rows` (name -> value, labels summed)."""
-    if url is None:
-        return {}
-    from prometheus_client.parser import text_string_to_metric_families
-
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            text = resp.read().decode()
-    except OSError:
-        return {}
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        if "rows" not in family.name:
-            continue
-        for sample in family.samples:
-            if sample.name.endswith(("_sum", "_count")):
-                out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
-    return out
-
-
 def rows_per_forward(before: dict[str, float], after: dict[str, float]) -> tuple[float | None, str | None]:
-    """Rows per transformer forward over one load point, from scrape() deltas: the workers' per-forward
+    """Rows per transformer forward over one load point, from `bench.scrape.scrape` deltas: the workers' per-forward
     rows (`forward_rows`) when the scheduler has them; else the rows per physical batch (`batch_rows`),
     which is rows per forward when every batch runs all its steps together (dispatch batching)."""
     for key, source in (("forward_rows", "forward_rows histogram"), ("batch_rows", "batch_rows histogram")):

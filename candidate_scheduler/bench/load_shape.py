@@ -18,7 +18,7 @@ import msgspec
 import numpy as np
 
 from candidate_scheduler.bench.common import PROMPT
-from candidate_scheduler.bench.load_arms import Arm, rows_per_forward, scrape
+from candidate_scheduler.bench.load_arms import Arm, rows_per_forward
 from candidate_scheduler.bench.load_plan import (
     COMPARE_AT,
     COUNTS,
@@ -31,6 +31,7 @@ from candidate_scheduler.bench.load_plan import (
     unloaded_groups,
 )
 from candidate_scheduler.bench.load_point import Planned, run_point, summarise
+from candidate_scheduler.bench.scrape import scrape
 
 REDUCER = "mean"
 # Observation seeds: phase * PHASE_SEEDS + place in the sequence (fresh), or POOL_SEED + pool slot.
