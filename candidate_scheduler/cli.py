@@ -165,11 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("keys", "write CURVE keys for remote workers", commands.cmd_keys)
     p.add_argument("dir", help="where to write server.key[_secret], client.key[_secret], authorized_clients/")
 
-    p = command("bench", "run the benchmarks (writes bench/results/)", commands.cmd_bench)
-    p.add_argument("--model", default=DEFAULT_MODEL, help="Cosmos3 checkpoint directory")
-    p.add_argument("--smoke", action="store_true", help="one repeat, small shape (CI)")
-    p.add_argument("--device", default="cpu", help="cpu | cuda")
-    p.add_argument("--out", default="bench/results", help="where the results go")
+    p = command("bench", "run the benchmarks (writes bench/results/); `bench -- --help` lists their flags",
+                commands.cmd_bench)
+    p.add_argument("bench_args", nargs=argparse.REMAINDER,
+                   help="flags of python -m candidate_scheduler.bench: --smoke, --load, --no-load, --model, --out, ...")
 
     p = command("http", "sglang's own HTTP server pointed at this scheduler's compat socket", commands.cmd_http)
     p.add_argument("--compat-port", type=int, default=server.DEFAULT_COMPAT_PORT, help="the compat socket's port")

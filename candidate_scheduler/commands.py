@@ -341,9 +341,10 @@ def cmd_demo(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from candidate_scheduler.bench import harness as bench
+    from candidate_scheduler.bench.cli import build_parser, main
 
-    return bench.main(args)
+    rest = [a for a in args.bench_args if a != "--"]
+    return main(build_parser().parse_args(rest))
 
 
 def cmd_http(args) -> int:

@@ -1,7 +1,8 @@
-"""`candidate-scheduler bench` / `python -m candidate_scheduler.bench`: the method and load benchmarks.
+"""`candidate-scheduler bench` / `python -m candidate_scheduler.bench`: the method, load and deadline benchmarks.
 
-The default run does the method benchmark, then the load benchmark. `--load` runs the load benchmark only, `--no-load` the method benchmark only; the
-smoke run (`--smoke`) is the method benchmark's unless `--load` is given."""
+The default run (`make bench`) does all three, one after the other. `--load` runs the load benchmark only,
+`--deadline` the deadline benchmark only, `--no-load` the method benchmark only; the smoke run
+(`--smoke`) is the method benchmark's unless `--load` or `--deadline` is given."""
 
 from __future__ import annotations
 
@@ -11,18 +12,20 @@ import sys
 from candidate_scheduler.bench.common import DEFAULT_MODEL, DEFAULT_OUT
 
 
-def parts(args) -> tuple[bool, bool]:
-    """(run the method benchmark, run the load benchmark) for these arguments. Tolerates an args
-    object without the load flags (`candidate-scheduler bench` builds its own parser)."""
+def parts(args) -> tuple[bool, bool, bool]:
+    """(run the method, the load, the deadline benchmark) for these arguments."""
     if getattr(args, "load", False):
-        return False, True
+        return False, True, False
+    if getattr(args, "deadline", False):
+        return False, False, True
     if getattr(args, "no_load", False):
-        return True, False
-    return True, not getattr(args, "smoke", False)
+        return True, False, False
+    full = not getattr(args, "smoke", False)
+    return True, full, full
 
 
 def main(args) -> int:
-    run_methods, run_load = parts(args)
+    run_methods, run_load, run_deadline = parts(args)
     if run_methods:
         from candidate_scheduler.bench.report import summary, write_outputs
         from candidate_scheduler.bench.run import run
@@ -35,7 +38,15 @@ def main(args) -> int:
     if run_load:
         from candidate_scheduler.bench import load
 
-        return load.main(args)
+        code = load.main(args)
+        if code:
+            return code
+    if run_deadline:
+        from pathlib import Path
+
+        from candidate_scheduler.bench.deadline import run_deadline_bench
+
+        run_deadline_bench(Path(args.out), model=args.model, smoke=args.smoke, plot=not args.no_plots)
     return 0
 
 
@@ -52,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=str(DEFAULT_OUT), help="output folder (default bench/results)")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--load", action="store_true", help="run only the load benchmark")
+    which.add_argument("--deadline", action="store_true", help="run only the deadline benchmark")
     which.add_argument("--no-load", action="store_true", help="run only the method benchmark")
 
     m = p.add_argument_group("method benchmark")
