@@ -137,7 +137,7 @@ class CostModel:
         ranked = sorted(self.errors)
         return max(1.0, ranked[int(0.9 * (len(ranked) - 1))])
 
-    def with_margin(self) -> "Scaled":
+    def with_margin(self) -> Scaled:
         return Scaled(self, self.margin())
 
     def _w(self, worker_id: str) -> WorkerCost:

@@ -29,8 +29,8 @@ import dataclasses
 import math
 
 from candidate_scheduler.core.admission import split_balanced
-from candidate_scheduler.core.group_state import GroupStatus
 from candidate_scheduler.core.forecast import Job, SimItem, SimWorker, forecast
+from candidate_scheduler.core.group_state import GroupStatus
 from candidate_scheduler.core.planning import Unit
 
 
