@@ -53,37 +53,18 @@ def _spawn_bridge(args, bound: dict[str, str]) -> tuple[subprocess.Popen | None,
     state) and wait until it listens, so sglang's 2 s ping never meets a half-started bridge."""
     if args.no_compat:
         return None, None
-    import re
-    import threading
+    from candidate_scheduler.service.processes import spawn_listening
 
     endpoint = _endpoint(args.compat_host or args.host, args.compat_port)
     cmd = [sys.executable, "-m", "candidate_scheduler.compat.bridge", "--bind", endpoint,
            "--scheduler", bound["request"], "--control", bound["control"]]
     if args.compat_allow_nonlocal:
         cmd.append("--allow-nonlocal")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    listening = threading.Event()
-    found: list[str] = []
-
-    def relay() -> None:
-        for line in proc.stdout:
-            if not listening.is_set():
-                m = re.search(r"listening on (\S+)", line)
-                if m:
-                    found.append(m.group(1))
-                    listening.set()
-                    continue
-            sys.stdout.write(line)
-            sys.stdout.flush()
-        listening.set()
-
-    threading.Thread(target=relay, daemon=True, name="bridge-log").start()
-    listening.wait(60)
-    if not found:
-        proc.poll()
+    proc, address = spawn_listening(cmd, r"listening on (\S+)", "bridge-log", 60)
+    if address is None:
         raise SystemExit(f"the sglang compat bridge did not start (exit code {proc.returncode}); "
                          "use --no-compat to run without it")
-    return proc, found[0]
+    return proc, address
 
 
 def _serve(args, on_ready=None) -> None:

@@ -372,6 +372,15 @@ def split_envelope(frames: list[bytes], allowed) -> tuple[bytes, bool, Kind, byt
     return frames[0], delimited, kind, body[1]
 
 
+def decode_frames(frames: list[bytes], allowed) -> tuple[Kind, Any]:
+    """DEALER frames [header, payload] -> (kind, message): what a worker, a client or a front reads
+    from the scheduler. Anything else is a ProtocolError."""
+    if len(frames) != 2:
+        raise ProtocolError("bad_frames", f"expected [header, payload], got {len(frames)} frame(s)")
+    kind = parse_header(frames[0], allowed)
+    return kind, decode(kind, frames[1])
+
+
 def reply_frames(identity: bytes, delimited: bool, kind: Kind, payload: msgspec.Struct) -> list[bytes]:
     return [identity] + ([b""] if delimited else []) + encode(kind, payload)
 

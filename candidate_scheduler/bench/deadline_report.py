@@ -142,21 +142,26 @@ def _load_table(result: dict) -> list[str]:
         "| sim fluid: miss, served | sim stepping: miss, served |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    for load, arm, s in _arms_by_load(result):
+        d = s["done_latency"]
+        pr = s.get("scheduler_metrics", {}).get("prediction_ratio") or {}
+        par = s["parity"]
+        lines.append(
+            f"| {load['factor']}x | {load['rate']:.2f} | {arm} | {s['groups']} | {_pct(s['miss_rate'])} "
+            f"| {s['refused']} | {s['expired']} | {s['done_late']} | {fmt(s['goodput'], 2)} "
+            f"| {fmt(s['mean_served_count'], 2)} | {fmt(d['p50_ms'], 0)} / {fmt(d['p99_ms'], 0)} "
+            f"| {fmt(s['quality_rmse_replies'], 4)} | {fmt(pr.get('p50'), 2)} / {fmt(pr.get('p90'), 2)} "
+            f"| {par['checked'] - par['mismatched']}/{par['checked']} | {_sim(s, 'fluid')} | {_sim(s, 'stepping')} |")
+    return lines
+
+
+def _arms_by_load(result: dict):
+    """(load, arm, summary) for every load and arm that has a summary: the rows of a per-load table."""
     for load in result["loads"]:
         for arm in result["arms"]:
             s = _at(result, arm, load["factor"])
-            if s is None:
-                continue
-            d = s["done_latency"]
-            pr = s.get("scheduler_metrics", {}).get("prediction_ratio") or {}
-            par = s["parity"]
-            lines.append(
-                f"| {load['factor']}x | {load['rate']:.2f} | {arm} | {s['groups']} | {_pct(s['miss_rate'])} "
-                f"| {s['refused']} | {s['expired']} | {s['done_late']} | {fmt(s['goodput'], 2)} "
-                f"| {fmt(s['mean_served_count'], 2)} | {fmt(d['p50_ms'], 0)} / {fmt(d['p99_ms'], 0)} "
-                f"| {fmt(s['quality_rmse_replies'], 4)} | {fmt(pr.get('p50'), 2)} / {fmt(pr.get('p90'), 2)} "
-                f"| {par['checked'] - par['mismatched']}/{par['checked']} | {_sim(s, 'fluid')} | {_sim(s, 'stepping')} |")
-    return lines
+            if s is not None:
+                yield load, arm, s
 
 
 def _engine_at_target(result: dict) -> str:
@@ -178,17 +183,13 @@ def _conditions_table(result: dict) -> list[str]:
         "| 1-min load average | engine per event, sim: p50 / p99 / max ms |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for load in result["loads"]:
-        for arm in result["arms"]:
-            s = _at(result, arm, load["factor"])
-            if s is None:
-                continue
-            r, p = s["refusal_latency"], s.get("ping_latency") or {}
-            lines.append(
-                f"| {load['factor']}x | {arm} | {r['n']} | {fmt(r['p50_ms'], 2)} / {fmt(r['p99_ms'], 2)} / "
-                f"{fmt(r['max_ms'], 2)} | {fmt(p.get('p50_ms'), 2)} / {fmt(p.get('p99_ms'), 2)} / "
-                f"{fmt(p.get('max_ms'), 2)} | {fmt(s['send_lag']['max_ms'], 1)} | {fmt(s.get('loadavg_1min'), 2)} "
-                f"| {_engine_ms(s)} |")
+    for load, arm, s in _arms_by_load(result):
+        r, p = s["refusal_latency"], s.get("ping_latency") or {}
+        lines.append(
+            f"| {load['factor']}x | {arm} | {r['n']} | {fmt(r['p50_ms'], 2)} / {fmt(r['p99_ms'], 2)} / "
+            f"{fmt(r['max_ms'], 2)} | {fmt(p.get('p50_ms'), 2)} / {fmt(p.get('p99_ms'), 2)} / "
+            f"{fmt(p.get('max_ms'), 2)} | {fmt(s['send_lag']['max_ms'], 1)} | {fmt(s.get('loadavg_1min'), 2)} "
+            f"| {_engine_ms(s)} |")
     return lines
 
 

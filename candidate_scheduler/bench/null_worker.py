@@ -87,8 +87,7 @@ def null_worker_bench(service: SchedulerHandle, n_groups: int, count: int, burst
                 raise TimeoutError(f"null burst {tag}: {len(done_at)}/{n} replies, pong={t_pong is not None}")
             msg = sock.recv_multipart()
             now = time.perf_counter()
-            kind = protocol.parse_header(msg[0], allowed)
-            body = protocol.decode(kind, msg[1])
+            kind, body = protocol.decode_frames(msg, allowed)
             if kind is protocol.Kind.PONG:
                 t_pong = now
             elif kind is protocol.Kind.ERROR:

@@ -28,18 +28,9 @@ def write_plots(result: dict, out_dir: Path) -> list[str]:
             p90 = np.array([sr["methods"][m][str(n)]["p90_ms"] for n in ns])
             ax.errorbar(ns, med, yerr=[np.zeros_like(med), np.maximum(p90 - med, 0)], marker="o", capsize=3,
                         label=LABELS[m], color=colors[m])
-        ax.set_xlabel("N candidates")
-        ax.set_ylabel("latency, ms (median; whisker to p90)")
-        ax.set_xticks(ns)
         ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-        ax.set_title(title)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        name = f"latency_{shape_name}.png"
-        fig.savefig(out_dir / name)
-        plt.close(fig)
-        names.append(name)
+        names.append(_save(plt, fig, ax, ns, title, "latency, ms (median; whisker to p90)",
+                           out_dir / f"latency_{shape_name}.png"))
 
         fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
         for key, label, color, style in (
@@ -50,16 +41,21 @@ def write_plots(result: dict, out_dir: Path) -> list[str]:
         ):
             ax.plot(ns, [sr["speedup"][str(n)][key] for n in ns], style, marker="o", color=color, label=label)
         ax.axhline(1.0, color="black", lw=0.8)
-        ax.set_xlabel("N candidates")
-        ax.set_ylabel("speedup (ratio of median latencies)")
-        ax.set_xticks(ns)
-        ax.grid(alpha=0.3)
-        ax.set_title(title)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        name = f"speedup_{shape_name}.png"
-        fig.savefig(out_dir / name)
-        plt.close(fig)
-        names.append(name)
+        names.append(_save(plt, fig, ax, ns, title, "speedup (ratio of median latencies)",
+                           out_dir / f"speedup_{shape_name}.png"))
     return names
+
+
+def _save(plt, fig, ax, ns: list, title: str, ylabel: str, path: Path) -> str:
+    """Label a plot of some quantity against N the way every plot here is, write it, and close it."""
+    ax.set_xlabel("N candidates")
+    ax.set_ylabel(ylabel)
+    ax.set_xticks(ns)
+    ax.grid(alpha=0.3)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path.name
 

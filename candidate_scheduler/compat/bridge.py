@@ -195,10 +195,7 @@ class Bridge:
         while True:
             frames = await self.dealer.recv_multipart()
             try:
-                if len(frames) != 2:
-                    raise protocol.ProtocolError("bad_frames", f"expected [header, payload], got {len(frames)} frames")
-                kind = protocol.parse_header(frames[0], allowed)
-                msg = protocol.decode(kind, frames[1])
+                kind, msg = protocol.decode_frames(frames, allowed)
             except protocol.ProtocolError as exc:
                 log.warning("unreadable message from the scheduler: %s", exc)
                 continue

@@ -88,6 +88,14 @@ class ServiceError(RuntimeError):
         self.reply = reply
 
 
+def _reply(sock: zmq.Socket, allowed) -> Any:
+    """The reply waiting on `sock`; an ERROR reply raises ServiceError."""
+    kind, msg = protocol.decode_frames(sock.recv_multipart(), allowed)
+    if kind is protocol.Kind.ERROR:
+        raise ServiceError(msg)
+    return msg
+
+
 def make_request(
     image: np.ndarray,
     prompt: str | list[str] = "",
@@ -158,11 +166,7 @@ class Client:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not self._sock.poll(int(remaining * 1000)):
                 raise TimeoutError(f"no reply for {request_id!r}")
-            frames = self._sock.recv_multipart()
-            kind = protocol.parse_header(frames[0], {protocol.Kind.RESULT, protocol.Kind.ERROR})
-            msg = protocol.decode(kind, frames[1])
-            if kind is protocol.Kind.ERROR:
-                raise ServiceError(msg)
+            msg = _reply(self._sock, {protocol.Kind.RESULT, protocol.Kind.ERROR})
             self._pending[msg.request_id] = msg
         return Result.from_wire(self._pending.pop(request_id))
 
@@ -185,12 +189,7 @@ class Client:
         self._ctl.send_multipart(protocol.encode(kind, payload))
         if not self._ctl.poll(int(timeout_s * 1000)):
             raise TimeoutError(f"no control reply to {kind.name}")
-        frames = self._ctl.recv_multipart()
-        reply_kind = protocol.parse_header(frames[0], {protocol.Kind.CONTROL_REPLY, protocol.Kind.ERROR})
-        msg = protocol.decode(reply_kind, frames[1])
-        if reply_kind is protocol.Kind.ERROR:
-            raise ServiceError(msg)
-        return msg
+        return _reply(self._ctl, {protocol.Kind.CONTROL_REPLY, protocol.Kind.ERROR})
 
     def cancel(self, request_id: str) -> protocol.ControlReply:
         return self.control(protocol.Kind.CANCEL, protocol.CancelRequest(request_id))
@@ -241,8 +240,7 @@ class AsyncClient:
         while self._futures or self._pongs:
             frames = await self._sock.recv_multipart()
             try:
-                kind = protocol.parse_header(frames[0], {protocol.Kind.RESULT, protocol.Kind.ERROR, protocol.Kind.PONG})
-                msg = protocol.decode(kind, frames[1])
+                kind, msg = protocol.decode_frames(frames, {protocol.Kind.RESULT, protocol.Kind.ERROR, protocol.Kind.PONG})
             except protocol.ProtocolError:
                 continue
             if kind is protocol.Kind.PONG:

@@ -15,6 +15,7 @@ values; the unit tests check that their sets stay inside ours.
 from __future__ import annotations
 
 import enum
+import itertools
 import platform
 import threading
 from collections.abc import Iterable, Mapping
@@ -88,6 +89,7 @@ SECONDS_BUCKETS = (
 COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MICROBATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128, 256)
 CACHE_KINDS = ("text", "vae")
+CACHE_RESULTS = ("hit", "miss")
 # actual / predicted: 1 is a perfect forecast; a decade either side
 RATIO_BUCKETS = (0.1, 0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0, 10.0)
 # forward latency is labelled by rows rounded up to a power of two: a closed set of 10 series
@@ -114,6 +116,82 @@ def row_label(rows: int) -> str:
     return str(bucket) if 0 < rows <= 256 else OTHER
 
 
+def _define(kind: type, name: str, documentation: str, buckets: tuple[float, ...] | None = None, /,
+            **labels: tuple[str, ...]) -> tuple:
+    # positional-only: "kind" is a label name too
+    return kind, name, documentation, buckets, labels
+
+
+# Every metric but build_info: its type, its name without the prefix (also its attribute on
+# SchedulerMetrics; counters keep `_total`), its help, a histogram's buckets, and each label with its
+# closed set of values.
+METRICS = (
+    # Groups through their life.
+    _define(Counter, "groups_received_total", "Candidate groups received, by client API.", api=APIS),
+    _define(Counter, "groups_admitted_total", "Candidate groups admitted, by admission mode.", mode=ADMITTED_MODES),
+    _define(Counter, "groups_completed_total", "Candidate groups answered, by outcome.", outcome=OUTCOMES),
+    _define(Counter, "admission_decisions_total", "Admission decisions, by mode and reason.",
+            mode=ADMISSION_MODES, reason=ADMISSION_REASONS),
+    _define(Histogram, "group_candidates", "Candidates requested per well-formed group.", COUNT_BUCKETS),
+    _define(Histogram, "group_microbatches", "Physical slices an admitted group was split into (1 = atomic).",
+            MICROBATCH_BUCKETS),
+    _define(Histogram, "group_latency_seconds", "Receipt to answer, per group, by outcome.", SECONDS_BUCKETS,
+            outcome=OUTCOMES),
+    # Queue.
+    _define(Gauge, "queued_groups", "Groups admitted or waiting for a worker, not yet answered."),
+    _define(Gauge, "queued_candidates", "Candidates in slices not yet dispatched."),
+    _define(Histogram, "queue_wait_seconds", "Receipt to first dispatch, per group.", SECONDS_BUCKETS),
+    # Physical batches: counted at dispatch; stage timings arrive with the worker's result.
+    _define(Counter, "physical_batches_total", "Physical batches dispatched to workers."),
+    _define(Counter, "transformer_forwards_total",
+            "Transformer forward passes reported by workers (one per denoise step per batch)."),
+    _define(Histogram, "batch_rows", "Candidate rows per physical batch.", COUNT_BUCKETS),
+    _define(Histogram, "batch_occupancy_ratio", "Candidate rows per physical batch over worker capacity.",
+            OCCUPANCY_BUCKETS),
+    _define(Histogram, "conditioning_encode_seconds", "Conditioning encode time per physical batch.", SECONDS_BUCKETS),
+    _define(Histogram, "denoise_seconds", "Denoise loop time per physical batch.", SECONDS_BUCKETS),
+    _define(Histogram, "action_postprocess_seconds", "Action postprocess time per physical batch.", SECONDS_BUCKETS),
+    _define(Histogram, "reducer_seconds", "Reducer time per group (all partial updates plus finalize).",
+            SECONDS_BUCKETS),
+    # Step-level batching: groups joining running batches, time to first step, forwards by rows.
+    _define(Counter, "groups_joined_total", "Slices that joined a worker's running batch at a step boundary."),
+    _define(Histogram, "first_step_seconds", "Receipt to the group's first denoise step, per group.", SECONDS_BUCKETS),
+    _define(Histogram, "forward_rows", "Candidate rows per transformer forward, as workers report them.",
+            COUNT_BUCKETS),
+    _define(Histogram, "forward_seconds", "Transformer forward latency, by rows per forward (a power-of-two bucket).",
+            SECONDS_BUCKETS, rows=ROW_LABELS),
+    # Deadlines, the cost model and elastic counts.
+    _define(Counter, "deadline_refusals_total", "Groups refused at receipt: their deadline was predicted to be missed."),
+    _define(Counter, "deadline_misses_total",
+            "Groups with a deadline not answered done within it (expired, or done late)."),
+    _define(Counter, "requested_candidates_total", "Candidates requested by admitted groups."),
+    _define(Counter, "served_candidates_total", "Candidates served (fewer than requested under an elastic count)."),
+    _define(Histogram, "served_count_ratio", "Served count over requested count, per group answered done.",
+            OCCUPANCY_BUCKETS),
+    _define(Histogram, "prediction_ratio", "Actual over predicted time of each assignment (the cost model's error).",
+            RATIO_BUCKETS),
+    # Conditioning reuse across groups (the workers' caches, reported in heartbeats).
+    _define(Counter, "conditioning_cache_lookups_total",
+            "Worker conditioning-cache lookups, by kind (text K/V, VAE latent) and result (hit, miss).",
+            kind=CACHE_KINDS, result=CACHE_RESULTS),
+    _define(Counter, "conditioning_cache_evictions_total", "Entries evicted from the workers' conditioning caches."),
+    _define(Gauge, "conditioning_cache_bytes", "Bytes held by the live workers' conditioning caches."),
+    # Cancellation and failure.
+    _define(Counter, "cancellations_total", "Cancel requests, by the group state they found.", state=CANCEL_STATES),
+    _define(Counter, "retries_total", "Slices sent back for retry after a worker failure, by reason.",
+            reason=RETRY_REASONS),
+    _define(Counter, "worker_failures_total", "Workers lost, by kind.", kind=WORKER_FAILURE_KINDS),
+    _define(Counter, "late_results_total",
+            "Batch results discarded because the batch was no longer that worker's (lost, retried)."),
+    _define(Gauge, "workers_live", "Workers registered and within their heartbeat deadline."),
+    _define(Counter, "worker_heartbeats_total", "Heartbeats received from workers."),
+    # Wire.
+    _define(Counter, "protocol_errors_total", "Messages refused, by socket and kind.",
+            socket=SOCKETS, kind=PROTOCOL_ERROR_KINDS),
+    _define(Counter, "compat_requests_total", "sglang-compat messages, by type.", type=COMPAT_REQUEST_TYPES),
+)
+
+
 class SchedulerMetrics:
     """All metrics of the service, created against one registry.
 
@@ -131,206 +209,21 @@ class SchedulerMetrics:
             prometheus_client.PlatformCollector(registry=registry)
             prometheus_client.GCCollector(registry=registry)
         self.registry = registry
-        r = registry
-        p = PREFIX
 
         self.build_info = Gauge(
-            p + "build_info", "Always 1; labels carry the build.", ["version", "python_version"],
-            registry=r,
+            PREFIX + "build_info", "Always 1; labels carry the build.", ["version", "python_version"],
+            registry=registry,
         )
         self.build_info.labels(__version__, platform.python_version()).set(1)
-
-        # Groups through their life.
-        self.groups_received_total = Counter(
-            p + "groups_received", "Candidate groups received, by client API.", ["api"], registry=r,
-        )
-        self.groups_admitted_total = Counter(
-            p + "groups_admitted", "Candidate groups admitted, by admission mode.", ["mode"],
-            registry=r,
-        )
-        self.groups_completed_total = Counter(
-            p + "groups_completed", "Candidate groups answered, by outcome.", ["outcome"], registry=r,
-        )
-        self.admission_decisions_total = Counter(
-            p + "admission_decisions", "Admission decisions, by mode and reason.", ["mode", "reason"],
-            registry=r,
-        )
-        self.group_candidates = Histogram(
-            p + "group_candidates", "Candidates requested per well-formed group.",
-            buckets=COUNT_BUCKETS, registry=r,
-        )
-        self.group_microbatches = Histogram(
-            p + "group_microbatches", "Physical slices an admitted group was split into (1 = atomic).",
-            buckets=MICROBATCH_BUCKETS, registry=r,
-        )
-        self.group_latency_seconds = Histogram(
-            p + "group_latency_seconds", "Receipt to answer, per group, by outcome.", ["outcome"],
-            buckets=SECONDS_BUCKETS, registry=r,
-        )
-
-        # Queue.
-        self.queued_groups = Gauge(
-            p + "queued_groups", "Groups admitted or waiting for a worker, not yet answered.",
-            registry=r,
-        )
-        self.queued_candidates = Gauge(
-            p + "queued_candidates", "Candidates in slices not yet dispatched.", registry=r,
-        )
-        self.queue_wait_seconds = Histogram(
-            p + "queue_wait_seconds", "Receipt to first dispatch, per group.",
-            buckets=SECONDS_BUCKETS, registry=r,
-        )
-
-        # Physical batches: counted at dispatch; stage timings arrive with the worker's result.
-        self.physical_batches_total = Counter(
-            p + "physical_batches", "Physical batches dispatched to workers.", registry=r,
-        )
-        self.transformer_forwards_total = Counter(
-            p + "transformer_forwards",
-            "Transformer forward passes reported by workers (one per denoise step per batch).",
-            registry=r,
-        )
-        self.batch_rows = Histogram(
-            p + "batch_rows", "Candidate rows per physical batch.", buckets=COUNT_BUCKETS, registry=r,
-        )
-        self.batch_occupancy_ratio = Histogram(
-            p + "batch_occupancy_ratio", "Candidate rows per physical batch over worker capacity.",
-            buckets=OCCUPANCY_BUCKETS, registry=r,
-        )
-        self.conditioning_encode_seconds = Histogram(
-            p + "conditioning_encode_seconds", "Conditioning encode time per physical batch.",
-            buckets=SECONDS_BUCKETS, registry=r,
-        )
-        self.denoise_seconds = Histogram(
-            p + "denoise_seconds", "Denoise loop time per physical batch.",
-            buckets=SECONDS_BUCKETS, registry=r,
-        )
-        self.action_postprocess_seconds = Histogram(
-            p + "action_postprocess_seconds", "Action postprocess time per physical batch.",
-            buckets=SECONDS_BUCKETS, registry=r,
-        )
-        self.reducer_seconds = Histogram(
-            p + "reducer_seconds", "Reducer time per group (all partial updates plus finalize).",
-            buckets=SECONDS_BUCKETS, registry=r,
-        )
-
-        # Step-level batching: groups joining running batches, time to first step, forwards by rows.
-        self.groups_joined_total = Counter(
-            p + "groups_joined", "Slices that joined a worker's running batch at a step boundary.", registry=r,
-        )
-        self.first_step_seconds = Histogram(
-            p + "first_step_seconds", "Receipt to the group's first denoise step, per group.",
-            buckets=SECONDS_BUCKETS, registry=r,
-        )
-        self.forward_rows = Histogram(
-            p + "forward_rows", "Candidate rows per transformer forward, as workers report them.",
-            buckets=COUNT_BUCKETS, registry=r,
-        )
-        self.forward_seconds = Histogram(
-            p + "forward_seconds", "Transformer forward latency, by rows per forward (a power-of-two bucket).",
-            ["rows"], buckets=SECONDS_BUCKETS, registry=r,
-        )
-
-        # Deadlines, the cost model and elastic counts.
-        self.deadline_refusals_total = Counter(
-            p + "deadline_refusals", "Groups refused at receipt: their deadline was predicted to be missed.",
-            registry=r,
-        )
-        self.deadline_misses_total = Counter(
-            p + "deadline_misses", "Groups with a deadline not answered done within it (expired, or done late).",
-            registry=r,
-        )
-        self.requested_candidates_total = Counter(
-            p + "requested_candidates", "Candidates requested by admitted groups.", registry=r,
-        )
-        self.served_candidates_total = Counter(
-            p + "served_candidates", "Candidates served (fewer than requested under an elastic count).", registry=r,
-        )
-        self.served_count_ratio = Histogram(
-            p + "served_count_ratio", "Served count over requested count, per group answered done.",
-            buckets=OCCUPANCY_BUCKETS, registry=r,
-        )
-        self.prediction_ratio = Histogram(
-            p + "prediction_ratio", "Actual over predicted time of each assignment (the cost model's error).",
-            buckets=RATIO_BUCKETS, registry=r,
-        )
-
-        # Conditioning reuse across groups (the workers' caches, reported in heartbeats).
-        self.conditioning_cache_lookups_total = Counter(
-            p + "conditioning_cache_lookups", "Worker conditioning-cache lookups, by kind (text K/V, VAE latent) "
-            "and result (hit, miss).", ["kind", "result"], registry=r,
-        )
-        self.conditioning_cache_evictions_total = Counter(
-            p + "conditioning_cache_evictions", "Entries evicted from the workers' conditioning caches.", registry=r,
-        )
-        self.conditioning_cache_bytes = Gauge(
-            p + "conditioning_cache_bytes", "Bytes held by the live workers' conditioning caches.", registry=r,
-        )
-
-        # Cancellation and failure.
-        self.cancellations_total = Counter(
-            p + "cancellations", "Cancel requests, by the group state they found.", ["state"],
-            registry=r,
-        )
-        self.retries_total = Counter(
-            p + "retries", "Slices sent back for retry after a worker failure, by reason.", ["reason"],
-            registry=r,
-        )
-        self.worker_failures_total = Counter(
-            p + "worker_failures", "Workers lost, by kind.", ["kind"], registry=r,
-        )
-        self.late_results_total = Counter(
-            p + "late_results",
-            "Batch results discarded because the batch was no longer that worker's (lost, retried).",
-            registry=r,
-        )
-        self.workers_live = Gauge(
-            p + "workers_live", "Workers registered and within their heartbeat deadline.", registry=r,
-        )
-        self.worker_heartbeats_total = Counter(
-            p + "worker_heartbeats", "Heartbeats received from workers.", registry=r,
-        )
-
-        # Wire.
-        self.protocol_errors_total = Counter(
-            p + "protocol_errors", "Messages refused, by socket and kind.", ["socket", "kind"],
-            registry=r,
-        )
-        self.compat_requests_total = Counter(
-            p + "compat_requests", "sglang-compat messages, by type.", ["type"], registry=r,
-        )
-
-        self._initialise_children()
-
-    def _initialise_children(self) -> None:
-        # Create every labelled child at 0 so each series exists from the first scrape: rate() and
-        # dashboards then show 0 rather than "no data", and a counter's first increment is not lost.
-        for api in APIS:
-            self.groups_received_total.labels(api)
-        for mode in ADMITTED_MODES:
-            self.groups_admitted_total.labels(mode)
-        for outcome in OUTCOMES:
-            self.groups_completed_total.labels(outcome)
-            self.group_latency_seconds.labels(outcome)
-        for mode in ADMISSION_MODES:
-            for reason in ADMISSION_REASONS:
-                self.admission_decisions_total.labels(mode, reason)
-        for state in CANCEL_STATES:
-            self.cancellations_total.labels(state)
-        for reason in RETRY_REASONS:
-            self.retries_total.labels(reason)
-        for kind in WORKER_FAILURE_KINDS:
-            self.worker_failures_total.labels(kind)
-        for socket in SOCKETS:
-            for kind in PROTOCOL_ERROR_KINDS:
-                self.protocol_errors_total.labels(socket, kind)
-        for kind in COMPAT_REQUEST_TYPES:
-            self.compat_requests_total.labels(kind)
-        for kind in CACHE_KINDS:
-            for result in ("hit", "miss"):
-                self.conditioning_cache_lookups_total.labels(kind, result)
-        for rows in ROW_LABELS:
-            self.forward_seconds.labels(rows)
+        for kind, name, documentation, buckets, labels in METRICS:
+            extra = {} if buckets is None else {"buckets": buckets}
+            metric = kind(PREFIX + name, documentation, list(labels), registry=registry, **extra)
+            # Create every labelled child at 0 so each series exists from the first scrape: rate() and
+            # dashboards then show 0 rather than "no data", and a counter's first increment is not lost.
+            if labels:
+                for values in itertools.product(*labels.values()):
+                    metric.labels(*values)
+            setattr(self, name, metric)
 
     # --- Recording methods (the calls server.py makes). ----------------------------------------------
 
@@ -434,7 +327,7 @@ class SchedulerMetrics:
 
     def conditioning_cache(self, delta: Mapping[str, int]) -> None:
         for kind in CACHE_KINDS:
-            for result in ("hit", "miss"):
+            for result in CACHE_RESULTS:
                 n = int(delta.get(f"{kind}_{result}{'s' if result == 'hit' else 'es'}", 0) or 0)
                 if n > 0:
                     self.conditioning_cache_lookups_total.labels(kind, result).inc(n)

@@ -1,14 +1,16 @@
-"""Child processes whose output is drained to a log file, for the benchmark and the tests.
+"""Child processes whose output is drained, so a chatty child (sglang logs a lot) never blocks on a full pipe.
 
-A full pipe would block a chatty child (sglang logs a lot), so a thread drains stdout+stderr into
-the log and keeps the lines, and `wait_line` blocks until a pattern shows up (the endpoint lines
-`serve` prints, the bridge's "listening on"), the child exits, or the timeout passes.
+`ChildProcess` (the benchmark and the tests) drains stdout+stderr into a log file and keeps the
+lines; `wait_line` blocks until a pattern shows up (the endpoint lines `serve` prints, the bridge's
+"listening on"), the child exits, or the timeout passes. `spawn_listening` (what `serve` starts: the
+compat bridge, the openpi front) relays a child's output to ours once it has said where it listens.
 """
 
 from __future__ import annotations
 
 import re
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -72,3 +74,35 @@ class ChildProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
+
+
+def spawn_listening(cmd: list[str], pattern: str, name: str,
+                    timeout_s: float) -> tuple[subprocess.Popen, str | None]:
+    """Start `cmd` and wait until it prints a line matching `pattern` (one group: the address it
+    listens on). Returns (process, address); address is None when the child exited or stayed silent
+    for `timeout_s`, and a silent child is killed. Every other line of its stdout is relayed to ours,
+    from a daemon thread named `name`."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    listening = threading.Event()
+    found: list[str] = []
+
+    def relay() -> None:
+        for line in proc.stdout:
+            if not listening.is_set():
+                m = re.search(pattern, line)
+                if m:
+                    found.append(m.group(1))
+                    listening.set()
+                    continue
+            sys.stdout.write(line)
+            sys.stdout.flush()
+        listening.set()
+
+    threading.Thread(target=relay, daemon=True, name=name).start()
+    listening.wait(timeout_s)
+    if not found:
+        proc.poll()
+        if proc.returncode is None:
+            proc.kill()
+        return proc, None
+    return proc, found[0]

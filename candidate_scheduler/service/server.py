@@ -205,16 +205,10 @@ class Scheduler:
     # ---- request socket -----------------------------------------------------------------------------------
     def _on_request(self, frames: list[bytes]) -> None:
         read_at = time.perf_counter()
-        try:
-            identity, delimited, kind, msg = _read(frames, protocol.REQUEST_KINDS)
-        except protocol.ProtocolError as exc:
-            self.metrics.protocol_error("request", exc.kind)
-            self._answer_error(self.request_sock, frames, exc)
+        read = self._read_client(self.request_sock, "request", frames, protocol.REQUEST_KINDS)
+        if read is None:
             return
-        if kind is protocol.Kind.PING:
-            self.request_sock.send_multipart(
-                protocol.reply_frames(identity, delimited, protocol.Kind.PONG, protocol.Pong(msg.nonce)))
-            return
+        identity, delimited, _kind, msg = read
         client, now = ClientRef(identity, delimited, read_at), time.monotonic()
         try:
             sub = convert.submission_from_wire(msg)
@@ -223,6 +217,20 @@ class Scheduler:
             self._run(self.engine.refuse, client, msg.request_id, "invalid", exc.kind, str(exc))
             return
         self._run(self.engine.submit, client, sub, now)
+
+    def _read_client(self, sock, socket_name: str, frames: list[bytes], allowed) -> tuple | None:
+        """A client's message, read from the request or the control socket: an unreadable one is
+        counted and answered ERROR, a PING answered PONG; None when it is answered already."""
+        try:
+            identity, delimited, kind, msg = _read(frames, allowed)
+        except protocol.ProtocolError as exc:
+            self.metrics.protocol_error(socket_name, exc.kind)
+            self._answer_error(sock, frames, exc)
+            return None
+        if kind is protocol.Kind.PING:
+            sock.send_multipart(protocol.reply_frames(identity, delimited, protocol.Kind.PONG, protocol.Pong(msg.nonce)))
+            return None
+        return identity, delimited, kind, msg
 
     def _answer_error(self, sock, frames: list[bytes], exc: protocol.ProtocolError) -> None:
         if not frames or len(frames[0]) == 0 or len(frames[0]) > 256:
@@ -248,16 +256,10 @@ class Scheduler:
 
     # ---- control socket ---------------------------------------------------------------------------------------
     def _on_control(self, frames: list[bytes]) -> None:
-        try:
-            identity, delimited, kind, msg = _read(frames, protocol.CONTROL_KINDS)
-        except protocol.ProtocolError as exc:
-            self.metrics.protocol_error("control", exc.kind)
-            self._answer_error(self.control_sock, frames, exc)
+        read = self._read_client(self.control_sock, "control", frames, protocol.CONTROL_KINDS)
+        if read is None:
             return
-        if kind is protocol.Kind.PING:
-            self.control_sock.send_multipart(
-                protocol.reply_frames(identity, delimited, protocol.Kind.PONG, protocol.Pong(msg.nonce)))
-            return
+        identity, delimited, kind, msg = read
         answer, out = self._control(kind, msg)
         reply = protocol.ControlReply(ok=answer.ok, changed=answer.changed, state=answer.state,
                                       detail=dict(answer.detail), error=answer.error)

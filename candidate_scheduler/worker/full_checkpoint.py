@@ -30,22 +30,15 @@ DEFAULT_SHARD_BYTES = 2 << 30
 UNUSED_TRANSFORMER_KEYS = ("lm_head.weight", "norm.weight")
 
 FULL_TRANSFORMER_CONFIG = {
+    **tiny.COSMOS3_TRANSFORMER,
     "head_dim": 128,
     "hidden_size": 4096,
     "intermediate_size": 12288,
     "num_attention_heads": 32,
     "num_key_value_heads": 8,
     "num_hidden_layers": 36,
-    "latent_channel": 48,
-    "latent_patch_size": 2,
-    "patch_latent_dim": 192,
     "rope_scaling": {"mrope_section": [24, 20, 20]},
-    "rope_theta": 5000000.0,
     "vocab_size": 151936,
-    "action_gen": True,
-    "action_dim": 64,
-    "num_embodiment_domains": 32,
-    "sound_gen": False,  # a policy checkpoint: the action head, no sound head
 }
 
 # Wan2.2-TI2V-5B's published vae/config.json values (latent statistics included).
@@ -62,19 +55,10 @@ WAN22_LATENTS_STD = [
     0.5726, 1.2042, 0.5458, 1.6887, 0.3971, 1.06, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744,
 ]
 FULL_VAE_CONFIG = {
+    **tiny.WAN22_VAE,
     "base_dim": 160,
     "decoder_base_dim": 256,
-    "z_dim": 48,
-    "dim_mult": [1, 2, 4, 4],
     "num_res_blocks": 2,
-    "attn_scales": [],
-    "temperal_downsample": [False, True, True],
-    "is_residual": True,
-    "in_channels": 12,
-    "out_channels": 12,
-    "patch_size": 2,
-    "scale_factor_temporal": 4,
-    "scale_factor_spatial": 16,
     "latents_mean": WAN22_LATENTS_MEAN,
     "latents_std": WAN22_LATENTS_STD,
 }
@@ -170,8 +154,8 @@ def plan(preset: Preset) -> Plan:
 
     transformer = shards.build_on_meta(Cosmos3OmniTransformer, preset.transformer_config)
     vae = shards.build_on_meta(AutoencoderKLWan, preset.vae_config)
-    tcfg = dict(transformer.config, _class_name="Cosmos3OmniTransformer", _diffusers_version="0.42.1")
-    vcfg = dict(vae.config, _class_name="AutoencoderKLWan", _diffusers_version="0.42.1", **preset.vae_extra_config)
+    tcfg = tiny.component_config(transformer)
+    vcfg = tiny.component_config(vae, **preset.vae_extra_config)
     return Plan(tcfg, vcfg, shards.tensor_specs(transformer, preset.skip_transformer_keys), shards.tensor_specs(vae))
 
 

@@ -215,10 +215,7 @@ class Worker:
     def _on_message(self, sock, frames: list[bytes]) -> bool:
         """Handle one scheduler message; True means stop."""
         try:
-            if len(frames) != 2:
-                raise protocol.ProtocolError("bad_frames", f"expected 2 frames, got {len(frames)}")
-            kind = protocol.parse_header(frames[0], _FROM_SCHEDULER)
-            msg = protocol.decode(kind, frames[1])
+            kind, msg = protocol.decode_frames(frames, _FROM_SCHEDULER)
         except protocol.ProtocolError as exc:
             log.warning("ignoring a malformed scheduler message: %s", exc)
             return False

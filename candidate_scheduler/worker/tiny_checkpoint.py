@@ -28,30 +28,22 @@ STATS_FILE = "action_stats.json"
 MANIFEST_FILE = "tiny_checkpoint.json"
 FORMAT_VERSION = 2
 
-TRANSFORMER_CONFIG = {
-    "head_dim": 16,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "num_hidden_layers": 2,
+# What every preset shares: the fixed parts of sglang 0.5.23's Cosmos3 transformer (latent and patch
+# channels, RoPE base, the action head, no sound head) and of the Wan2.2 VAE layout Cosmos3 ships.
+# A preset adds its widths, depths and the VAE's latent statistics.
+COSMOS3_TRANSFORMER = {
     "latent_channel": 48,
     "latent_patch_size": 2,
     "patch_latent_dim": 192,
-    "rope_scaling": {"mrope_section": [4, 2, 2]},
     "rope_theta": 5000000.0,
-    "vocab_size": VOCAB_SIZE,
     "action_gen": True,
     "action_dim": 64,
     "num_embodiment_domains": 32,
-    "sound_gen": False,
+    "sound_gen": False,  # a policy checkpoint: the action head, no sound head
 }
-
-VAE_CONFIG = {
-    "base_dim": 16,
+WAN22_VAE = {
     "z_dim": 48,
     "dim_mult": [1, 2, 4, 4],
-    "num_res_blocks": 1,
     "attn_scales": [],
     "temperal_downsample": [False, True, True],
     "is_residual": True,
@@ -60,6 +52,24 @@ VAE_CONFIG = {
     "patch_size": 2,
     "scale_factor_temporal": 4,
     "scale_factor_spatial": 16,
+}
+
+TRANSFORMER_CONFIG = {
+    **COSMOS3_TRANSFORMER,
+    "head_dim": 16,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "rope_scaling": {"mrope_section": [4, 2, 2]},
+    "vocab_size": VOCAB_SIZE,
+}
+
+VAE_CONFIG = {
+    **WAN22_VAE,
+    "base_dim": 16,
+    "num_res_blocks": 1,
     "latents_mean": [0.0] * 48,
     "latents_std": [1.0] * 48,
 }
@@ -166,6 +176,11 @@ def _write_tokenizer(out: Path, words: list[str] | None = None, split_pattern=No
     fast.save_pretrained(str(out))
 
 
+def component_config(module, **extra) -> dict:
+    """A component's config.json: diffusers' config plus the class and version its loader reads."""
+    return dict(module.config, _class_name=type(module).__name__, _diffusers_version="0.42.1", **extra)
+
+
 def _init_weights(module, generator) -> None:
     import torch
 
@@ -217,26 +232,16 @@ def write_checkpoint(
     tmp = Path(tempfile.mkdtemp(prefix=".tiny-cosmos3-", dir=out_dir.parent))
     try:
         gen = torch.Generator().manual_seed(SEED)
-
-        (tmp / "transformer").mkdir()
-        transformer = Cosmos3OmniTransformer(**TRANSFORMER_CONFIG)
-        _init_weights(transformer, gen)
-        cfg = dict(transformer.config)
-        cfg["_class_name"] = "Cosmos3OmniTransformer"
-        cfg["_diffusers_version"] = "0.42.1"
-        _dump_json(tmp / "transformer" / "config.json", cfg)
-        _save_safetensors(
-            transformer, tmp / "transformer" / "diffusion_pytorch_model.safetensors", torch.bfloat16
-        )
-
-        (tmp / "vae").mkdir()
-        vae = AutoencoderKLWan(**VAE_CONFIG)
-        _init_weights(vae, gen)
-        cfg = dict(vae.config)
-        cfg["_class_name"] = "AutoencoderKLWan"
-        cfg["_diffusers_version"] = "0.42.1"
-        _dump_json(tmp / "vae" / "config.json", cfg)
-        _save_safetensors(vae, tmp / "vae" / "diffusion_pytorch_model.safetensors", torch.float32)
+        # One generator across both, transformer first: the order the existing checkpoints were drawn in.
+        for component, module_cls, config, dtype in (
+            ("transformer", Cosmos3OmniTransformer, TRANSFORMER_CONFIG, torch.bfloat16),
+            ("vae", AutoencoderKLWan, VAE_CONFIG, torch.float32),
+        ):
+            (tmp / component).mkdir()
+            module = module_cls(**config)
+            _init_weights(module, gen)
+            _dump_json(tmp / component / "config.json", component_config(module))
+            _save_safetensors(module, tmp / component / "diffusion_pytorch_model.safetensors", dtype)
 
         (tmp / "scheduler").mkdir()
         _dump_json(tmp / "scheduler" / "scheduler_config.json", SCHEDULER_CONFIG)

@@ -10,6 +10,7 @@ Run against the fake native scheduler by default, or the real service with CSC_C
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import numpy as np
 import pytest
@@ -53,6 +54,23 @@ def sync_client(compat):
 
     yield use
     sync_scheduler_client.close()
+
+
+@contextlib.contextmanager
+def raw_req_socket(endpoint: str, timeout_ms: int):
+    """A bare REQ socket on the compat endpoint: for bytes sglang's own clients never send."""
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.REQ)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, timeout_ms)
+    sock.connect(endpoint)
+    try:
+        yield sock
+    finally:
+        sock.close()
+        ctx.term()
 
 
 def forward_async(server_args, *batches, timeout_ms=None):
@@ -303,8 +321,6 @@ def test_refused_pickle_does_not_stop_the_bridge(fake_compat, sync_client, tmp_p
     request is served. The same bytes run the command under plain pickle (see tests/unit)."""
     import pickle
 
-    import zmq
-
     marker = tmp_path / "pwned"
 
     class Gadget:
@@ -313,17 +329,9 @@ def test_refused_pickle_does_not_stop_the_bridge(fake_compat, sync_client, tmp_p
 
             return (os.system, (f"touch {marker}",))
 
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.REQ)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, 10_000)
-    sock.connect(fake_compat.endpoint)
-    try:
+    with raw_req_socket(fake_compat.endpoint, 10_000) as sock:
         sock.send(pickle.dumps(Gadget()))
         reply = pickle.loads(sock.recv())
-    finally:
-        sock.close()
-        ctx.term()
     assert reply.error.startswith("refused: global posix.system") or reply.error.startswith("refused: global os.system")
     assert not marker.exists()
     client = sync_client(fake_compat.server_args())
@@ -389,17 +397,9 @@ def test_max_message_size_is_enforced(own_bridge, fake_scheduler, compat_model_d
     from candidate_scheduler.compat.http import make_http_server_args
 
     bridge = own_bridge("--max-message-bytes", "4096")
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.REQ)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, 1000)
-    sock.connect(bridge.endpoint)
-    try:
+    with raw_req_socket(bridge.endpoint, 1000) as sock:
         sock.send(b"\x80\x04" + b"x" * 10_000)
         with pytest.raises(zmq.Again):
             sock.recv()
-    finally:
-        sock.close()
-        ctx.term()
     sa = make_http_server_args(bridge.port, str(compat_model_dir))
     assert sync_client(sa).ping()

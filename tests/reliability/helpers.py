@@ -164,13 +164,6 @@ class RawPeer:
         self.close()
 
 
-def decode_reply(frames: list[bytes], allowed) -> tuple[protocol.Kind, object]:
-    if len(frames) != 2:
-        raise protocol.ProtocolError("bad_frames", f"reply has {len(frames)} frames")
-    kind = protocol.parse_header(frames[0], allowed)
-    return kind, protocol.decode(kind, frames[1])
-
-
 # ---- counting replies ------------------------------------------------------------------------------------
 
 
@@ -251,7 +244,7 @@ class ReplyReader:
         self.peer.send(protocol.encode(protocol.Kind.SUBMIT, req))
 
     def _take(self, frames) -> protocol.Kind:
-        kind, msg = decode_reply(frames, {protocol.Kind.RESULT, protocol.Kind.ERROR, protocol.Kind.PONG})
+        kind, msg = protocol.decode_frames(frames, {protocol.Kind.RESULT, protocol.Kind.ERROR, protocol.Kind.PONG})
         if kind is protocol.Kind.RESULT:
             self.ledger.got(msg)
             self.outstanding.discard(msg.request_id)
@@ -288,7 +281,7 @@ class ReplyReader:
             frames = self.peer.recv(max(0.0, deadline - time.monotonic()))
             if frames is None:
                 raise TimeoutError("no PONG: the request socket stopped answering")
-            kind, msg = decode_reply(frames, {protocol.Kind.RESULT, protocol.Kind.ERROR, protocol.Kind.PONG})
+            kind, msg = protocol.decode_frames(frames, {protocol.Kind.RESULT, protocol.Kind.ERROR, protocol.Kind.PONG})
             if kind is protocol.Kind.PONG and msg.nonce == self._nonce:
                 return
             if kind is not protocol.Kind.PONG:

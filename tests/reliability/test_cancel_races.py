@@ -23,7 +23,6 @@ from tests.reliability.helpers import (
     Ledger,
     RawPeer,
     ReplyReader,
-    decode_reply,
     random_request,
     wait_quiescent,
 )
@@ -54,7 +53,7 @@ class Ctl:
         frames = self.peer.recv(timeout_s)
         if frames is None:
             raise TimeoutError(f"no control reply to {kind.name}")
-        _k, msg = decode_reply(frames, {protocol.Kind.CONTROL_REPLY})
+        _k, msg = protocol.decode_frames(frames, {protocol.Kind.CONTROL_REPLY})
         return msg
 
     def cancel(self, rid: str) -> protocol.ControlReply:
@@ -120,7 +119,7 @@ class Lane(threading.Thread):
             frames = self.ctl.peer.recv(10.0)
             if frames is None:
                 raise TimeoutError("no control reply to CANCEL")
-            replies.append(decode_reply(frames, {protocol.Kind.CONTROL_REPLY})[1])
+            replies.append(protocol.decode_frames(frames, {protocol.Kind.CONTROL_REPLY})[1])
         else:
             self.reader.send(req)
         if phase == "submit-then-cancel":

@@ -35,7 +35,6 @@ from tests.reliability.helpers import (
     RawPeer,
     ReplyReader,
     check_result,
-    decode_reply,
     stats,
 )
 
@@ -51,7 +50,7 @@ def _valid_roundtrip(handle, rnd, tag: str) -> None:
         peer.send(protocol.encode(protocol.Kind.SUBMIT, req))
         frames = peer.recv(30)
     assert frames is not None, f"no reply to a valid group after {tag}"
-    _kind, result = decode_reply(frames, {protocol.Kind.RESULT})
+    _kind, result = protocol.decode_frames(frames, {protocol.Kind.RESULT})
     verdict, why = check_result(req, result)
     assert result.status == "done" and verdict == "ok", (tag, result.status, result.error, why)
 
@@ -106,7 +105,7 @@ def _fuzz_socket(handle, endpoint: str, allowed, corpus, n: int, bursts: int, rn
                     peer = RawPeer(endpoint)
                     continue
                 try:
-                    got_kind, got = decode_reply(reply, reply_kinds)
+                    got_kind, got = protocol.decode_frames(reply, reply_kinds)
                 except protocol.ProtocolError as exc:
                     problems.append(f"unreadable reply to {strategy}: {exc}")
                     continue
@@ -258,7 +257,7 @@ def test_fuzz_worker_link(services, reliability, rng_seed, tmp_path):
                         problems.append("the worker link stopped answering (barrier REGISTER)")
                         break
                     try:
-                        kind, msg = decode_reply(frames, {protocol.Kind.REGISTERED, protocol.Kind.WORKER_STOP, protocol.Kind.BATCH,
+                        kind, msg = protocol.decode_frames(frames, {protocol.Kind.REGISTERED, protocol.Kind.WORKER_STOP, protocol.Kind.BATCH,
                                                           protocol.Kind.CANCEL_ROWS})
                     except protocol.ProtocolError as exc:
                         problems.append(f"unreadable link message: {exc}")

@@ -25,7 +25,6 @@ import zmq.asyncio
 from candidate_scheduler import protocol
 from tests.reliability.helpers import (
     Ledger,
-    decode_reply,
     proc_fds,
     proc_rss_kb,
     random_request,
@@ -46,7 +45,7 @@ class AsyncPeer:
 
     async def recv(self, timeout_s: float):
         frames = await asyncio.wait_for(self.sock.recv_multipart(), timeout_s)
-        return decode_reply(frames, {protocol.Kind.RESULT, protocol.Kind.ERROR, protocol.Kind.PONG, protocol.Kind.CONTROL_REPLY})
+        return protocol.decode_frames(frames, {protocol.Kind.RESULT, protocol.Kind.ERROR, protocol.Kind.PONG, protocol.Kind.CONTROL_REPLY})
 
     async def barrier(self, ledger: Ledger, timeout_s: float = 10.0) -> None:
         """PING, and take every RESULT queued before the PONG."""

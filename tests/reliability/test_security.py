@@ -23,7 +23,7 @@ from candidate_scheduler import protocol
 from candidate_scheduler.service.client import make_request
 from tests.conftest import ENV, ROOT, Proc, free_port, wait_for
 from tests.reliability.fuzz import Evil, EvilShell
-from tests.reliability.helpers import IMAGE, RawPeer, check_result, decode_reply, stats
+from tests.reliability.helpers import IMAGE, RawPeer, check_result, stats
 
 pytestmark = pytest.mark.timeout(600)
 CLI = [sys.executable, "-m", "candidate_scheduler.cli"]
@@ -61,7 +61,7 @@ def test_no_pickle_is_ever_executed(services, reliability, tmp_path):
                         if reply_due:
                             reply = peer.recv(10)
                             assert reply is not None, (name, kind)
-                            k, msg = decode_reply(reply, {protocol.Kind.ERROR})
+                            k, msg = protocol.decode_frames(reply, {protocol.Kind.ERROR})
                             assert msg.error_code in ("bad_msgpack", "bad_type", "bad_frames", "version",
                                                       "unknown_kind"), msg
             if not reply_due:  # barrier: REGISTERED(barrier id) comes after everything sent before it
@@ -69,7 +69,7 @@ def test_no_pickle_is_ever_executed(services, reliability, tmp_path):
                 while True:
                     reply = peer.recv(10)
                     assert reply is not None
-                    k, msg = decode_reply(reply, {protocol.Kind.REGISTERED, protocol.Kind.WORKER_STOP})
+                    k, msg = protocol.decode_frames(reply, {protocol.Kind.REGISTERED, protocol.Kind.WORKER_STOP})
                     if k is protocol.Kind.REGISTERED and msg.worker_id == "pickle-barrier":
                         break
         tried[name] = n
@@ -85,7 +85,7 @@ def test_no_pickle_is_ever_executed(services, reliability, tmp_path):
         peer.send(protocol.encode(protocol.Kind.SUBMIT, req))
         reply = peer.recv(30)
     assert reply is not None
-    _k, res = decode_reply(reply, {protocol.Kind.RESULT})
+    _k, res = protocol.decode_frames(reply, {protocol.Kind.RESULT})
     assert res.status == "done" and check_result(req, res) == ("ok", None)
 
     # the worker's own DEALER: a fake scheduler sends it pickles under every scheduler->worker kind

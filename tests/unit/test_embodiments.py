@@ -3,10 +3,6 @@ them (the tables and wording are compared with the installed sglang in tests/com
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from candidate_scheduler.core.embodiments import (
@@ -17,8 +13,7 @@ from candidate_scheduler.core.embodiments import (
     get_raw_action_dim,
     resolve_embodiment,
 )
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.unit.fresh_imports import heavy_modules_loaded
 
 
 def test_a_name_alone_gives_its_id_and_width():
@@ -85,8 +80,5 @@ def test_every_named_width_belongs_to_a_named_domain():
 
 
 def test_core_embodiments_imports_nothing_heavy():
-    code = ("import sys, candidate_scheduler.core.embodiments; "
-            "bad = [m for m in ('torch', 'zmq', 'asyncio', 'sglang', 'msgspec', 'numpy') if m in sys.modules]; "
-            "print(bad); sys.exit(1 if bad else 0)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert out.returncode == 0, out.stdout + out.stderr
+    heavy = ("torch", "zmq", "asyncio", "sglang", "msgspec", "numpy")
+    assert heavy_modules_loaded(["candidate_scheduler.core.embodiments"], heavy) == []

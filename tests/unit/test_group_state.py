@@ -134,21 +134,28 @@ def test_late_and_duplicate_results_are_ignored():
     assert g.partial.done() == ids
 
 
-def test_retry_dispatches_the_original_seeds_and_snapshots():
-    # Opaque snapshot bytes: group_state never interprets them (no torch needed here).
+def retried_slice(snapshots_for):
+    """A 4-candidate group in slices of 2 whose slice 1 starts on w0, fails once and starts again on
+    w1; the retry carries the first attempt's candidates, seeds and snapshots. Returns (group, seeds, retry)."""
     spec = CandidateTrajectorySpec(count=4)
     seeds = spec.candidate_seeds(7)
-    snaps = [None, None, b"snap-2", b"snap-3"]
+    snaps = snapshots_for(seeds)
     g = GroupState("r", spec, seeds, snapshots=snaps, clock=Clock())
     g.admit(decide(spec, CAP, action_mode="policy", batch_capacity=2))
     first = g.start_slice(1, "w0")
-    assert first.seeds == seeds[2:] and first.snapshots == (b"snap-2", b"snap-3") and first.attempt == 1
+    assert first.seeds == seeds[2:] and first.snapshots == tuple(snaps[2:]) and first.attempt == 1
     assert g.candidate_status[2] is WorkStatus.RUNNING
     assert g.fail_slice(1, "worker died", retry_limit=2)
     assert g.candidate_status[2] is WorkStatus.PENDING
     second = g.start_slice(1, "w1")
     assert second.attempt == 2
     assert (second.candidate_ids, second.seeds, second.snapshots) == (first.candidate_ids, first.seeds, first.snapshots)
+    return g, seeds, second
+
+
+def test_retry_dispatches_the_original_seeds_and_snapshots():
+    # Opaque snapshot bytes: group_state never interprets them (no torch needed here).
+    g, _, _ = retried_slice(lambda seeds: [None, None, b"snap-2", b"snap-3"])
     assert g.start_slice(0, "w0").snapshots == (None, None)  # None: fresh from the seed
     # Past the limit the group fails, with no partial result, and answers once.
     assert g.fail_slice(1, "worker died again", retry_limit=2)
@@ -161,19 +168,7 @@ def test_retry_dispatches_the_original_seeds_and_snapshots():
 
 def test_retry_restores_real_generator_snapshots():
     torch = pytest.importorskip("torch")
-    spec = CandidateTrajectorySpec(count=4)
-    seeds = spec.candidate_seeds(7)
-    snaps = [rng.fresh_snapshot(s) for s in seeds]
-    g = GroupState("r", spec, seeds, snapshots=snaps, clock=Clock())
-    g.admit(decide(spec, CAP, action_mode="policy", batch_capacity=2))
-    first = g.start_slice(1, "w0")
-    assert first.seeds == seeds[2:] and first.snapshots == tuple(snaps[2:]) and first.attempt == 1
-    assert g.candidate_status[2] is WorkStatus.RUNNING
-    assert g.fail_slice(1, "worker died", retry_limit=2)
-    assert g.candidate_status[2] is WorkStatus.PENDING
-    second = g.start_slice(1, "w1")
-    assert second.attempt == 2
-    assert (second.candidate_ids, second.seeds, second.snapshots) == (first.candidate_ids, first.seeds, first.snapshots)
+    g, seeds, second = retried_slice(lambda seeds: [rng.fresh_snapshot(s) for s in seeds])
     assert g.slice_attempts(1) == 2 and g.slice_worker(1) == "w1"
     # The retried snapshot is a fresh generator, not whatever the dead attempt had advanced to.
     a = torch.randn(8, generator=rng.restore(second.snapshots[0]))

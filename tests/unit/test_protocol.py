@@ -49,3 +49,14 @@ def test_every_kind_decodes_what_it_encodes():
         protocol.encode(protocol.Kind.CANCEL, protocol.Empty())
     with pytest.raises(protocol.ProtocolError):
         protocol.decode(protocol.Kind.CANCEL, msgspec.msgpack.encode({"request_id": 5}))
+
+
+def test_decode_frames_reads_exactly_header_and_payload():
+    frames = protocol.encode(protocol.Kind.PONG, protocol.Pong(7))
+    assert protocol.decode_frames(frames, {protocol.Kind.PONG}) == (protocol.Kind.PONG, protocol.Pong(7))
+    for bad in (frames[:1], [*frames, b""], []):
+        with pytest.raises(protocol.ProtocolError) as info:
+            protocol.decode_frames(bad, {protocol.Kind.PONG})
+        assert info.value.kind == "bad_frames"
+    with pytest.raises(protocol.ProtocolError):  # a kind this reader does not take
+        protocol.decode_frames(frames, {protocol.Kind.RESULT})

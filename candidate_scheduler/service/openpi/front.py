@@ -100,9 +100,8 @@ class ControlLink:
                 return None
             frames = await self._sock.recv_multipart()
         try:
-            reply_kind = protocol.parse_header(frames[0], {protocol.Kind.CONTROL_REPLY, protocol.Kind.ERROR})
-            msg = protocol.decode(reply_kind, frames[1])
-        except (protocol.ProtocolError, IndexError):
+            reply_kind, msg = protocol.decode_frames(frames, {protocol.Kind.CONTROL_REPLY, protocol.Kind.ERROR})
+        except protocol.ProtocolError:
             return None
         return msg if reply_kind is protocol.Kind.CONTROL_REPLY else None
 

@@ -14,15 +14,14 @@ import argparse
 import asyncio
 import ipaddress
 import logging
-import re
 import signal
 import subprocess
 import sys
-import threading
 from dataclasses import dataclass
 from typing import Any
 
 from candidate_scheduler.service.openpi import observation
+from candidate_scheduler.service.processes import spawn_listening
 
 DEFAULT_PORT = 8000  # openpi's serve_policy.py default
 
@@ -141,30 +140,10 @@ def spawn_openpi_front(args: argparse.Namespace, bound: dict[str, str],
     if getattr(args, "openpi_allow_nonlocal", False):
         cmd.append("--allow-nonlocal")
     cmd += defaults_argv(args)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    listening = threading.Event()
-    found: list[str] = []
-
-    def relay() -> None:
-        for line in proc.stdout:
-            if not listening.is_set():
-                m = re.search(r"listening on (ws://\S+)", line)
-                if m:
-                    found.append(m.group(1))
-                    listening.set()
-                    continue
-            sys.stdout.write(line)
-            sys.stdout.flush()
-        listening.set()
-
-    threading.Thread(target=relay, daemon=True, name="openpi-log").start()
-    listening.wait(timeout_s)
-    if not found:
-        proc.poll()
-        if proc.returncode is None:
-            proc.kill()
+    proc, url = spawn_listening(cmd, r"listening on (ws://\S+)", "openpi-log", timeout_s)
+    if url is None:
         raise SystemExit(f"the openpi front did not start (exit code {proc.returncode}); see its output above")
-    return proc, found[0]
+    return proc, url
 
 
 # ---- the front's own command line -----------------------------------------------------------------
