@@ -29,6 +29,7 @@ import zmq
 
 from candidate_scheduler import protocol
 from candidate_scheduler.core import reducers, rng
+from candidate_scheduler.core.work import SamplingSpec
 from candidate_scheduler.service.launcher import Launcher, child_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +45,9 @@ FAIL_PROMPT = "__fail__"
 
 
 def fake_actions(image: np.ndarray, prompt: str, sampling: dict, seed: int) -> np.ndarray:
-    """float32 [horizon, raw_action_dim], a deterministic function of everything that travels."""
+    """float32 [horizon, raw_action_dim], a deterministic function of everything that travels. The
+    embodiment resolves as the real scheduler resolves it (unset: the native defaults)."""
+    sampling = SamplingSpec(**sampling).to_dict()
     key = [seed & 0xFFFFFFFF, seed >> 32, zlib.crc32(prompt.encode()), zlib.crc32(np.ascontiguousarray(image).tobytes()),
            int(sampling["steps"]), int(sampling["height"]), int(sampling["width"]), int(sampling["domain_id"]),
            int(round(float(sampling["guidance_scale"]) * 1000)), int(sampling["fps"])]
