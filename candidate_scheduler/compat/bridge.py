@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import logging
 import signal
 import sys
@@ -74,27 +75,13 @@ class _InFlight:
     identity: bytes
 
 
-@dataclass
-class BridgeStats:
-    received: int = 0
-    ignored: int = 0
-    pings: int = 0
-    refused: int = 0
-    answered_locally: int = 0
-    warmups: int = 0
-    forwarded: int = 0
-    done: int = 0
-    failed: int = 0
-    timeouts: int = 0
-    last_refusal: str = ""
-
-
 class Bridge:
     def __init__(self, config: BridgeConfig, ctx: zmq.asyncio.Context | None = None):
         self.config = config
         self.ctx = ctx or zmq.asyncio.Context()
         self._own_ctx = ctx is None
-        self.stats = BridgeStats()
+        self.stats: collections.Counter = collections.Counter()  # event tallies, for logs and tests
+        self.last_refusal = ""
         self._report_requests: dict[str, int] = {}
         self._report_errors: dict[str, int] = {}
         self.stopping = asyncio.Event()
@@ -171,11 +158,11 @@ class Bridge:
             frames = await self.router.recv_multipart(copy=True)
             # sglang's scheduler ignores anything without a complete REQ envelope; so do we.
             if len(frames) != 3 or frames[1] != b"":
-                self.stats.ignored += 1
+                self.stats["ignored"] += 1
                 self._count("bad_frames", error=True)
                 continue
             identity, _, payload = frames
-            self.stats.received += 1
+            self.stats["received"] += 1
             obj: Any = None
             if len(payload) <= INLINE_DECODE_BYTES:
                 try:
@@ -184,7 +171,7 @@ class Bridge:
                     await self._refused(identity, exc)
                     continue
                 if isinstance(classify(obj), Ping):
-                    self.stats.pings += 1
+                    self.stats["pings"] += 1
                     self._count("ping")
                     await self._reply(identity, dumps_output_batch())
                     continue
@@ -240,9 +227,9 @@ class Bridge:
             log.debug("reply dropped: %s", exc)
 
     async def _refused(self, identity: bytes, exc: Exception) -> None:
-        self.stats.refused += 1
+        self.stats["refused"] += 1
         self._count("pickle_refused", error=True)
-        self.stats.last_refusal = str(exc)[:300]
+        self.last_refusal = str(exc)[:300]
         log.warning("%s", str(exc)[:300])
         await self._reply(identity, error_reply(str(exc)))
 
@@ -256,7 +243,7 @@ class Bridge:
                     return
             msg = classify(obj)
             if isinstance(msg, Ping):
-                self.stats.pings += 1
+                self.stats["pings"] += 1
                 self._count("ping")
                 await self._reply(identity, dumps_output_batch())
             elif isinstance(msg, Shutdown):
@@ -267,11 +254,11 @@ class Bridge:
                 log.warning("ShutdownReq received: stopping the compat bridge")
                 self.stop()
             elif isinstance(msg, Warmup):
-                self.stats.warmups += 1
+                self.stats["warmups"] += 1
                 self._count("warmup")
                 await self._reply(identity, dumps_output_batch())
             elif isinstance(msg, Answer):
-                self.stats.answered_locally += 1
+                self.stats["answered_locally"] += 1
                 self._count("unknown" if msg.error.startswith("Unknown request type") else "control")
                 await self._reply(identity, error_reply(msg.error))
             else:
@@ -286,19 +273,19 @@ class Bridge:
         try:
             plan = await asyncio.to_thread(plan_generation, msg.reqs)
         except CompatError as exc:
-            self.stats.answered_locally += 1
+            self.stats["answered_locally"] += 1
             await self._reply(identity, error_reply(str(exc)))
             return
         rid = plan.submit.request_id
         future = asyncio.get_running_loop().create_future()
         self.in_flight[rid] = _InFlight(future, identity)
         try:
-            self.stats.forwarded += 1
+            self.stats["forwarded"] += 1
             await self.dealer.send_multipart(protocol.encode(protocol.Kind.SUBMIT, plan.submit))
             try:
                 result = await asyncio.wait_for(future, self.config.request_timeout_s)
             except TimeoutError:
-                self.stats.timeouts += 1
+                self.stats["timeouts"] += 1
                 await self._cancel(rid)
                 await self._reply(identity, error_reply(
                     f"candidate_scheduler: no result within {self.config.request_timeout_s} s (group cancelled)"))
@@ -307,13 +294,13 @@ class Bridge:
                 await self._reply(identity, error_reply("candidate_scheduler: the compat bridge is shutting down"))
                 return
             if isinstance(result, protocol.ErrorReply):
-                self.stats.failed += 1
+                self.stats["failed"] += 1
                 await self._reply(identity, error_reply(f"candidate_scheduler: {result.error_code}: {result.error}"))
                 return
             if result.status == "done":
-                self.stats.done += 1
+                self.stats["done"] += 1
             else:
-                self.stats.failed += 1
+                self.stats["failed"] += 1
             reply = await asyncio.to_thread(reply_for_result, plan, result)
             await self._reply(identity, reply)
         finally:
@@ -342,7 +329,7 @@ def _warm_imports() -> None:
     threading.Thread(target=run, name="warm-imports", daemon=True).start()
 
 
-async def run_bridge(config: BridgeConfig, on_bound=None) -> BridgeStats:
+async def run_bridge(config: BridgeConfig, on_bound=None) -> collections.Counter:
     bridge = Bridge(config)
     endpoint = bridge.bind()
     loop = asyncio.get_running_loop()

@@ -19,6 +19,7 @@ the connection with 1009 (message too big) before buffering it, which is all RFC
 from __future__ import annotations
 
 import asyncio
+import collections
 import http
 import itertools
 import logging
@@ -55,18 +56,6 @@ class FrontConfig:
     model_name: str = "cosmos3"
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     request_timeout_s: float | None = None
-
-
-@dataclass
-class FrontStats:
-    connections: int = 0
-    calls: int = 0
-    done: int = 0
-    refused: int = 0
-    failed: int = 0
-    cancelled_on_disconnect: int = 0
-    timeouts: int = 0
-    errors: dict[str, int] = field(default_factory=dict)
 
 
 class _Refusal(Exception):
@@ -113,7 +102,7 @@ class ControlLink:
 class OpenpiFront:
     def __init__(self, config: FrontConfig):
         self.config = config
-        self.stats = FrontStats()
+        self.stats: collections.Counter = collections.Counter()  # event tallies, for logs and tests
         self.client = AsyncClient(config.scheduler_request)
         self.control = None if config.scheduler_control is None else ControlLink(
             zmq.asyncio.Context.instance(), config.scheduler_control)
@@ -218,7 +207,7 @@ class OpenpiFront:
     # ---- one connection ---------------------------------------------------------------------------
     async def _handler(self, ws: websockets.asyncio.server.ServerConnection) -> None:
         conn = next(self._conn_ids)
-        self.stats.connections += 1
+        self.stats["connections"] += 1
         log.info("connection %d from %s", conn, ws.remote_address)
         prev_total_s = None
         calls = itertools.count(1)
@@ -226,12 +215,12 @@ class OpenpiFront:
             await ws.send(msgpack_numpy.packb(await self.metadata()))
             async for message in ws:
                 started = time.monotonic()
-                self.stats.calls += 1
+                self.stats["calls"] += 1
                 try:
                     answer = await self._answer(ws, message, f"openpi-{conn}-{next(calls)}-{uuid.uuid4().hex[:8]}",
                                                 prev_total_s)
                 except _Refusal as exc:
-                    self.stats.errors[exc.kind] = self.stats.errors.get(exc.kind, 0) + 1
+                    self.stats[f"error:{exc.kind}"] += 1
                     await ws.send(f"candidate_scheduler openpi: {exc}")
                     prev_total_s = None
                     continue
@@ -239,7 +228,7 @@ class OpenpiFront:
                     raise
                 except Exception as exc:  # noqa: BLE001 - a bug answers this call, never the connection
                     log.exception("openpi front failed on a call")
-                    self.stats.errors["internal"] = self.stats.errors.get("internal", 0) + 1
+                    self.stats["error:internal"] += 1
                     await ws.send(f"candidate_scheduler openpi: internal error: {type(exc).__name__}: {exc}")
                     prev_total_s = None
                     continue
@@ -251,20 +240,20 @@ class OpenpiFront:
 
     async def _answer(self, ws, message, request_id: str, prev_total_s: float | None) -> bytes:
         if isinstance(message, str):
-            self.stats.refused += 1
+            self.stats["refused"] += 1
             raise _Refusal("text_frame", "expected a binary msgpack-numpy frame (an observation dict), got a text frame")
         if len(message) > self.config.max_frame_bytes:
-            self.stats.refused += 1
+            self.stats["refused"] += 1
             raise _Refusal("oversize", f"frame of {len(message)} bytes is over this front's "
                                        f"{self.config.max_frame_bytes}-byte limit")
         try:
             # decoding and image conversion take milliseconds for big images: off the event loop
             call = await asyncio.to_thread(self._translate, message, request_id)
         except msgpack_numpy.WireError as exc:
-            self.stats.refused += 1
+            self.stats["refused"] += 1
             raise _Refusal(exc.kind, str(exc)) from None
         except observation.ObservationError as exc:
-            self.stats.refused += 1
+            self.stats["refused"] += 1
             raise _Refusal("bad_observation", str(exc)) from None
         started = time.monotonic()
         result = await self._submit(ws, call)
@@ -272,9 +261,9 @@ class OpenpiFront:
         try:
             out = observation.reply(call, result, infer_s, prev_total_s)
         except observation.ResultError as exc:
-            self.stats.failed += 1
+            self.stats["failed"] += 1
             raise _Refusal(result.status, str(exc)) from None
-        self.stats.done += 1
+        self.stats["done"] += 1
         return msgpack_numpy.packb(out)
 
     def _translate(self, message: bytes, request_id: str) -> observation.Call:
@@ -295,14 +284,14 @@ class OpenpiFront:
             try:
                 return submit.result()
             except ServiceError as exc:
-                self.stats.failed += 1
+                self.stats["failed"] += 1
                 raise _Refusal("scheduler_error", f"the scheduler could not read the request: {exc}") from None
         submit.cancel()
         await self._cancel(rid)
         if closed in done:
-            self.stats.cancelled_on_disconnect += 1
+            self.stats["cancelled_on_disconnect"] += 1
             raise websockets.ConnectionClosedOK(None, None)
-        self.stats.timeouts += 1
+        self.stats["timeouts"] += 1
         raise _Refusal("timeout", f"no result within {self.config.request_timeout_s} s (group {rid} cancelled)")
 
     async def _cancel(self, rid: str) -> None:
