@@ -29,7 +29,7 @@ import dataclasses
 import math
 
 from candidate_scheduler.core.admission import split_balanced
-from candidate_scheduler.core.forecast import Job, SimItem, SimWorker, forecast
+from candidate_scheduler.core.forecast import Job, SimItem, SimWorker, duration, forecast
 from candidate_scheduler.core.group_state import GroupStatus
 from candidate_scheduler.core.planning import Unit
 
@@ -150,3 +150,40 @@ def served_spec(spec, n: int):
     """The spec of the first n candidates of a group (its seeds are the full group's first n)."""
     seeds = None if spec.seeds is None else spec.seeds[:n]
     return dataclasses.replace(spec, count=n, min_count=min(spec.min_count, n), seeds=seeds)
+
+
+def backfiller(engine, now: float):
+    """The planner's backfill test (core/planning.py rule 4): may `unit` join `worker_id`, which is kept
+    for the blocked `head`? Yes when the unit is forecast to be done before the worker would have freed
+    enough rows for the head anyway. None (no backfill) while the cost model is not calibrated."""
+    if not engine.workers or not all(engine.cost.calibrated(w) for w in engine.workers):
+        return None
+    cost = engine.cost.with_margin()
+    shadows: dict[tuple[str, int], float] = {}
+
+    def shadow(worker_id: str, rows_needed: int) -> float:
+        """When the rows running there now will have left enough room for `rows_needed`."""
+        key = (worker_id, rows_needed)
+        if key not in shadows:
+            sim = sim_workers(engine, now, only=worker_id)[0]
+            free = sim.capacity - sum(i.rows for i in sim.items)
+            items = list(sim.items)
+            ends = forecast(now, [sim], [], cost, engine.config.batching)  # runs `sim` down to empty
+            at = now
+            for item in sorted(items, key=lambda i: max(ends.get(k[0], math.inf) for k in i.keys)):
+                if free >= rows_needed:
+                    break
+                free += item.rows
+                at = max(ends.get(k[0], math.inf) for k in item.keys)
+            shadows[key] = at if free >= rows_needed else math.inf
+        return shadows[key]
+
+    def ok(worker_id: str, head: Unit, unit: Unit) -> bool:
+        group = engine.groups.get(unit.request_id)
+        if group is None:
+            return False
+        sim = sim_workers(engine, now, only=worker_id)[0]
+        jobs = jobs_of(group, unit.entry)
+        return now + duration(cost, sim, jobs, engine.config.batching) <= shadow(worker_id, head.size)
+
+    return ok

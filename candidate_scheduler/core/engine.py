@@ -213,7 +213,7 @@ class Engine:
         slots = [s for s in (self._slot(w) for w in self.workers.values()) if s.free_rows > 0]
         if not slots:
             return []
-        return [(wid, (unit.entry,)) for wid, unit in plan_step(self._units(), slots)]
+        return [(wid, (unit.entry,)) for wid, unit in plan_step(self._units(), slots, deadlines.backfiller(self, self.now))]
 
     def _shrink_starting(self, placements) -> bool:
         """Elastic counts: fix the count of the groups about to start -- those placed now, and the first

@@ -22,10 +22,15 @@ worker's running batch at its next step boundary. The rule:
    planning runs, so while the head of the queue stays blocked it keeps its reservation: a large group
    at the head is never starved by a stream of small groups joining ahead of it, and small groups still
    flow to the workers nobody reserved.
+4. Backfill (EASY backfilling, with the cost model): a later unit may still join a reserved worker when
+   the engine's `backfill(worker, head, unit)` says it will be done before the worker would have freed
+   enough rows for the head anyway -- it uses rows that would idle, and never delays the head. Without
+   a calibrated cost model the engine gives no backfill, and rule 3 holds as stated.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from candidate_scheduler.core.microbatch import BatchEntry, BatchKey, PhysicalBatch, QueuedGroup, plan_batches
@@ -84,12 +89,15 @@ def plan_dispatch(units: list[Unit], idle: list[WorkerSlot]) -> list[tuple[str, 
     return plans
 
 
-def plan_step(units: list[Unit], workers: list[WorkerSlot]) -> list[tuple[str, Unit]]:
+def plan_step(units: list[Unit], workers: list[WorkerSlot],
+              backfill: Callable[[str, Unit, Unit], bool] | None = None) -> list[tuple[str, Unit]]:
     """(worker id, unit) placements, in queue order (see the module docstring for the rule)."""
     placements: list[tuple[str, Unit]] = []
-    reserved: set[str] = set()
+    reserved: dict[str, Unit] = {}  # worker id -> the blocked unit it is kept for
     for unit in units:
-        open_ = [w for w in workers if w.worker_id not in reserved and w.accepts(unit)]
+        open_ = [w for w in workers if w.accepts(unit) and (
+            w.worker_id not in reserved
+            or (backfill is not None and backfill(w.worker_id, reserved[w.worker_id], unit)))]
         if open_:
             best = min(open_, key=lambda w: (w.free_rows, w.forward_key is None))
             best.free_rows -= unit.size
@@ -98,7 +106,7 @@ def plan_step(units: list[Unit], workers: list[WorkerSlot]) -> list[tuple[str, U
             continue
         holders = [w for w in workers if w.worker_id not in reserved and w.capacity >= unit.size]
         if holders:
-            reserved.add(max(holders, key=lambda w: w.free_rows).worker_id)
-        if len(reserved) == len(workers):
+            reserved[max(holders, key=lambda w: w.free_rows).worker_id] = unit
+        if len(reserved) == len(workers) and backfill is None:
             break
     return placements

@@ -108,3 +108,17 @@ def test_engine_bad_deadlines_and_min_counts_are_invalid(field, value):
     assert h.reply("ok").status == "done"
 
 
+
+
+def test_engine_backfills_a_reserved_worker_only_with_work_done_before_the_head_could_start():
+    h = Harness(batching="step")
+    calibrated(h, "w1", capacity=8)
+    h.submit("running", count=6, steps=100)  # ~100 x 0.11 s before its 6 rows free
+    h.submit("large", count=8, steps=4)  # blocked: it reserves the worker
+    h.submit("quick", count=2, steps=4)  # done in ~0.5 s, long before "large" could start: backfilled
+    h.submit("slow", count=1, steps=400)  # would still hold a row when "large" could start: waits
+    placed = [w.slices[0].dispatch.request_id for w in h.work]
+    assert placed == ["running", "quick"]
+    h.run_all()
+    order = [w.slices[0].dispatch.request_id for w in h.work]
+    assert order.index("large") < order.index("slow")  # the head was not delayed by a backfill
