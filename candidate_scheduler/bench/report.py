@@ -42,6 +42,15 @@ def write_report(result: dict, out_dir: Path, json_name: str, plots: list[str]) 
         unit = t["unit"]
         measured = f"{fmt(t['measured'], 0 if unit == 'groups/s' else 2)} {unit}"
         lines.append(f"| {t['target']} | {measured} | {'PASS' if t['pass'] else 'MISS'} |")
+    cache = result.get("conditioning_cache")
+    if cache:
+        lines += ["", "## Conditioning reuse (64x64, the worker's cache; median of "
+                  f"{cache['repeats']} groups)", "",
+                  "| N | miss: new observation, ms | hit: same observation, ms | hit / miss | hit bitwise = miss |",
+                  "|---|---|---|---|---|"]
+        for n, r in cache["by_n"].items():
+            lines.append(f"| {n} | {fmt(r['miss_ms'])} | {fmt(r['hit_ms'])} | "
+                         f"{fmt(None if r['ratio'] is None else 100 * r['ratio'], 1)}% | {r['bitwise_equal']} |")
     for shape_name, sr in result["shapes"].items():
         s = sr["sampling"]
         lines += [

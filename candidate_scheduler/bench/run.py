@@ -21,6 +21,7 @@ from candidate_scheduler.bench.common import (
     loadavg,
     package_version,
 )
+from candidate_scheduler.bench.conditioning import conditioning_reuse
 from candidate_scheduler.bench.inprocess import quiet_logs, quiet_sglang
 from candidate_scheduler.bench.memory import MemoryProbe
 from candidate_scheduler.bench.methods import Bench
@@ -92,7 +93,10 @@ def run(args) -> tuple[dict, dict]:
         quiet_logs()
         from candidate_scheduler.worker.cosmos3 import Cosmos3CandidateAdapter
 
-        adapter = Cosmos3CandidateAdapter(opts["model"], device=device, max_candidates_per_batch=max(WORKER_CAPACITY, max(ns)))
+        # the conditioning cache as a worker has it (its default size): the instruction's text K/V is
+        # reused across groups, as sglang's own cross-request cache reuses it for (a) and (b)
+        adapter = Cosmos3CandidateAdapter(opts["model"], device=device, max_candidates_per_batch=max(WORKER_CAPACITY, max(ns)),
+                                          conditioning_cache_mb=256)
         adapter.server_args.batching_max_size = max(int(getattr(adapter.server_args, "batching_max_size", 1)), max(ns))
         quiet_sglang()
         progress.update(1)
@@ -110,6 +114,10 @@ def run(args) -> tuple[dict, dict]:
                                                    separate_memory_pass=not opts["smoke"])
 
         phases["shapes_s"] = time.perf_counter() - t_start - load_s
+        progress.set_description("conditioning cache")
+        bench.set_shape(SHAPES["small"])
+        cache = bench.compute.call(conditioning_reuse, bench, (1, 8), 2 if opts["smoke"] else 5) \
+            if bench.compute is not None else conditioning_reuse(bench, (1, 8), 2 if opts["smoke"] else 5)
         progress.set_description("null worker")
         t_null = time.perf_counter()
         null_service.wait_workers(1, timeout_s=60, poll_s=0.2)
@@ -143,7 +151,7 @@ def run(args) -> tuple[dict, dict]:
             "phases": phases,
             "memory_kind": "cuda_max_allocated" if device.startswith("cuda") else "rss_peak",
         }
-        result = {"meta": meta, "shapes": shape_results, "null_worker": null}
+        result = {"meta": meta, "shapes": shape_results, "null_worker": null, "conditioning_cache": cache}
         result["targets"] = targets(result)
         meta["loadavg_start"], meta["loadavg_end"] = load_before, loadavg()
         meta["wall_s"] = time.perf_counter() - t_start
