@@ -34,3 +34,14 @@ def test_submit_parses_the_new_request_forms():
                                       "--image", "b.png"])
     assert args.seeds == [3, 5, 7] and args.rollout and args.return_step_indices == [0, 2]
     assert args.domain_name == "droid_lerobot" and args.min_count == 2 and args.image == ["a.png", "b.png"]
+
+
+def test_bench_hands_its_flags_to_the_benchmark(monkeypatch):
+    # argparse.REMAINDER alone rejects `bench --smoke`; CI caught it once.
+    from candidate_scheduler import cli, commands
+
+    seen = []
+    monkeypatch.setattr(commands, "cmd_bench", lambda args: seen.append(args.bench_args) or 0)
+    assert cli.main(["bench", "--smoke", "--model", "m", "--out", "o"]) == 0
+    assert cli.main(["bench", "--", "--load"]) == 0
+    assert seen == [["--smoke", "--model", "m", "--out", "o"], ["--", "--load"]]

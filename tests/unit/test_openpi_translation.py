@@ -174,15 +174,6 @@ def test_bad_fields_name_themselves(extra, needle):
     assert needle in str(info.value)
 
 
-def _has_embodiments() -> bool:
-    try:
-        import candidate_scheduler.core.embodiments  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not observation.NATIVE_DOMAIN_NAME, reason="the native protocol has no domain_name")
 def test_domain_name_travels_as_the_native_protocol_carries_it():
     call = translate({"image": IMAGE, "sampling": {"domain_name": "droid_lerobot"}}, FrontDefaults(), "r")
     native = protocol.SubmitRequest(request_id="r", images=protocol.array_to_wire(IMAGE), seed=call.submit.seed,
@@ -191,31 +182,6 @@ def test_domain_name_travels_as_the_native_protocol_carries_it():
     flagged = FrontDefaults(sampling={"domain_name": "umi"})
     assert translate({"image": IMAGE}, flagged, "r").submit.sampling.domain_name == "umi"
     assert flagged.full_sampling()["domain_name"] == "umi"  # what the metadata says
-
-
-@pytest.mark.skipif(observation.NATIVE_DOMAIN_NAME or _has_embodiments(),
-                    reason="domain_name is resolved (natively or by core/embodiments.py)")
-def test_domain_name_without_a_resolver_says_what_to_send():
-    with pytest.raises(ObservationError, match="domain_id and sampling.raw_action_dim"):
-        translate({"image": IMAGE, "sampling": {"domain_name": "droid_lerobot"}}, FrontDefaults(), "r")
-
-
-@pytest.mark.skipif(observation.NATIVE_DOMAIN_NAME or not _has_embodiments(),
-                    reason="the front resolves domain_name only without native support, with core/embodiments.py")
-def test_domain_name_resolved_like_sglang_until_the_protocol_carries_it():
-    def sampling(**given):
-        return translate({"image": IMAGE, "sampling": given}, FrontDefaults(), "r").submit.sampling
-
-    s = sampling(domain_name="droid_lerobot")
-    assert (s.domain_id, s.raw_action_dim) == (8, 10)
-    s = sampling(domain_name=" DROID_lerobot ", domain_id=3, raw_action_dim=7)  # a given id and width win
-    assert (s.domain_id, s.raw_action_dim) == (3, 7)
-    with pytest.raises(ObservationError, match="Unknown action domain name 'nope'"):
-        sampling(domain_name="nope")
-    with pytest.raises(ObservationError, match="No raw action dim"):
-        sampling(domain_name="libero")  # sglang has no width for libero either
-    flagged = FrontDefaults(sampling={"domain_name": "umi"})
-    assert translate({"image": IMAGE}, flagged, "r").submit.sampling.domain_id == 6
 
 
 def test_bad_server_defaults_fail_at_start():

@@ -28,9 +28,7 @@ KNOWN_IGNORED_KEYS = ("observation/wrist_image", "observation/state", "observati
 # protocol (Client.submit(rollout=True)) for RL rollouts.
 ROLLOUT_KNOBS = ("rollout", "noise_level", "return_step_indices")
 CANDIDATE_FIELDS = tuple(protocol.CandidateSpecMsg.__struct_fields__)
-NATIVE_DOMAIN_NAME = "domain_name" in protocol.SamplingMsg.__struct_fields__
-SAMPLING_FIELDS = tuple(f for f in protocol.SamplingMsg.__struct_fields__ if f not in ROLLOUT_KNOBS) + (
-    () if NATIVE_DOMAIN_NAME else ("domain_name",))
+SAMPLING_FIELDS = tuple(f for f in protocol.SamplingMsg.__struct_fields__ if f not in ROLLOUT_KNOBS)
 FLOAT_RANGES = ("0,1", "-1,1")
 RANDOM_SEED_LIMIT = 1 << 63  # fresh seeds fit a signed 64-bit integer, like the scheduler's derived seeds
 SEED_LIMIT = 1 << 64
@@ -115,30 +113,10 @@ def candidate_spec(defaults: dict, given: dict) -> protocol.CandidateSpecMsg:
         raise ObservationError(f"candidates: {_where(exc, 'candidates')}") from None
 
 
-def _resolve_domain_name(merged: dict) -> dict:
-    """domain_name -> domain_id + raw_action_dim here, while the native protocol cannot carry the name,
-    with the rules and wording of sglang's Cosmos3 stage (core/embodiments.py) when that module exists."""
-    try:
-        from candidate_scheduler.core.embodiments import resolve_embodiment
-    except ImportError:
-        raise ObservationError("sampling.domain_name: this scheduler's native protocol has no domain_name yet; "
-                               "give sampling.domain_id and sampling.raw_action_dim") from None
-    out = dict(merged)
-    name = out.pop("domain_name")
-    try:
-        # only what the robot or an --openpi-* flag set counts as given, as in sglang
-        out["domain_id"], out["raw_action_dim"] = resolve_embodiment(out.get("domain_id"), name, out.get("raw_action_dim"))
-    except ValueError as exc:
-        raise ObservationError(f"sampling.domain_name: {exc}") from None
-    return out
-
-
 def sampling_msg(defaults: dict, given: dict) -> protocol.SamplingMsg:
-    merged = {**defaults, **given}
-    if "domain_name" in merged and not NATIVE_DOMAIN_NAME:
-        merged = _resolve_domain_name(merged)
+    # domain_name travels as given: the scheduler resolves it as sglang does (core/embodiments.py)
     try:
-        return msgspec.convert(merged, protocol.SamplingMsg)
+        return msgspec.convert({**defaults, **given}, protocol.SamplingMsg)
     except msgspec.ValidationError as exc:
         raise ObservationError(f"sampling: {_where(exc, 'sampling')}") from None
 
