@@ -78,16 +78,17 @@ def _serve(args, on_ready=None) -> None:
     print(f"candidate-scheduler: metrics           {metrics_url or 'off'}", flush=True)
     from candidate_scheduler.service.openpi.launch import spawn_openpi_front
 
-    openpi, openpi_url = spawn_openpi_front(args, bound)
-    print(f"candidate-scheduler: openpi policy     {openpi_url or 'off'}", flush=True)
-    bridge, compat = _spawn_bridge(args, bound)
-    # printed last: launchers wait for this line
-    print(f"candidate-scheduler: sglang compat     {compat or 'off'}", flush=True)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: scheduler.stopping.set())
-    if on_ready is not None:
-        on_ready(scheduler, bound)
+    bridge = openpi = None
     try:
+        openpi, openpi_url = spawn_openpi_front(args, bound)
+        print(f"candidate-scheduler: openpi policy     {openpi_url or 'off'}", flush=True)
+        bridge, compat = _spawn_bridge(args, bound)
+        # printed last: launchers wait for this line
+        print(f"candidate-scheduler: sglang compat     {compat or 'off'}", flush=True)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: scheduler.stopping.set())
+        if on_ready is not None:
+            on_ready(scheduler, bound)
         scheduler.serve()
     finally:
         for child in (bridge, openpi):
@@ -114,6 +115,8 @@ def _worker_cmd(args, endpoint: str) -> list[str]:
         cmd += ["--capacity", str(args.capacity)]
     cmd += ["--warmup-shapes", args.warmup_shapes, "--conditioning-cache-mb", str(args.conditioning_cache_mb),
             "--memory-budget-mb", str(args.memory_budget_mb)]
+    if getattr(args, "curve_dir", None):
+        cmd += ["--curve-dir", args.curve_dir]  # a CURVE-protected link refuses keyless local workers too
     return cmd
 
 

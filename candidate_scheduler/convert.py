@@ -8,6 +8,7 @@ initial noise cut once, so a dispatch or a retry encodes nothing again.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import msgspec
@@ -162,7 +163,15 @@ def _outcome(o: protocol.GroupOutputMsg) -> messages.SliceOutcome:
 
 def worker_result_from_wire(msg: protocol.BatchResultMsg) -> messages.WorkerResult:
     return messages.WorkerResult(msg.worker_id, msg.batch_id, tuple(_outcome(o) for o in msg.outputs),
-                                 dict(msg.report or {}))
+                                 _report(msg.report))
+
+
+def _report(report: dict | None) -> dict[str, float]:
+    # A report is counts and seconds; the engine does arithmetic on it, so anything else (a string, inf,
+    # a negative time from a broken worker) is dropped here rather than raising mid-result.
+    return {k: v for k, v in (report or {}).items()
+            if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+            and math.isfinite(v) and v >= 0}
 
 
 def registration_from_wire(msg: protocol.RegisterMsg) -> messages.Registration:

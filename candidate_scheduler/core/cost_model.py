@@ -21,6 +21,7 @@ one time in ten, a deadline is planned with that 20% in hand. It is measured, no
 from __future__ import annotations
 
 import collections
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -147,7 +148,7 @@ class CostModel:
         self.workers.pop(worker_id, None)
 
     def observe_forward(self, worker_id: str, label: str, rows: int, seconds: float) -> None:
-        if rows > 0 and seconds >= 0 and label:
+        if rows > 0 and 0 <= seconds < math.inf and label:  # an inf would make every later prediction 0
             self._w(worker_id).forward.setdefault(label, LinearFit()).observe(rows, seconds)
 
     def observe_group(self, worker_id: str, label: str, report: dict) -> None:
@@ -163,10 +164,9 @@ class CostModel:
     def forward_s(self, worker_id: str, label: str, rows: int) -> float:
         return self._w(worker_id).forward_s(label, rows)
 
-    def group_s(self, worker_id: str, label: str, rows: int, steps: int, batch_rows: int | None = None) -> float:
-        """A group of `rows` candidate rows over `steps` steps, sharing forwards of `batch_rows` rows."""
-        w = self._w(worker_id)
-        return w.overhead_s(label) + steps * w.forward_s(label, max(rows, batch_rows or rows))
+    def overhead_s(self, worker_id: str, label: str) -> float:
+        """A group's fixed cost on this worker (conditioning, postprocess), whatever its rows."""
+        return self._w(worker_id).overhead_s(label)
 
     def calibrated(self, worker_id: str) -> bool:
         w = self.workers.get(worker_id)
@@ -182,5 +182,5 @@ class Scaled:
     def forward_s(self, worker_id: str, label: str, rows: int) -> float:
         return self.factor * self.cost.forward_s(worker_id, label, rows)
 
-    def group_s(self, worker_id: str, label: str, rows: int, steps: int, batch_rows: int | None = None) -> float:
-        return self.factor * self.cost.group_s(worker_id, label, rows, steps, batch_rows)
+    def overhead_s(self, worker_id: str, label: str) -> float:
+        return self.factor * self.cost.overhead_s(worker_id, label)

@@ -82,7 +82,7 @@ def sim_workers(engine, now: float, only: str | None = None) -> list[SimWorker]:
         for a in running:
             # steps it has left: what its time so far bought at the rows running there now
             tau = engine.cost.forward_s(w.worker_id, a.label, total_rows)
-            fixed = engine.cost.group_s(w.worker_id, a.label, 0, 0) * len(a.entries)
+            fixed = engine.cost.overhead_s(w.worker_id, a.label) * len(a.entries)
             done = (now - a.sent_at - fixed) / tau if tau > 0 else 0.0
             left = min(float(a.steps), max(0.5, a.steps - max(0.0, done)))
             sim.items.append(SimItem(tuple((e.request_id, e.slice_index) for e in a.entries), a.rows, a.cost_rows,
@@ -92,7 +92,7 @@ def sim_workers(engine, now: float, only: str | None = None) -> list[SimWorker]:
 
 
 def _forecast(engine, now: float, queue: list, sizes: dict[str, int | None]) -> dict[str, float]:
-    capacity = min(w.capacity for w in engine.workers.values())
+    capacity = min(engine.rows_of(w) for w in engine.workers.values())
     jobs = []
     for g in queue:
         jobs.extend(_jobs(g, capacity, sizes.get(g.request_id)))
@@ -184,6 +184,6 @@ def backfiller(engine, now: float):
             return False
         sim = sim_workers(engine, now, only=worker_id)[0]
         jobs = jobs_of(group, unit.entry)
-        return now + duration(cost, sim, jobs, engine.config.batching) <= shadow(worker_id, head.size)
+        return now + duration(cost, sim, jobs) <= shadow(worker_id, head.size)
 
     return ok

@@ -122,11 +122,11 @@ class Engine:
                                f"{len(self.groups)} groups in flight; try again later")
         try:
             request = validate(sub)
+            group = Group(request, client, now, self._clock)  # derives the seeds: a bad base seed raises here
         except CandidateContractError as exc:
             return self.refuse(client, rid, "invalid", exc.code, str(exc), exc.field)
         except (ValueError, TypeError) as exc:
             return self.refuse(client, rid, "invalid", getattr(exc, "kind", "bad_request"), str(exc))
-        group = Group(request, client, now, self._clock)
         self.groups[rid] = group
         self.metrics.candidates_per_group(request.spec.count)
         out: list = []
@@ -153,7 +153,7 @@ class Engine:
     def _capability(self) -> tuple[ModelCapability, int]:
         # Slices sized for the smallest live worker run anywhere; a larger worker co-batches them.
         live = list(self.workers.values())
-        return live[0].capability, min(w.capacity for w in live)
+        return live[0].capability, min(self.rows_of(w) for w in live)
 
     def _admit(self, group: Group, out: list) -> None:
         capability, capacity = self._capability()
@@ -219,7 +219,8 @@ class Engine:
         """Elastic counts: fix the count of the groups about to start -- those placed now, and the first
         few waiting at the head, which may start now with fewer candidates rather than later with all."""
         placed = [self.groups[e.request_id] for _wid, entries in placements for e in entries]
-        head = [self.groups[rid] for rid in list(self.queue)[:_ELASTIC_LOOKAHEAD * len(self.workers)]]
+        waiting = [g for g in (self.groups[rid] for rid in self.queue) if g.status is GroupStatus.ADMITTED]
+        head = deadlines.order(waiting, self.config.best_effort_s)[:_ELASTIC_LOOKAHEAD * len(self.workers)]
         changed = False
         for g in dict.fromkeys(placed + head):
             if g.status is not GroupStatus.ADMITTED or g.deadline is None or g.spec.min_count >= g.served_count:
@@ -229,6 +230,8 @@ class Engine:
                 capability, capacity = self._capability()
                 decision = decide(deadlines.served_spec(g.spec, n), capability, action_mode=g.sampling.action_mode,
                                   policy=self.config.policy, batch_capacity=capacity)
+                if not decision.admitted:
+                    continue  # --policy reject after an out-of-memory shrink: keep the count it was admitted with
                 g.serve_first(n, decision)
                 changed = True
         return changed
@@ -262,7 +265,7 @@ class Engine:
                                 sampling.forward_label())
         jobs = [j for e in entries for j in deadlines.jobs_of(self.groups[e.request_id], e)]
         sim = deadlines.sim_workers(self, self.now, only=worker.worker_id)[0]
-        assignment.predicted_s = forecast_duration(self.cost, sim, jobs, self.config.batching)
+        assignment.predicted_s = forecast_duration(self.cost, sim, jobs)
         assignment.steps = max(j.steps for j in jobs)
         assignment.cost_rows = sum(j.cost_rows for j in jobs)
         worker.assignments[batch_id] = assignment
@@ -435,6 +438,9 @@ class Engine:
         """The worker is gone (or presumed so): every slice it held goes back to pending, to be retried
         from its snapshots; a result it sends later is discarded."""
         self.workers.pop(worker.worker_id, None)
+        self.cost.forget(worker.worker_id)  # ids carry host, pid and a uuid: a restart never reuses one
+        if self.cache_bytes.pop(worker.worker_id, None) is not None:
+            self.metrics.conditioning_cache_bytes_in_use(sum(self.cache_bytes.values()))
         self.metrics.worker_failure(reason)
         held = list(worker.assignments.values())
         for a in held:
@@ -459,12 +465,13 @@ class Engine:
         self.groups.pop(rid, None)
         self.queue.pop(rid, None)
         self.waiting.pop(rid, None)
-        self.finished[rid] = g.status.name.lower()
+        result = None if reply is None else g.result(reply)
+        # STATUS must say what the reply said ("rejected" is a FAILED group to the state machine)
+        self.finished[rid] = g.status.name.lower() if result is None else result.status
         while len(self.finished) > self.config.finished_memory:
             self.finished.popitem(last=False)
-        if reply is None:
+        if result is None:
             return
-        result = g.result(reply)
         self.metrics.group_completed(result.status, self.now - g.received_at)
         if result.status == "done":
             self.metrics.served(g.spec.count, g.served_count)
@@ -554,6 +561,8 @@ class Engine:
                               "rows_in_use": w.rows_in_use, "assignments": len(w.assignments)}
                 for w in self.workers.values()
             },
+            # what the model can do (the first live worker's; a fleet serves one model), for fronts' metadata
+            "capability": next(iter(self.workers.values())).capability.to_dict() if self.workers else None,
             "batches_in_flight": len(self.assignments),
             "draining": self.draining,
             "late_results_discarded": self.counters["late_results_discarded"],

@@ -66,18 +66,18 @@ class SimWorker:
         return cost.forward_s(self.worker_id, self.items[0].label, sum(i.cost_rows for i in self.items))
 
 
-def duration(cost: CostModel, worker: SimWorker, jobs: list[Job], mode: str) -> float:
+def duration(cost: CostModel, worker: SimWorker, jobs: list[Job]) -> float:
     """Predicted wall time of jobs placed together on `worker` now (one dispatch batch, or one join),
     with the rows running there now sharing its forwards."""
     label = jobs[0].label
     rows = sum(j.cost_rows for j in jobs) + sum(i.cost_rows for i in worker.items)
-    fixed = len(jobs) * cost.group_s(worker.worker_id, label, 0, 0)
+    fixed = len(jobs) * cost.overhead_s(worker.worker_id, label)
     return fixed + max(j.steps for j in jobs) * cost.forward_s(worker.worker_id, label, rows)
 
 
 def _place(cost: CostModel, w: SimWorker, jobs: list[Job], mode: str) -> None:
     label = jobs[0].label
-    w.stall += len(jobs) * cost.group_s(w.worker_id, label, 0, 0)
+    w.stall += len(jobs) * cost.overhead_s(w.worker_id, label)
     if mode == "dispatch":  # one batch: its jobs start and end together
         w.items.append(SimItem(tuple(_key(j) for j in jobs), sum(j.rows for j in jobs),
                                sum(j.cost_rows for j in jobs), float(max(j.steps for j in jobs)), label,

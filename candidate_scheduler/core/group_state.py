@@ -346,6 +346,11 @@ class GroupState:
             self.reducer_s = self._clock() - started
             self._transition(GroupStatus.FAILED, error={"code": exc.code, "field": exc.field, "message": str(exc)})
             return True
+        except Exception as exc:  # a registered reducer's own bug: this group fails, the engine keeps serving
+            self.reducer_s = self._clock() - started
+            self._transition(GroupStatus.FAILED, error={"code": "reducer_error", "field": "reducer",
+                                                         "message": f"{type(exc).__name__}: {exc}"})
+            return True
         self.reducer_s = self._clock() - started
         self._transition(GroupStatus.DONE)
         return True

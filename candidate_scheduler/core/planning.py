@@ -24,8 +24,10 @@ worker's running batch at its next step boundary. The rule:
    flow to the workers nobody reserved.
 4. Backfill (EASY backfilling, with the cost model): a later unit may still join a reserved worker when
    the engine's `backfill(worker, head, unit)` says it will be done before the worker would have freed
-   enough rows for the head anyway -- it uses rows that would idle, and never delays the head. Without
-   a calibrated cost model the engine gives no backfill, and rule 3 holds as stated.
+   enough rows for the head anyway -- it uses rows that would idle. That is a forecast (with the
+   measured safety margin), checked against the worker as it runs now: several backfills in one
+   planning pass are each checked alone, so the head can be delayed by as much as the forecast errs.
+   Without a calibrated cost model the engine gives no backfill, and rule 3 holds as stated.
 """
 
 from __future__ import annotations

@@ -176,6 +176,3 @@ class BatchReport:
     vae_encodes: int = 0
     steps_run: int = 0
     peak_memory_bytes: int = 0
-
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)

@@ -52,10 +52,6 @@ class WorkerState:
         return sum(a.rows for a in self.assignments.values())
 
     @property
-    def free_rows(self) -> int:
-        return self.capacity - self.rows_in_use
-
-    @property
     def idle(self) -> bool:
         return not self.assignments
 

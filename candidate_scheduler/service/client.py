@@ -148,6 +148,8 @@ class Client:
         self._sock = self._dealer(endpoint)
         self._ctl = None
         self._pending: dict[str, protocol.GroupResult] = {}
+        self._pongs: set[int] = set()
+        self._nonce = itertools.count(1)
 
     def _dealer(self, endpoint: str) -> zmq.Socket:
         sock = self.ctx.socket(zmq.DEALER)
@@ -163,22 +165,38 @@ class Client:
     def wait(self, request_id: str, timeout_s: float | None = None) -> Result:
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         while request_id not in self._pending:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self._sock.poll(int(remaining * 1000)):
+            if not self._read_one(deadline):
                 raise TimeoutError(f"no reply for {request_id!r}")
-            msg = _reply(self._sock, {protocol.Kind.RESULT, protocol.Kind.ERROR})
-            self._pending[msg.request_id] = msg
         return Result.from_wire(self._pending.pop(request_id))
 
     def submit(self, image: np.ndarray, prompt: str | list[str] = "", timeout_s: float | None = None, **kwargs: Any) -> Result:
         return self.wait(self.send(make_request(image, prompt, **kwargs)), timeout_s)
 
     def ping(self, timeout_s: float = 2.0) -> bool:
-        self._sock.send_multipart(protocol.encode(protocol.Kind.PING, protocol.Ping(1)))
-        if not self._sock.poll(int(timeout_s * 1000)):
+        """Whether the scheduler answers a PING; results of groups in flight that arrive first are kept."""
+        nonce = next(self._nonce)
+        self._sock.send_multipart(protocol.encode(protocol.Kind.PING, protocol.Ping(nonce)))
+        deadline = time.monotonic() + timeout_s
+        while nonce not in self._pongs:
+            if not self._read_one(deadline):
+                return False
+        self._pongs = {n for n in self._pongs if n > nonce}  # with any late answer to an earlier ping
+        return True
+
+    def _read_one(self, deadline: float) -> bool:
+        """Read one reply into `_pending` (a RESULT) or `_pongs`; False when none came by `deadline`."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not self._sock.poll(int(remaining * 1000)):
             return False
-        frames = self._sock.recv_multipart()
-        return protocol.parse_header(frames[0], {protocol.Kind.PONG, protocol.Kind.RESULT}) is protocol.Kind.PONG
+        kind, msg = protocol.decode_frames(self._sock.recv_multipart(),
+                                           {protocol.Kind.RESULT, protocol.Kind.ERROR, protocol.Kind.PONG})
+        if kind is protocol.Kind.ERROR:
+            raise ServiceError(msg)
+        if kind is protocol.Kind.PONG:
+            self._pongs.add(msg.nonce)
+        else:
+            self._pending[msg.request_id] = msg
+        return True
 
     # ---- control ------------------------------------------------------------------------------------
     def control(self, kind: protocol.Kind, payload, timeout_s: float = 10.0) -> protocol.ControlReply:

@@ -265,7 +265,7 @@ class SchedulerMetrics:
             self.batch_occupancy_ratio.observe(rows / capacity)
 
     def worker_report(self, report: Mapping[str, Any]) -> None:
-        """The per-batch report a worker sends with its result (work.BatchReport.to_dict())."""
+        """The per-batch report a worker sends with its result (work.BatchReport's fields, convert.report_to_wire)."""
         self.transformer_forwards_total.inc(max(int(report.get("transformer_forwards", 0) or 0), 0))
         # A stage that did not run reports 0.0 (e.g. the whole batch was cancelled before it); only a
         # stage that ran is a sample, or aborted batches would drag the quantiles to zero.

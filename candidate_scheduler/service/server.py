@@ -295,11 +295,3 @@ def _read(frames: list[bytes], allowed) -> tuple[bytes, bool, protocol.Kind, Any
     """split_envelope + decode: every unreadable message is a ProtocolError."""
     identity, delimited, kind, payload = protocol.split_envelope(frames, allowed)
     return identity, delimited, kind, protocol.decode(kind, payload)
-
-
-def run_scheduler(config: SchedulerConfig, metrics: Any | None = None, on_bound=None) -> None:
-    scheduler = Scheduler(config, metrics)
-    bound = scheduler.bind()
-    if on_bound is not None:
-        on_bound(scheduler, bound)
-    scheduler.serve()

@@ -200,7 +200,7 @@ def test_metadata_and_server_wide_defaults(scheduler, front, robots, tmp_path):
                        if k not in ("rollout", "noise_level", "return_step_indices")}
     plain = ok(plain_meta)
     assert plain["model"] == "cosmos3"
-    assert (plain["action_horizon"], plain["action_dim"]) == (protocol.SamplingMsg().horizon, protocol.SamplingMsg().raw_action_dim)
+    assert (plain["action_horizon"], plain["action_dim"]) == (16, 7)  # Cosmos3's default embodiment, resolved
     assert plain["defaults"]["sampling"] == native_sampling
     assert plain["defaults"]["candidates"] == msgspec.structs.asdict(protocol.CandidateSpecMsg())
     assert plain["defaults"]["candidates"]["count"] == 1 and plain["defaults"]["candidates"]["reducer"] == "mean"

@@ -58,6 +58,20 @@ def test_group_round_trip_reduces_real_candidates(services):
         assert_single_reply(c, "g1")
 
 
+def test_ping_keeps_a_result_that_arrives_before_its_pong(services):
+    sched = services.scheduler()
+    services.worker(sched, capacity=8)
+    sched.wait_workers(1)
+    with sched.client() as c:
+        rid = c.send(make_request(IMAGE, "pick", count=2, seed=5))
+        time.sleep(1.0)  # the null worker answers long before: its RESULT is read ahead of the PONG
+        assert c.ping()
+        r = c.wait(rid, timeout_s=10)
+        assert r.status == "done"
+        np.testing.assert_array_equal(r.action, reduce("mean", expected_candidates(5, 2)))
+        assert c.ping()
+
+
 def test_microbatched_group_equals_atomic_group(services):
     small = services.scheduler()
     services.worker(small, capacity=3)

@@ -157,6 +157,7 @@ def test_engine_reject_policy_refuses_without_truncating():
     h.submit("g", count=5)
     r = h.reply("g")
     assert r.status == "rejected" and r.error_code == "does_not_fit" and not h.work
+    assert h.engine.status("g").state == "rejected"  # STATUS says what the reply said
 
 
 def test_engine_group_waits_for_the_first_worker():
@@ -369,8 +370,10 @@ def test_engine_refuses_bad_input_with_typed_errors_and_keeps_serving():
     h.submit("neg", count=0)
     h.submit("img", images=np.zeros((4, 4), np.uint8))
     h.submit("steps", sampling={"steps": 0})
+    h.submit("seed", count=2, seed=-1)  # checked when the candidates' seeds are derived
     assert h.reply("").error_code == "invalid_value" and h.reply("neg").error_code == "invalid_count"
     assert h.reply("img").status == "invalid" and h.reply("steps").status == "invalid"
+    assert h.reply("seed").status == "invalid" and h.reply("seed").error_code == "invalid_seed"
     h.submit("a", count=1)
     h.submit("a", count=1)
     assert h.replies["a"][0].error_code == "duplicate_request_id"
@@ -379,6 +382,26 @@ def test_engine_refuses_bad_input_with_typed_errors_and_keeps_serving():
     assert h.reply("c").status == "overloaded"
     h.run_all()
     assert h.replies["a"][-1].status == "done" and h.reply("b").status == "done"
+
+
+def test_engine_a_reducer_that_raises_fails_its_group_and_the_engine_keeps_serving():
+    def broken(stacked):
+        raise ZeroDivisionError("a model reducer's own bug")
+
+    reducers.register_reducer("broken", broken)
+    try:
+        h = Harness()
+        h.take(h.engine.register(b"w1", Registration("w1", ModelCapability(
+            "fake", reducers=("mean", "broken"), max_candidates_per_batch=8).to_dict(), 8), h.now))
+        h.submit("bad", count=3, reducer="broken")
+        h.run_all()
+        r = h.reply("bad")
+        assert r.status == "failed" and r.error_code == "reducer_error" and "ZeroDivisionError" in r.error
+        h.submit("next", count=2)
+        h.run_all()
+        assert h.reply("next").status == "done" and h.engine.stats()["groups_in_flight"] == 0
+    finally:
+        reducers.unregister_reducer("broken")
 
 
 # ---- step-level batching --------------------------------------------------------------------------------

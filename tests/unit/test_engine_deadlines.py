@@ -92,6 +92,11 @@ def test_engine_memory_budget_caps_a_cuda_workers_rows():
     assert h.engine.rows_of(h.engine.workers["w1"]) == 9 - 1  # min(capacity 8, (1000 - 100) // 100 = 9)
     h.engine.workers["w1"].memory_budget_bytes = 600
     assert h.engine.rows_of(h.engine.workers["w1"]) == 5
+    # a new group is sliced for the rows the worker may hold, not its nominal capacity, and runs
+    h.submit("g", count=8, seed=4)
+    assert h.work and max(len(s.dispatch.candidate_ids) for w in h.work for s in w.slices) <= 5
+    h.run_all()
+    assert h.reply("g").status == "done"
 
 
 @pytest.mark.parametrize("field, value", [("deadline_s", 0.0), ("deadline_s", -1.0), ("deadline_s", 1e9),

@@ -1,5 +1,6 @@
 """SchedulerMetrics: naming, recording methods, bounded labels, exposition and the /metrics server."""
 
+import dataclasses
 import re
 import urllib.request
 from pathlib import Path
@@ -172,8 +173,8 @@ def test_physical_batch_and_occupancy(registry, sm):
 
 def test_worker_report(registry, sm):
     report = BatchReport(rows=6, condition_s=0.02, denoise_s=1.5, postprocess_s=0.003, transformer_forwards=10)
-    sm.worker_report(report.to_dict())
-    sm.worker_report(BatchReport().to_dict())  # a batch cancelled before any stage ran
+    sm.worker_report(dataclasses.asdict(report))
+    sm.worker_report(dataclasses.asdict(BatchReport()))  # a batch cancelled before any stage ran
     assert value(registry, "transformer_forwards_total") == 10
     assert value(registry, "conditioning_encode_seconds_count") == 1
     assert value(registry, "denoise_seconds_count") == 1

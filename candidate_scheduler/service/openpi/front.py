@@ -33,7 +33,7 @@ import websockets.asyncio.server
 import zmq
 import zmq.asyncio
 
-from candidate_scheduler import protocol
+from candidate_scheduler import convert, protocol
 from candidate_scheduler.core import reducers
 from candidate_scheduler.service.client import AsyncClient, ServiceError
 from candidate_scheduler.service.openpi import msgpack_numpy, observation
@@ -164,15 +164,17 @@ class OpenpiFront:
     async def metadata(self) -> dict[str, Any]:
         d = self.config.defaults
         sampling = d.full_sampling()
+        # the width the actions will have: raw_action_dim / domain_id unset mean "resolve as sglang does"
+        resolved = convert.sampling_from_wire(observation.sampling_msg(d.sampling, {}))
         candidates = d.full_candidates()
         scheduler = await self._scheduler_info()
         capability = scheduler.get("capability", {})
         return {
             "server": "candidate_scheduler openpi front",
             "model": capability.get("model_name", self.config.model_name),
-            "action_horizon": sampling["horizon"],
-            "action_dim": sampling["raw_action_dim"],
-            "action_shape": [sampling["horizon"], sampling["raw_action_dim"]],
+            "action_horizon": resolved.horizon,
+            "action_dim": resolved.raw_action_dim,
+            "action_shape": [resolved.horizon, resolved.raw_action_dim],
             "action_dtype": "float32",
             "candidates": {
                 "max_count": int(capability.get("max_candidates_per_group", protocol.MAX_CANDIDATES)),
