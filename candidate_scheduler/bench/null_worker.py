@@ -23,7 +23,7 @@ def pure_admission(n_groups: int, count: int, capacity: int, rounds: int) -> dic
     spec = CandidateTrajectorySpec(count=count, reducer=REDUCER)
     per_round = []
     for r in range(rounds):
-        states = [GroupState.from_request(f"pure-{r}-{i}", spec, i) for i in range(n_groups)]
+        states = [GroupState.from_request(f"pure-{r}-{i}", spec, i, clock=time.perf_counter) for i in range(n_groups)]
         lat = []
         clock = time.perf_counter
         t_all = clock()

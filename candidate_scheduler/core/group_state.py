@@ -17,7 +17,6 @@ Not thread-safe: one owner (the scheduler's event loop) drives it.
 from __future__ import annotations
 
 import enum
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,9 +130,9 @@ class GroupState:
         spec: CandidateTrajectorySpec,
         seeds: Sequence[int],
         *,
+        clock: Callable[[], float],  # injected: the engine's time, or a test's
         snapshots: Sequence[bytes | None] | None = None,
         deadline: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not isinstance(request_id, str) or not request_id:
             raise CandidateContractError("request_id", "invalid_value", "must be a non-empty string", request_id)

@@ -127,7 +127,7 @@ ROLLOUT_META_FIELDS = ("sigmas", "timesteps", "step_indices")
 class CandidateWork:
     """One candidate to run: its identity and where its randomness starts.
 
-    `snapshot` (generator state bytes from `rng.snapshot`) wins over `seed` when present; a retry
+    `snapshot` (generator state bytes from `worker/generators.snapshot`) wins over `seed` when present; a retry
     always starts from one of the two, never from a generator that has already drawn."""
 
     candidate_id: int

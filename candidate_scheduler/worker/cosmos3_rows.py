@@ -30,6 +30,7 @@ import torch
 
 from candidate_scheduler.core.request import MAX_OBSERVATIONS_PER_GROUP
 from candidate_scheduler.core.work import BatchReport, CandidateWork, GroupWork, SamplingSpec
+from candidate_scheduler.worker import generators
 from candidate_scheduler.worker.cosmos3_conditioning import observation_key
 from candidate_scheduler.worker.cosmos3_sglang import build_sglang_request
 from candidate_scheduler.worker.stepping import BadRequest
@@ -354,9 +355,7 @@ def _acquire_text(model, group: Cosmos3Group, text: dict) -> None:
 
 def _generator(cand: CandidateWork, device: str):
     if cand.snapshot is not None:
-        from candidate_scheduler.core import rng
-
-        return rng.restore(cand.snapshot, device)
+        return generators.restore(cand.snapshot, device)
     return torch.Generator(device=device).manual_seed(int(cand.seed))
 
 

@@ -20,6 +20,7 @@ import pytest  # noqa: E402
 
 from candidate_scheduler.core import rng  # noqa: E402
 from candidate_scheduler.core.work import CandidateWork, GroupWork, SamplingSpec  # noqa: E402
+from candidate_scheduler.worker import generators  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 
@@ -191,7 +192,7 @@ def test_snapshot_slice_equals_seed_slice_and_drawn_snapshot_differs(adapter):
 
     # Snapshots win over seeds: give a wrong seed so equality proves the snapshot was used.
     snap_items = GroupWork("g", img, [PROMPT], SAMPLING, [
-        CandidateWork(candidate_id=i, seed=0, snapshot=rng.fresh_snapshot(seeds[i])) for i in part
+        CandidateWork(candidate_id=i, seed=0, snapshot=generators.fresh_snapshot(seeds[i])) for i in part
     ])
     (by_snapshot,), _ = run_ok(adapter, [snap_items])
     assert by_snapshot.candidate_ids == part
@@ -202,7 +203,7 @@ def test_snapshot_slice_equals_seed_slice_and_drawn_snapshot_differs(adapter):
     for i in part:
         g = torch.Generator().manual_seed(seeds[i])
         torch.randn(1, generator=g)
-        drawn.append(CandidateWork(candidate_id=i, seed=seeds[i], snapshot=rng.snapshot(g)))
+        drawn.append(CandidateWork(candidate_id=i, seed=seeds[i], snapshot=generators.snapshot(g)))
     (by_drawn,), _ = run_ok(adapter, [GroupWork("g", img, [PROMPT], SAMPLING, drawn)])
     for row in range(len(part)):
         assert not np.array_equal(by_drawn.actions[row], by_seed.actions[row]), f"row {row}"

@@ -22,6 +22,7 @@ from candidate_scheduler.core.group_state import (
 )
 from candidate_scheduler.core.reducers import reduce
 from candidate_scheduler.core.spec import CandidateTrajectorySpec, ModelCapability
+from candidate_scheduler.worker import generators
 
 CAP = ModelCapability("m", max_candidates_per_batch=4, max_candidates_per_group=64)
 
@@ -168,10 +169,10 @@ def test_retry_dispatches_the_original_seeds_and_snapshots():
 
 def test_retry_restores_real_generator_snapshots():
     torch = pytest.importorskip("torch")
-    g, seeds, second = retried_slice(lambda seeds: [rng.fresh_snapshot(s) for s in seeds])
+    g, seeds, second = retried_slice(lambda seeds: [generators.fresh_snapshot(s) for s in seeds])
     assert g.slice_attempts(1) == 2 and g.slice_worker(1) == "w1"
     # The retried snapshot is a fresh generator, not whatever the dead attempt had advanced to.
-    a = torch.randn(8, generator=rng.restore(second.snapshots[0]))
+    a = torch.randn(8, generator=generators.restore(second.snapshots[0]))
     b = torch.randn(8, generator=torch.Generator().manual_seed(seeds[2]))
     assert torch.equal(a, b)
 

@@ -26,3 +26,14 @@ def test_the_package_root_is_light_and_still_offers_the_client():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_core_sources_hold_no_lazy_imports_of_the_io_libraries():
+    # an import inside a function passes the test above and still puts torch in the scheduler one day
+    import re
+    from pathlib import Path
+
+    pattern = re.compile(rf"^\s*(import|from)\s+({'|'.join(FORBIDDEN)})\b", re.M)
+    offenders = [f"{p.name}: {m.group(0).strip()}" for p in Path(candidate_scheduler.core.__path__[0]).glob("*.py")
+                 for m in pattern.finditer(p.read_text())]
+    assert offenders == []

@@ -4,6 +4,7 @@ import pytest
 
 from candidate_scheduler.core import rng
 from candidate_scheduler.core.errors import CandidateContractError
+from candidate_scheduler.worker import generators
 
 torch = pytest.importorskip("torch")
 
@@ -11,40 +12,40 @@ torch = pytest.importorskip("torch")
 def test_restore_draws_identical_numbers():
     g = torch.Generator().manual_seed(1234)
     torch.rand(7, generator=g)  # advance it first: the snapshot must capture mid-stream state too
-    blob = rng.snapshot(g)
-    h = rng.restore(blob)
+    blob = generators.snapshot(g)
+    h = generators.restore(blob)
     assert h is not g
     assert torch.equal(torch.randn(64, generator=g), torch.randn(64, generator=h))
 
 
 def test_snapshot_before_draws_resumes_exactly_and_does_not_advance_source():
     g = torch.Generator().manual_seed(99)
-    blob = rng.snapshot(g)
+    blob = generators.snapshot(g)
     first = torch.randn(32, generator=g)
-    again = torch.randn(32, generator=rng.restore(blob))
+    again = torch.randn(32, generator=generators.restore(blob))
     assert torch.equal(first, again)
     # Restoring twice more must not disturb g: g keeps its own stream.
-    expected_next = torch.randn(32, generator=rng.restore(rng.snapshot(g)))
-    rng.restore(blob)
+    expected_next = torch.randn(32, generator=generators.restore(generators.snapshot(g)))
+    generators.restore(blob)
     assert torch.equal(torch.randn(32, generator=g), expected_next)
 
 
 def test_fresh_snapshot_equals_manual_seed():
     seed = rng.candidate_seeds(42, 3)[2]
-    a = torch.randn(16, generator=rng.restore(rng.fresh_snapshot(seed)))
+    a = torch.randn(16, generator=generators.restore(generators.fresh_snapshot(seed)))
     b = torch.randn(16, generator=torch.Generator().manual_seed(seed))
     assert torch.equal(a, b)
-    assert rng.snapshot_device(rng.fresh_snapshot(seed)) == "cpu"
+    assert generators.snapshot_device(generators.fresh_snapshot(seed)) == "cpu"
 
 
 def test_restore_refuses_other_device_and_garbage():
-    blob = rng.fresh_snapshot(3)
+    blob = generators.fresh_snapshot(3)
     with pytest.raises(CandidateContractError) as info:
-        rng.restore(blob, device="cuda")
+        generators.restore(blob, device="cuda")
     assert info.value.code == "bad_snapshot"
     for bad in (b"", b"nonsense", blob[:6], b"CSG1\x03cpu" + b"\x00" * 3):
         with pytest.raises(CandidateContractError):
-            rng.restore(bad)
+            generators.restore(bad)
 
 
 
@@ -52,10 +53,10 @@ def test_restore_refuses_other_device_and_garbage():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_snapshot_round_trip():
     g = torch.Generator(device="cuda").manual_seed(5)
-    blob = rng.snapshot(g)
-    assert rng.snapshot_device(blob) == "cuda"
-    h = rng.restore(blob, device="cuda")
+    blob = generators.snapshot(g)
+    assert generators.snapshot_device(blob) == "cuda"
+    h = generators.restore(blob, device="cuda")
     assert torch.equal(torch.randn(64, device="cuda", generator=g), torch.randn(64, device="cuda", generator=h))
-    assert blob == rng.fresh_snapshot(5, device="cuda")
+    assert blob == generators.fresh_snapshot(5, device="cuda")
     with pytest.raises(CandidateContractError):
-        rng.restore(blob, device="cpu")
+        generators.restore(blob, device="cpu")
