@@ -14,11 +14,10 @@ from typing import Any
 import numpy as np
 
 from candidate_scheduler.core.errors import CandidateContractError
-from candidate_scheduler.core.spec import CandidateTrajectorySpec
+from candidate_scheduler.core.spec import MAX_REQUEST_ID_LEN, CandidateTrajectorySpec
 from candidate_scheduler.core.work import SamplingSpec
 
 MAX_CANDIDATES = 256
-MAX_REQUEST_ID_LEN = 256
 MAX_PROMPT_CHARS = 4096
 MAX_OBSERVATIONS_PER_GROUP = 64
 MAX_DEADLINE_S = 3600.0  # a deadline further out than an hour is a mistake, not a budget

@@ -23,10 +23,14 @@ def is_loopback_endpoint(endpoint: str) -> bool:
     (``*``, ``0.0.0.0``), an interface name or any other hostname counts as public."""
     if endpoint.startswith(("ipc://", "inproc://")):
         return True
-    host = urllib.parse.urlparse(endpoint).hostname or ""
+    return is_loopback_host(urllib.parse.urlparse(endpoint).hostname or "")
+
+
+def is_loopback_host(host: str) -> bool:
+    """``localhost`` or a loopback address (IPv6 in brackets too); "", a wildcard or a name is public."""
     if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import logging
 import signal
 import subprocess
@@ -20,6 +19,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from candidate_scheduler.service.endpoints import is_loopback_host
 from candidate_scheduler.service.openpi import observation
 from candidate_scheduler.service.processes import spawn_listening
 
@@ -147,15 +147,6 @@ def spawn_openpi_front(args: argparse.Namespace, bound: dict[str, str],
 
 
 # ---- the front's own command line -----------------------------------------------------------------
-
-
-def is_loopback_host(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # "", "0.0.0.0" is caught above as not loopback; names count as public
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,6 +16,8 @@ import msgspec
 import numpy as np
 
 from candidate_scheduler import protocol
+from candidate_scheduler.core import rng
+from candidate_scheduler.core.errors import CandidateContractError
 
 IMAGE_KEYS = ("observation/image", "image")  # tried in this order, then LeRobot-style keys
 LEROBOT_IMAGE_PREFIX = "observation.images."
@@ -31,7 +33,6 @@ CANDIDATE_FIELDS = tuple(protocol.CandidateSpecMsg.__struct_fields__)
 SAMPLING_FIELDS = tuple(f for f in protocol.SamplingMsg.__struct_fields__ if f not in ROLLOUT_KNOBS)
 FLOAT_RANGES = ("0,1", "-1,1")
 RANDOM_SEED_LIMIT = 1 << 63  # fresh seeds fit a signed 64-bit integer, like the scheduler's derived seeds
-SEED_LIMIT = 1 << 64
 
 
 class ObservationError(ValueError):
@@ -127,11 +128,10 @@ def _where(exc: msgspec.ValidationError, root: str) -> str:
 
 
 def _check_seed(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ObservationError(f"{name} must be an int, got {type(value).__name__}")
-    if not 0 <= value < SEED_LIMIT:
-        raise ObservationError(f"{name} must be in [0, 2**64), got {value}")
-    return value
+    try:
+        return rng.check_seed(value, name)  # the scheduler's own rule, said before the call is sent
+    except CandidateContractError as exc:
+        raise ObservationError(str(exc)) from None
 
 
 def _check_deadline(value: Any) -> float:
