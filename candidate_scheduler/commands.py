@@ -150,7 +150,7 @@ def cmd_worker(args) -> int:
     if getattr(args, "fault", None):
         from candidate_scheduler.worker.faults import wrap
 
-        adapter = wrap(adapter, args.fault)  # test/drill knob: see workers/faults.py
+        adapter = wrap(adapter, args.fault)  # test/drill knob: see worker/faults.py
     from candidate_scheduler.worker.profile import parse_shapes
 
     worker = Worker(args.scheduler, adapter, capacity=args.capacity, device=args.device,

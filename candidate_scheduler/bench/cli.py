@@ -46,7 +46,8 @@ def main(args) -> int:
 
         from candidate_scheduler.bench.deadline import run_deadline_bench
 
-        run_deadline_bench(Path(args.out), model=args.model, smoke=args.smoke, plot=not args.no_plots)
+        run_deadline_bench(Path(args.out), model=args.model, smoke=args.smoke, plot=not args.no_plots,
+                           device=args.device)
     return 0
 
 

@@ -17,7 +17,7 @@ Every done reply is checked against the first n candidates of the same seed's fu
 
     python -m candidate_scheduler.bench.deadline [--smoke] [--out DIR] [--model DIR]
 
-Outputs (in --out, default bench/results/): deadline_cpu[_smoke].json, deadline_report[_smoke].md,
+Outputs (in --out, default bench/results/): deadline_<device>[_smoke].json, deadline_report[_smoke].md,
 deadline_miss[_smoke].png, and with --smoke deadline_candidates_smoke.npz (every elastic done reply's
 candidates and the references, for tests/integration/test_bench_deadline_smoke.py).
 """
@@ -152,7 +152,7 @@ def _in_time_histogram(outcomes, deadline_s: float) -> dict[str, int]:
 
 
 def run_deadline_bench(out_dir: Path, model: str | Path = DEFAULT_MODEL, smoke: bool = False,
-                       progress: Progress | None = None, plot: bool = True) -> dict:
+                       progress: Progress | None = None, plot: bool = True, device: str = "cpu") -> dict:
     """Run the deadline benchmark and write its outputs under `out_dir`; returns the result dict.
     `progress(message)` is called at every phase and window (default: a line on stderr)."""
     from candidate_scheduler.service.client import synthetic_image
@@ -176,10 +176,10 @@ def run_deadline_bench(out_dir: Path, model: str | Path = DEFAULT_MODEL, smoke: 
         say(f"{'smoke' if smoke else 'full'} run: starting serve --batching step + worker cosmos3 "
             f"--capacity {WORKER_CAPACITY}")
         handle = launcher.scheduler("--batching", "step", metrics=True, name="deadline-scheduler")
-        launcher.worker(handle, "cosmos3", WORKER_CAPACITY, model=model)
+        launcher.worker(handle, "cosmos3", WORKER_CAPACITY, model=model, device=device)
         say(f"quality proxy: {len(settings.seeds)} seed streams x 64 candidates in process "
             "(the worker loads meanwhile)")
-        streams, quality_run = candidate_streams(model, list(settings.seeds), settings.sampling, image)
+        streams, quality_run = candidate_streams(model, list(settings.seeds), settings.sampling, image, device=device)
         quality = quality_table(streams, COUNT)
         quality["run"] = quality_run
         handle.wait_workers(1, timeout_s=300, poll_s=0.2)
@@ -258,7 +258,7 @@ def run_deadline_bench(out_dir: Path, model: str | Path = DEFAULT_MODEL, smoke: 
         result = {
             "meta": {
                 "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                "git": git_rev(), "smoke": smoke, "model": model, "prompt": PROMPT, "cpu_count": os.cpu_count(),
+                "git": git_rev(), "smoke": smoke, "model": model, "device": device, "prompt": PROMPT, "cpu_count": os.cpu_count(),
                 "sglang": package_version("sglang"), "torch": package_version("torch"),
                 "loadavg_start": load_before, "loadavg_end": loadavg(), "wall_s": wall, "phases": phases,
             },

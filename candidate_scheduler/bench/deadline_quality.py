@@ -21,7 +21,7 @@ REFERENCE_COUNT = 64
 
 
 def candidate_streams(model: str, seeds: list[int], sampling: dict, image: np.ndarray,
-                      count: int = REFERENCE_COUNT) -> tuple[dict[int, np.ndarray], dict]:
+                      count: int = REFERENCE_COUNT, device: str = "cpu") -> tuple[dict[int, np.ndarray], dict]:
     """{seed: float32 [count, horizon, D]} for each base seed (one observation), and run facts."""
     import time
 
@@ -32,7 +32,7 @@ def candidate_streams(model: str, seeds: list[int], sampling: dict, image: np.nd
 
     quiet_logs()
     t0 = time.perf_counter()
-    adapter = Cosmos3CandidateAdapter(model, max_candidates_per_batch=count * len(seeds))
+    adapter = Cosmos3CandidateAdapter(model, device=device, max_candidates_per_batch=count * len(seeds))
     quiet_sglang()
     load_s = time.perf_counter() - t0
     spec = SamplingSpec(**sampling)

@@ -335,7 +335,8 @@ def write_outputs(result: dict, out_dir: Path, plot: bool = True) -> dict:
                      if r["refusal_scheduler_total"]["max_ms"] is not None]
     result["refusals"]["scheduler_total_max_ms"] = max(sched_refused) if sched_refused else None
     files = {}
-    json_path = out_dir / f"deadline_cpu{tag}.json"
+    device = str(result["meta"].get("device", "cpu")).split(":")[0]
+    json_path = out_dir / f"deadline_{device}{tag}.json"
     json_path.write_text(json.dumps(result, indent=1, default=json_default))
     files["json"] = str(json_path)
     plot_name = None

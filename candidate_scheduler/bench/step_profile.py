@@ -30,16 +30,19 @@ from pathlib import Path
 
 import numpy as np
 
+from candidate_scheduler.bench.common import DEFAULT_MODEL
 from candidate_scheduler.core.work import CandidateWork, GroupWork, SamplingSpec
 
-DEFAULT_MODEL = Path(__file__).resolve().parents[2] / ".cache" / "tiny-cosmos3"
 WARMUP_STEPS = 3
 
 
 def profile_step(adapter, steps: int = 60, n: int = 1, height: int = 64, width: int = 64,
                  guidance: float = 1.0, groups: int = 1) -> dict:
     """Time `steps` steps of `groups` groups of n candidates each, sharing one cohort (plus untimed
-    warm-up steps); medians in ms."""
+    warm-up steps); medians in ms. Without CFG only: the bare-forward replay runs the step's one forward,
+    and a CFG step may run two (serial when the cond and uncond token lengths differ)."""
+    if guidance > 1.0:
+        raise ValueError("step_profile times steps without CFG (guidance <= 1); a CFG step may run two forwards")
     import torch
     from sglang.multimodal_gen.runtime.managers.forward_context import set_forward_context
 
@@ -89,7 +92,7 @@ def profile_step(adapter, steps: int = 60, n: int = 1, height: int = 64, width: 
             forward_s = sum(inside)
             with torch.inference_mode(), set_forward_context(current_timestep=i, attn_metadata=None):
                 # the step's proj_out layout rule, so the bare forward does the same arithmetic
-                adapter.proj_out_contiguous = guidance <= 1.0
+                adapter.proj_out_contiguous = True
                 t1 = time.perf_counter()
                 transformer(**captured)
                 bare_s = time.perf_counter() - t1
@@ -144,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=60, help="timed steps (>= 50 for the README figure)")
     p.add_argument("--n", type=int, nargs="+", default=[1], help="candidates per group, one run each")
     p.add_argument("--groups", type=int, default=1, help="groups of N sharing one cohort")
-    p.add_argument("--guidance", type=float, default=1.0)
+    p.add_argument("--guidance", type=float, default=1.0, help="<= 1: CFG steps are not profiled")
     p.add_argument("--size", type=int, nargs=2, default=[64, 64], metavar=("H", "W"))
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)

@@ -26,10 +26,6 @@ from candidate_scheduler.core.spec import CandidateTrajectorySpec
 # Where a candidate spec may travel inside a Req (first match wins; two different ones are an error).
 CANDIDATE_SPEC_KEY = "candidates"
 
-# SamplingMsg gains a domain_name field (the worker hands the name on to sglang's request builder);
-# until the protocol has it, the resolved id and width alone travel.
-_SAMPLING_HAS_DOMAIN_NAME = "domain_name" in protocol.SamplingMsg.__struct_fields__
-
 # Fields of a Cosmos3 policy request that the native protocol cannot carry. A value other than the one
 # sglang's own action endpoint sends is refused instead of being silently ignored (it would change the
 # result). (field, allowed values)
@@ -54,6 +50,17 @@ UNSUPPORTED_FIELDS: tuple[tuple[str, tuple], ...] = (
     ("timesteps", (None,)),
     ("generator", (None,)),
     ("realtime_session_id", (None,)),
+    # prompt templates, the CFG window, sound and the vision/action position sharing all change the tokens
+    # or the denoise; the native protocol runs sglang's defaults for them
+    ("guidance_interval", (None,)),
+    ("use_system_prompt", (None,)),
+    ("use_duration_template", (None,)),
+    ("use_resolution_template", (None,)),
+    ("sound_duration", (0.0,)),
+    ("share_vision_temporal_positions", (True,)),
+    ("control_guidance", (1.0,)),
+    ("control_guidance_interval", (None,)),
+    ("control_hint", (None,)),
 )
 
 
@@ -227,9 +234,8 @@ def _sampling(req: ReqStub) -> tuple[protocol.SamplingMsg, int, int]:
         action_mode="policy", domain_id=domain_id, raw_action_dim=raw_action_dim,
         fps=_int(_attr(req, "fps", 5), "fps", 1),
         negative_prompt=negative if isinstance(negative, str) else None,
+        domain_name=domain_name,  # the worker hands the name on to sglang's request builder
     )
-    if _SAMPLING_HAS_DOMAIN_NAME:
-        fields["domain_name"] = domain_name
     return protocol.SamplingMsg(**fields), steps, num_frames
 
 

@@ -410,7 +410,7 @@ class GroupState:
 
     def running_slices(self) -> dict[int, str]:
         """slice index -> worker id of slices assigned to a worker and not done. Still answers after
-        the group ended, so the scheduler knows which workers to tell to stop."""
+        the group ended (for STATUS and tests; the engine finds the workers to stop from its assignments)."""
         return {i: s.worker_id for i, s in enumerate(self._slices) if s.status is WorkStatus.RUNNING}
 
     def slices_on_worker(self, worker_id: str) -> tuple[int, ...]:

@@ -1,16 +1,16 @@
 """Planning physical batches from admitted groups, keeping candidate identity.
 
-The planning rule (FCFS with group atomicity, backfill behind the head):
+The planning rule (queue order with group atomicity, backfill behind the head):
 
-1. The queue is in admission order; each group's pending slices are taken in slice order. Call each
-   (group, slice) a unit. A slice is never split: admission sized slices to fit a batch.
+1. The queue is in the engine's order (earliest effective deadline first; receipt order without
+   deadlines); each group's pending slices are taken in slice order. Call each (group, slice) a unit. A slice is never split: admission sized slices to fit a batch.
 2. A batch starts with the earliest unplanned unit -- the head of line -- whatever its size, so the
    head always goes into the next batch and a large group is never overtaken indefinitely.
 3. Behind the head, the batch is filled first-fit, in queue order, with later units of the SAME
    `BatchKey` that still fit the remaining capacity. Units of other keys are skipped, not reordered:
    each becomes a head in a later batch. Consequence (tested): the k-th unit in queue order is in one of
    the first k batches, and batches are ordered by their heads' queue positions.
-4. Inside a batch, entries keep queue order (groups in admission order, slices ascending), and each
+4. Inside a batch, entries keep queue order (groups as queued, slices ascending), and each
    entry's candidates are ascending, so a group's rows have the same relative order whatever shares
    the batch.
 """
@@ -98,7 +98,7 @@ def plan_batches(
 ) -> list[PhysicalBatch]:
     """Plan physical batches of at most `capacity` candidates (see the module docstring for the rule).
 
-    `queue` is in FCFS (admission) order; items are `QueuedGroup`s or (request_id, key, pending) tuples
+    `queue` is in the engine's order; items are `QueuedGroup`s or (request_id, key, pending) tuples
     where pending is ((slice_index, candidate_ids), ...), as `GroupState.pending_slices()` returns.
     A slice larger than `capacity` is an error (it would have to be split). `max_batches` stops
     planning early (e.g. one batch for the one idle worker).

@@ -1,7 +1,7 @@
 """Which queued slices go to which worker, under both batching modes.
 
-A *unit* is one pending slice of one admitted group; units are in queue order (groups in admission
-order, slices ascending). Admission sized every slice to fit the smallest live worker, so a unit is
+A *unit* is one pending slice of one admitted group; units are in queue order (groups earliest
+effective deadline first, core/deadlines.order: receipt order among groups without one; slices ascending). Admission sized every slice to fit the smallest live worker, so a unit is
 never split here.
 
 Dispatch-level batching (`plan_dispatch`): only idle workers get work. Each idle worker, largest

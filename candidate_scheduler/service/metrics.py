@@ -164,8 +164,8 @@ METRICS = (
     _define(Counter, "deadline_refusals_total", "Groups refused at receipt: their deadline was predicted to be missed."),
     _define(Counter, "deadline_misses_total",
             "Groups with a deadline not answered done within it (expired, or done late)."),
-    _define(Counter, "requested_candidates_total", "Candidates requested by admitted groups."),
-    _define(Counter, "served_candidates_total", "Candidates served (fewer than requested under an elastic count)."),
+    _define(Counter, "requested_candidates_total", "Candidates requested by groups answered done."),
+    _define(Counter, "served_candidates_total", "Candidates served by groups answered done (fewer than requested under an elastic count)."),
     _define(Histogram, "served_count_ratio", "Served count over requested count, per group answered done.",
             OCCUPANCY_BUCKETS),
     _define(Histogram, "prediction_ratio", "Actual over predicted time of each assignment (the cost model's error).",
@@ -196,7 +196,7 @@ class SchedulerMetrics:
     """All metrics of the service, created against one registry.
 
     Metric objects are attributes named like their exported series without the prefix (counters keep
-    `_total`). The recording methods are what server.py calls; keep them thin.
+    `_total`). The recording methods are what the engine (core/engine.py) and the shell call; keep them thin.
 
     With no registry a fresh one is made (never the global default: a second instance in the same
     process, as in tests, must not collide) and the process/platform/GC collectors are added to it.

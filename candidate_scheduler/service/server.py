@@ -30,7 +30,7 @@ from candidate_scheduler.core import messages
 from candidate_scheduler.core.engine import Engine, EngineConfig
 from candidate_scheduler.service.endpoints import bind_socket, is_loopback_endpoint
 
-log = logging.getLogger("candidate_scheduler.server")
+log = logging.getLogger(__name__)
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_REQUEST_PORT = 5555

@@ -39,18 +39,10 @@ from candidate_scheduler.worker import stepping
 from candidate_scheduler.worker.conditioning_cache import ConditioningCache, model_identity
 from candidate_scheduler.worker.cosmos3_conditioning import TextPathway, VaeEncoder
 from candidate_scheduler.worker.cosmos3_outputs import finish_group
-from candidate_scheduler.worker.cosmos3_rows import (  # noqa: F401 - re-exported for callers
-    MAX_OBSERVATIONS_PER_GROUP,
-    ROW_TENSORS,
-    Cosmos3Group,
-    ObservationError,
-    start_group,
-    validate_observations,
-)
-from candidate_scheduler.worker.cosmos3_sglang import (  # noqa: F401 - re-exported for callers
+from candidate_scheduler.worker.cosmos3_rows import Cosmos3Group, start_group
+from candidate_scheduler.worker.cosmos3_sglang import (  # noqa: F401 - the benchmarks' and tests' entry points
     build_sglang_request,
     load_sglang_pipeline,
-    prepare_environment,
     sglang_reference_actions,
 )
 from candidate_scheduler.worker.cosmos3_step import Cohorts, run_step
@@ -89,7 +81,8 @@ class Cosmos3CandidateAdapter:
         self.action_dim = int(self.transformer.action_dim)
         self.stats_path = self.server_args.pipeline_config.action_stats_path
         self.stats_dim = _stats_dim(self.stats_path)
-        self.identity = model_identity(self.model_dir)
+        # the device is part of what a cached tensor is: a CPU and a CUDA adapter may share one cache
+        self.identity = model_identity(self.model_dir) + str(torch.device(device)).encode()
         if conditioning_cache is None:
             conditioning_cache = ConditioningCache(int(float(conditioning_cache_mb) * 2**20))
         self.conditioning_cache = conditioning_cache

@@ -87,7 +87,7 @@ def build_sglang_request(server_args, image, prompt: str, sampling: SamplingSpec
         "fps": sampling.fps,
         "seed": int(seed),
     }
-    if getattr(sampling, "domain_name", None) is not None:
+    if sampling.domain_name is not None:
         parameters["domain_name"] = sampling.domain_name
     payload = {"parameters": parameters, "request_id": request_id or None}
     sp = build_cosmos3_action_sampling_params(

@@ -72,8 +72,8 @@ class Worker:
         self._cancelled: dict[int, set[str]] = {}
         self._forwards: list[tuple[int, float, str]] = []
         self._step: int | None = None
-        self._held: list[int] = []
-        self._cache_seen: dict[str, int] = {}  # assignment ids received and not yet answered (I/O thread only)
+        self._held: list[int] = []  # assignment ids received and not yet answered (I/O thread only)
+        self._cache_seen: dict[str, int] = {}
         self._stop = threading.Event()
         self.registered = threading.Event()
         self._wake_addr = f"inproc://worker-results-{id(self)}"
@@ -105,9 +105,9 @@ class Worker:
                     outputs = [a.outputs[i] for i in range(len(a.items))]
                     if self._mangle is not None:
                         outputs = self._mangle([it for it in a.items if it is not None], outputs)
-                    result = protocol.BatchResultMsg(self.worker_id, a.batch_id,
-                                                     [convert.output_to_wire(o) for o in outputs], a.wire_report())
                     try:
+                        result = protocol.BatchResultMsg(self.worker_id, a.batch_id,
+                                                         [convert.output_to_wire(o) for o in outputs], a.wire_report())
                         frames = protocol.encode(protocol.Kind.BATCH_RESULT, result)
                     except Exception as exc:  # noqa: BLE001 - an unencodable result still gets an answer
                         log.exception("assignment %d could not be encoded", a.batch_id)
@@ -191,8 +191,11 @@ class Worker:
                 now = time.monotonic()
                 if wake in events:
                     batch_id, *frames = wake.recv_multipart()
-                    if int.from_bytes(batch_id, "big") in self._held:  # answered: no longer held
-                        self._held.remove(int.from_bytes(batch_id, "big"))
+                    answered = int.from_bytes(batch_id, "big")
+                    if answered in self._held:  # answered: no longer held
+                        self._held.remove(answered)
+                    with self._lock:  # with a cancel that came in after the compute thread let go of it
+                        self._cancelled.pop(answered, None)
                     sock.send_multipart(frames)
                 if sock in events:
                     if self._on_message(sock, sock.recv_multipart()):
@@ -227,8 +230,9 @@ class Worker:
             self._held.append(msg.batch_id)
             self._inbox.put((msg, time.perf_counter()))
         elif kind is protocol.Kind.CANCEL_ROWS:
-            with self._lock:
-                self._cancelled.setdefault(msg.batch_id, set()).update(msg.request_ids)
+            if msg.batch_id in self._held:  # a cancel that crossed the answer would be kept forever
+                with self._lock:
+                    self._cancelled.setdefault(msg.batch_id, set()).update(msg.request_ids)
         elif kind is protocol.Kind.WORKER_STOP:
             if msg.reason == "reregister":
                 self.registered.clear()

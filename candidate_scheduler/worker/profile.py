@@ -37,6 +37,7 @@ def warm_up(adapter, capacity: int, shapes: list[tuple[int, int]], step_delay_s:
         image = np.zeros((1, height, width, 3), dtype=np.uint8)
         for rows in sorted({1, max(1, capacity // 2), capacity}):
             item = GroupWork("warm-up", image, ["warm up"], sampling, [CandidateWork(i, seed=i) for i in range(rows)])
+            group = None
             try:
                 group = adapter.start(item)
                 adapter.step([group])  # untimed: first-call costs (allocator, kernels) stay out
@@ -47,9 +48,11 @@ def warm_up(adapter, capacity: int, shapes: list[tuple[int, int]], step_delay_s:
                         time.sleep(step_delay_s)
                     adapter.step([group])
                     times.append(time.perf_counter() - t0)
-                adapter.release(group)
             except Exception:  # noqa: BLE001 - a profile that cannot run leaves the model uncalibrated
                 log.exception("warm-up profile at %dx%d, %d rows failed", height, width, rows)
                 continue
+            finally:
+                if group is not None:  # a failed step must not keep the group's K/V for the worker's life
+                    adapter.release(group)
             records.append((sampling.forward_label(), rows, statistics.median(times)))
     return records

@@ -80,6 +80,7 @@ class RunningBatch:
                 if g.request_id in request_ids:
                     self.adapter.release(a.running.pop(i))
                     a.outputs[i] = GroupOutput(g.request_id, "cancelled")
+                    self._account(a, g)  # the conditioning and steps it did ran on this worker all the same
 
     def step(self) -> tuple[int, int, float, str]:
         """One denoise step of every running group: (forwards, rows, seconds, forward label); the label
@@ -103,6 +104,7 @@ class RunningBatch:
             for a, i, g in members:
                 self.adapter.release(a.running.pop(i))
                 a.outputs[i] = stepping.error_output(g.request_id, exc)
+                self._account(a, g)
             return 0, 0, time.perf_counter() - started, ""
         elapsed = time.perf_counter() - started
         stepping.charge_step(groups, elapsed)
