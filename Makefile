@@ -57,6 +57,10 @@ lint: $(STAMP)
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
 
+# Real processes, sglang's Cosmos3 code and the real clients (everything of `make test` but the unit tests).
+test-integration: setup system-deps openpi-client
+	$(BIN)/python -m pytest -q -rs -p no:cacheprovider --timeout 900 tests --ignore=tests/unit
+
 bench: setup
 	$(BIN)/candidate-scheduler bench --model $(CHECKPOINT)
 

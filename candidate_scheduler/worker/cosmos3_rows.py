@@ -35,20 +35,16 @@ from candidate_scheduler.worker.cosmos3_conditioning import observation_key
 from candidate_scheduler.worker.cosmos3_sglang import build_sglang_request
 from candidate_scheduler.worker.stepping import BadRequest
 
-# Per-row tensors of a group (observation-major rows). Anything that stacks groups into one forward
-# or slices them apart names every one of these (the pattern of sglang's batch_compaction).
-ROW_TENSORS = (
-    "latents",
-    "action_latents",
+# What sglang's latent stage prepares per candidate (observation-major rows): the two noised latents
+# it draws from the candidate's generator, and the masks, conditions and domain ids it keeps in
+# `req.extra`. The text tensors are per observation and repeated over its candidates afterwards.
+DRAWN_LATENTS = ("latents", "action_latents")
+EXTRA_ROW_TENSORS = (
     "velocity_mask",
     "condition_latents",
     "action_velocity_mask",
     "action_condition_latents",
     "action_domain_ids",
-    "cond_text_ids",
-    "cond_text_mask",
-    "uncond_text_ids",
-    "uncond_text_mask",
 )
 
 # Step-invariant halves of the re-blend after each solver step, (1 - mask) * condition, per group:
@@ -77,7 +73,7 @@ class Cosmos3Group:
     rows: int
     steps: int
     report: BatchReport
-    tensors: dict  # ROW_TENSORS and BLEND_TERMS -> [rows, ...]; latents and action_latents move every step
+    tensors: dict  # per-row tensors (the latent stage's and the text's) and BLEND_TERMS -> [rows, ...]; the DRAWN_LATENTS move every step
     generators: list  # per row, past the initial-noise draws (rollout SDE noise continues them)
     timesteps: torch.Tensor
     sigmas: torch.Tensor  # the action scheduler's own sigmas [T+1] (rollouts)
@@ -224,7 +220,7 @@ def start_group(model, item: GroupWork, uid: int) -> Cosmos3Group:
         )
     cond_len, uncond_len = lens.pop()
 
-    per_row: dict[str, list] = {name: [] for name in ROW_TENSORS[:7]}
+    per_row: dict[str, list] = {name: [] for name in DRAWN_LATENTS + EXTRA_ROW_TENSORS}
     generators, first = [], None
     for b, obs in enumerate(observations):
         with model.vae.observation(observation_key(images[b], sampling.height, sampling.width), report):
@@ -239,7 +235,7 @@ def start_group(model, item: GroupWork, uid: int) -> Cosmos3Group:
                 first = first or req
                 per_row["latents"].append(req.latents)
                 per_row["action_latents"].append(req.action_latents)
-                for name in ROW_TENSORS[2:7]:
+                for name in EXTRA_ROW_TENSORS:
                     per_row[name].append(req.extra[name])
     tensors = {name: torch.cat(values, dim=0) for name, values in per_row.items()}
     for term, (mask, condition) in BLEND_TERMS.items():

@@ -205,7 +205,7 @@ def _staging_dir(out_dir: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
 
 
-def write_preset(out_dir, preset: str | Preset, *, raw_action_dim: int = tiny.HORIZON_DIM,
+def write_preset(out_dir, preset: str | Preset, *, raw_action_dim: int = tiny.RAW_ACTION_DIM,
                  config_only: bool = False, max_shard_bytes: int = DEFAULT_SHARD_BYTES,
                  threads: int | None = None, log=None) -> Path:
     """Write a preset into out_dir atomically; config_only writes everything but the weights."""

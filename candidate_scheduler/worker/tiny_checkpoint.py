@@ -23,7 +23,7 @@ from pathlib import Path
 DEFAULT_DIR = Path(".cache/tiny-cosmos3")
 SEED = 20261130
 VOCAB_SIZE = 1024
-HORIZON_DIM = 7  # raw action dimension of the tiny embodiment (DROID-like: 6 joints + gripper)
+RAW_ACTION_DIM = 7  # raw action dimension of the tiny embodiment (DROID-like: 6 joints + gripper)
 STATS_FILE = "action_stats.json"
 MANIFEST_FILE = "tiny_checkpoint.json"
 FORMAT_VERSION = 2
@@ -117,7 +117,7 @@ MODEL_INDEX = {
 }
 
 
-def _action_stats(raw_action_dim: int = HORIZON_DIM) -> dict:
+def _action_stats(raw_action_dim: int = RAW_ACTION_DIM) -> dict:
     # Only the "global" key: sglang's load_action_stats reads one stats set per file (its
     # stats_key is never passed per domain), so a checkpoint covers one action width.
     # Ranges differ per dimension so a wrong denormalisation is visible in tests.
@@ -206,7 +206,7 @@ def write_checkpoint(
     out_dir: str | os.PathLike = DEFAULT_DIR,
     *,
     preset: str = "tiny",
-    raw_action_dim: int = HORIZON_DIM,
+    raw_action_dim: int = RAW_ACTION_DIM,
     config_only: bool = False,
     log=None,
 ) -> Path:
@@ -317,7 +317,7 @@ def add_make_checkpoint_arguments(parser) -> None:
     parser.add_argument("dir", nargs="?", default=str(DEFAULT_DIR), help="output directory")
     parser.add_argument("--preset", choices=PRESETS, default="tiny",
                         help="tiny: a ~14 MB test model; full: Cosmos3 Nano dimensions, ~30 GB bf16")
-    parser.add_argument("--raw-action-dim", type=int, default=HORIZON_DIM,
+    parser.add_argument("--raw-action-dim", type=int, default=RAW_ACTION_DIM,
                         help="action dims the action stats cover (droid_lerobot: 10)")
     parser.add_argument("--config-only", action="store_true",
                         help="write configs, tokenizer and stats but no weights (shape checks, size estimates)")
