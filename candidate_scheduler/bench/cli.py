@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = p.add_argument_group("method benchmark")
     m.add_argument("--repeats", type=int, default=None, help="timed repeats per shape (default: small 40, large 15)")
-    m.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=None, help="shapes (default: all)")
+    m.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=None, help="shapes (default: small on cpu, all on cuda)")
     m.add_argument("--ns", nargs="+", type=int, default=None, help=f"candidate counts (default {list(NS_FULL)})")
     m.add_argument("--no-plots", action="store_true", help="write no PNG plots (both benchmarks)")
     m.add_argument("--sglang-cache", choices=["text", "cold", "warm"], default="text",
