@@ -20,7 +20,8 @@ import numpy as np
 from candidate_scheduler.service.client import AsyncClient, ServiceError
 
 # reply metrics kept per outcome (the rest of the reply's metrics are not needed by the summaries)
-KEPT_METRICS = ("total_s", "queue_wait_s", "first_step_s", "served_count", "requested_count", "joined_running_batches")
+KEPT_METRICS = ("total_s", "queue_wait_s", "first_step_s", "served_count", "requested_count", "joined_running_batches",
+                "receipt_to_reply_s")
 
 
 @dataclass

@@ -72,7 +72,9 @@ def test_deadline_bench_smoke_writes_every_figure(smoke_run):
     rmse = [quality["per_count"][str(n)]["rmse"] for n in range(1, 9)]
     assert all(math.isfinite(x) and x > 0 for x in rmse) and rmse[-1] < rmse[0]
     assert quality["reference_count"] == 64 and quality["streams_vs_service"]["all_bitwise"] is True
-    assert [t["pass"] in (True, False) for t in result["targets"]] == [True] * 3
+    assert len(result["targets"]) >= 3 and all(t["pass"] in (True, False) for t in result["targets"])
+    refusals = result["refusals"]["all"]
+    assert refusals["scheduler"]["n"] == refusals["n"]  # every refusal carries the shell's receipt_to_reply_s
     assert [row["depth"] for row in result["engine_decisions"]["rows"]]
 
 
