@@ -50,12 +50,10 @@ UNSUPPORTED_FIELDS: tuple[tuple[str, tuple], ...] = (
     ("timesteps", (None,)),
     ("generator", (None,)),
     ("realtime_session_id", (None,)),
-    # prompt templates, the CFG window, sound and the vision/action position sharing all change the tokens
-    # or the denoise; the native protocol runs sglang's defaults for them
+    # The CFG window, sound and the vision/action position sharing change the denoise; the native
+    # protocol runs sglang's defaults for them. (The prompt templates are not here: sglang's tokenization
+    # stage turns the system prompt and duration template off for every action request.)
     ("guidance_interval", (None,)),
-    ("use_system_prompt", (None,)),
-    ("use_duration_template", (None,)),
-    ("use_resolution_template", (None,)),
     ("sound_duration", (0.0,)),
     ("share_vision_temporal_positions", (True,)),
     ("control_guidance", (1.0,)),

@@ -97,6 +97,7 @@ class Engine:
         self.cost = CostModel()
         self._largest_fitted = 0  # the largest worker's rows when pending slices were last fitted to it
         self.cache_bytes: dict[str, int] = {}  # worker id -> its conditioning cache's bytes in use
+        self.elastic: set[str] = set()  # queued groups with a deadline whose count may still shrink
         self.now = 0.0
 
     def _clock(self) -> float:
@@ -162,6 +163,8 @@ class Engine:
         self.metrics.admission(decision.mode.value, decision.reason)
         if group.admit(decision):
             self.queue[group.request_id] = None
+            if group.deadline is not None and group.spec.min_count < group.served_count:
+                self.elastic.add(group.request_id)
             self.metrics.microbatches_per_group(len(decision.slices))
         else:
             self._end(group, out)
@@ -218,6 +221,8 @@ class Engine:
     def _shrink_starting(self, placements) -> bool:
         """Elastic counts: fix the count of the groups about to start -- those placed now, and the first
         few waiting at the head, which may start now with fewer candidates rather than later with all."""
+        if not self.elastic:
+            return False  # the common case; the rest orders the whole queue, once per planning pass
         placed = [self.groups[e.request_id] for _wid, entries in placements for e in entries]
         waiting = [g for g in (self.groups[rid] for rid in self.queue) if g.status is GroupStatus.ADMITTED]
         head = deadlines.order(waiting, self.config.best_effort_s)[:_ELASTIC_LOOKAHEAD * len(self.workers)]
@@ -465,6 +470,7 @@ class Engine:
         self.groups.pop(rid, None)
         self.queue.pop(rid, None)
         self.waiting.pop(rid, None)
+        self.elastic.discard(rid)
         result = None if reply is None else g.result(reply)
         # STATUS must say what the reply said ("rejected" is a FAILED group to the state machine)
         self.finished[rid] = g.status.name.lower() if result is None else result.status

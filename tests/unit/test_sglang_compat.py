@@ -338,7 +338,7 @@ def test_expanded_list_is_one_offset_group_and_explicit_otherwise():
 
 @pytest.mark.parametrize("field, value", [("flow_shift", 3.0), ("action_view_point", "third_person"),
                                           ("video_path", "/v.mp4"), ("rollout", True), ("action_fps", 10.0),
-                                          ("guidance_interval", (400.0, 1000.0)), ("use_system_prompt", True),
+                                          ("guidance_interval", (400.0, 1000.0)),
                                           ("sound_duration", 1.5), ("share_vision_temporal_positions", False)])
 def test_fields_the_native_protocol_cannot_carry_are_refused(field, value):
     with pytest.raises(CompatError, match=f"{field} is not supported"):
