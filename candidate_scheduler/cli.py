@@ -22,6 +22,13 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+def _quantile(text: str) -> float:
+    q = float(text)
+    if not 0.5 <= q <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0.5 and 1, got {text}")
+    return q
+
+
 def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
     from candidate_scheduler.service.openpi.launch import add_openpi_arguments
 
@@ -49,6 +56,9 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--best-effort-slack", type=float, default=30.0,
                    help="seconds: a group without a deadline is ordered as if due this long after receipt, so "
                         "earliest-deadline-first never starves it")
+    p.add_argument("--deadline-margin-quantile", type=_quantile, default=0.9,
+                   help="the percentile (0.5-1) of the measured actual/predicted time that deadline forecasts "
+                        "plan for: higher misses fewer deadlines, serves fewer elastic candidates and refuses more")
     p.add_argument("--curve-dir", default=None, help="CURVE keys for the worker link (see `candidate-scheduler keys`)")
     add_openpi_arguments(p)
 

@@ -34,7 +34,8 @@ def _config(args) -> server.SchedulerConfig:
         engine=EngineConfig(policy=AdmissionPolicy(args.policy), batching=args.batching,
                             max_queued_groups=args.max_queued_groups, retry_limit=args.retry_limit,
                             best_effort_s=args.best_effort_slack, heartbeat_interval_s=args.heartbeat_interval,
-                            heartbeat_timeout_s=args.heartbeat_timeout),
+                            heartbeat_timeout_s=args.heartbeat_timeout,
+                            margin_quantile=args.deadline_margin_quantile),
     )
 
 

@@ -47,7 +47,7 @@ def main(args) -> int:
         from candidate_scheduler.bench.deadline import run_deadline_bench
 
         run_deadline_bench(Path(args.out), model=args.model, smoke=args.smoke, plot=not args.no_plots,
-                           device=args.device)
+                           device=args.device, margin_quantile=args.deadline_margin_quantile)
     return 0
 
 
@@ -90,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--load-seed", type=int, default=None, help="seed of the arrival schedules (default 20240613)")
     g.add_argument("--load-scale", type=float, default=1.0,
                    help="multiply every load window and group minimum by this (default 1; e.g. 3 for steadier figures)")
+
+    d = p.add_argument_group("deadline benchmark")
+    d.add_argument("--deadline-margin-quantile", type=float, default=None,
+                   help="the scheduler's --deadline-margin-quantile for the deadline benchmark (default: serve's own)")
     return p
 
 

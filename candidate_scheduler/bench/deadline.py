@@ -65,6 +65,7 @@ from candidate_scheduler.bench.deadline_settings import (
 from candidate_scheduler.bench.deadline_sim import WORKERS, simulate, summarize_sim
 from candidate_scheduler.bench.deadline_window import Target, run_window
 from candidate_scheduler.bench.open_loop import at_rate, poisson_schedule, unit_schedule
+from candidate_scheduler.core.engine import EngineConfig
 from candidate_scheduler.service.launcher import Launcher
 
 Progress = Callable[[str], None]
@@ -152,7 +153,8 @@ def _in_time_histogram(outcomes, deadline_s: float) -> dict[str, int]:
 
 
 def run_deadline_bench(out_dir: Path, model: str | Path = DEFAULT_MODEL, smoke: bool = False,
-                       progress: Progress | None = None, plot: bool = True, device: str = "cpu") -> dict:
+                       progress: Progress | None = None, plot: bool = True, device: str = "cpu",
+                       margin_quantile: float | None = None) -> dict:
     """Run the deadline benchmark and write its outputs under `out_dir`; returns the result dict.
     `progress(message)` is called at every phase and window (default: a line on stderr)."""
     from candidate_scheduler.service.client import synthetic_image
@@ -175,7 +177,10 @@ def run_deadline_bench(out_dir: Path, model: str | Path = DEFAULT_MODEL, smoke: 
     try:
         say(f"{'smoke' if smoke else 'full'} run: starting serve --batching step + worker cosmos3 "
             f"--capacity {WORKER_CAPACITY}")
-        handle = launcher.scheduler("--batching", "step", metrics=True, name="deadline-scheduler")
+        serve_flags = ("--batching", "step")
+        if margin_quantile is not None:
+            serve_flags += ("--deadline-margin-quantile", str(margin_quantile))
+        handle = launcher.scheduler(*serve_flags, metrics=True, name="deadline-scheduler")
         launcher.worker(handle, "cosmos3", WORKER_CAPACITY, model=model, device=device)
         say(f"quality proxy: {len(settings.seeds)} seed streams x 64 candidates in process "
             "(the worker loads meanwhile)")
@@ -262,7 +267,8 @@ def run_deadline_bench(out_dir: Path, model: str | Path = DEFAULT_MODEL, smoke: 
                 "sglang": package_version("sglang"), "torch": package_version("torch"),
                 "loadavg_start": load_before, "loadavg_end": loadavg(), "wall_s": wall, "phases": phases,
             },
-            "settings": settings.to_dict(),
+            "settings": {**settings.to_dict(), "margin_quantile": margin_quantile if margin_quantile is not None
+                         else EngineConfig().margin_quantile},
             "unloaded": unloaded,
             "deadline_s": deadline_s,
             "capacity": capacity,

@@ -205,7 +205,8 @@ def write_report(result: dict, path: Path, json_name: str, plot_name: str | None
         f"(1/5/15 min) {meta['loadavg_start']} at start, {meta['loadavg_end']} at end · raw figures: "
         f"[`{json_name}`]({json_name})",
         "",
-        f"One `serve --batching step` and one cosmos3 `worker --capacity {st['worker_capacity']}` (tiny "
+        f"One `serve --batching step --deadline-margin-quantile {st.get('margin_quantile', 0.9)}` and one cosmos3 "
+        f"`worker --capacity {st['worker_capacity']}` (tiny "
         f"checkpoint, {s['height']}x{s['width']}, {s['steps']} denoise steps, horizon {s['horizon']}). Every group "
         f"asks for {st['count']} candidates (reducer `{st['reducer']}`) with a deadline of {st['deadline_factor']:g}x "
         f"the unloaded latency of a count-{st['count']} group: median {un['median_s'] * 1000:.1f} ms over "

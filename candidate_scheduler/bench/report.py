@@ -8,7 +8,8 @@ from pathlib import Path
 
 from candidate_scheduler.bench.common import fmt, json_default
 from candidate_scheduler.bench.plots import write_plots
-from candidate_scheduler.bench.settings import LABELS, METHODS
+from candidate_scheduler.bench.settings import LABELS, METHODS, TARGET_N
+from candidate_scheduler.bench.targets import speedup_ceiling
 
 
 def _mib(b) -> str:
@@ -42,6 +43,12 @@ def write_report(result: dict, out_dir: Path, json_name: str, plots: list[str]) 
         unit = t["unit"]
         measured = f"{fmt(t['measured'], 0 if unit == 'groups/s' else 2)} {unit}"
         lines.append(f"| {t['target']} | {measured} | {'PASS' if t['pass'] else 'MISS'} |")
+    ceiling = speedup_ceiling(result)
+    if ceiling is not None:
+        lines += ["", f"Ceiling of (c) vs (a) at N={TARGET_N} on this machine: (a) takes {fmt(ceiling['a_ms'])} ms and "
+                  f"(c)'s conditioning alone {fmt(ceiling['c_condition_ms'])} ms (the encode of the fresh observation, "
+                  "which (a) also pays once), so even a free denoise gives at most "
+                  f"{fmt(ceiling['ceiling_x'], 2)}x."]
     cache = result.get("conditioning_cache")
     if cache:
         lines += ["", "## Conditioning reuse (64x64, the worker's cache; median of "

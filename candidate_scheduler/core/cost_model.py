@@ -13,9 +13,11 @@ Per worker and per forward label (SamplingSpec.forward_label: shape, horizon, CF
   rows a worker may hold under its memory budget.
 
 The error of every assignment's prediction (actual / predicted, observed when its result arrives) is
-kept too, and `margin()` -- its 90th percentile over the recent past, never below 1 -- is what the
-deadline forecasts multiply every duration by: on a machine whose steps run 20% slower than measured
-one time in ten, a deadline is planned with that 20% in hand. It is measured, not set.
+kept too, and `margin()` -- a high percentile of it over the recent past (`margin_quantile`, 0.9 by
+default), never below 1 -- is what the deadline forecasts multiply every duration by: on a machine
+whose steps run 20% slower than measured one time in ten, a deadline is planned with that 20% in hand.
+It is measured, not set; the quantile only says how much of the measured tail to plan for (a higher
+one misses fewer deadlines and serves fewer candidates, or refuses more groups).
 """
 
 from __future__ import annotations
@@ -123,7 +125,10 @@ class WorkerCost:
 
 
 class CostModel:
-    def __init__(self) -> None:
+    def __init__(self, margin_quantile: float = 0.9) -> None:
+        if not 0.5 <= margin_quantile <= 1.0:
+            raise ValueError(f"margin_quantile must be in [0.5, 1], got {margin_quantile!r}")
+        self.margin_quantile = margin_quantile
         self.workers: dict[str, WorkerCost] = {}
         self.errors: collections.deque[float] = collections.deque(maxlen=ERRORS_KEPT)
 
@@ -132,11 +137,11 @@ class CostModel:
             self.errors.append(actual_s / predicted_s)
 
     def margin(self) -> float:
-        """The 90th percentile of actual / predicted over recent assignments, at least 1."""
+        """The `margin_quantile` percentile of actual / predicted over recent assignments, at least 1."""
         if len(self.errors) < MIN_ERRORS:
             return 1.0
         ranked = sorted(self.errors)
-        return max(1.0, ranked[int(0.9 * (len(ranked) - 1))])
+        return max(1.0, ranked[int(self.margin_quantile * (len(ranked) - 1))])
 
     def with_margin(self) -> Scaled:
         return Scaled(self, self.margin())

@@ -65,9 +65,12 @@ class EngineConfig:
     heartbeat_timeout_s: float = 3.0
     finished_memory: int = 10_000  # finished groups remembered for STATUS
     best_effort_s: float = 30.0  # a group without a deadline is ordered as if due this long after receipt
+    margin_quantile: float = 0.9  # of the measured prediction error that deadline forecasts plan for
 
     def __post_init__(self) -> None:
         self.policy = AdmissionPolicy(self.policy)
+        if not 0.5 <= self.margin_quantile <= 1.0:
+            raise ValueError(f"margin_quantile must be in [0.5, 1], got {self.margin_quantile!r}")
         if self.batching not in BATCHING_MODES:
             raise ValueError(f"batching must be one of {BATCHING_MODES}, got {self.batching!r}")
 
@@ -94,7 +97,7 @@ class Engine:
         self._next_batch = first_batch_id
         self.draining = False
         self.counters: collections.Counter = collections.Counter()
-        self.cost = CostModel()
+        self.cost = CostModel(self.config.margin_quantile)
         self._largest_fitted = 0  # the largest worker's rows when pending slices were last fitted to it
         self.cache_bytes: dict[str, int] = {}  # worker id -> its conditioning cache's bytes in use
         self.elastic: set[str] = set()  # queued groups with a deadline whose count may still shrink

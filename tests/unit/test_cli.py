@@ -45,3 +45,13 @@ def test_bench_hands_its_flags_to_the_benchmark(monkeypatch):
     assert cli.main(["bench", "--smoke", "--model", "m", "--out", "o"]) == 0
     assert cli.main(["bench", "--", "--load"]) == 0
     assert seen == [["--smoke", "--model", "m", "--out", "o"], ["--", "--load"]]
+
+
+def test_serve_passes_the_deadline_margin_quantile_to_the_engine():
+    from candidate_scheduler.commands import _config
+
+    config = _config(build_parser().parse_args(["serve", "--deadline-margin-quantile", "0.97"]))
+    assert config.engine.margin_quantile == 0.97
+    assert _config(build_parser().parse_args(["serve"])).engine.margin_quantile == 0.9
+    with pytest.raises(SystemExit):  # argparse's own error: "must be between 0.5 and 1"
+        build_parser().parse_args(["serve", "--deadline-margin-quantile", "2"])
