@@ -16,7 +16,8 @@ medians over the steps:
 Everything runs on one dedicated thread, like the worker's compute thread (bench/README.md: on these
 shared CPUs torch work issued from a process's main thread can stall at OpenMP barriers).
 
-    python -m candidate_scheduler.bench.step_profile [--model DIR] [--steps 60] [--n 1 8] [--groups G] [--json OUT]
+    python -m candidate_scheduler.bench.step_profile [--model DIR] [--steps 60] [--n 1 8] [--groups G]
+        [--sharing on|off|both] [--json OUT]
 """
 
 from __future__ import annotations
@@ -37,10 +38,11 @@ WARMUP_STEPS = 3
 
 
 def profile_step(adapter, steps: int = 60, n: int = 1, height: int = 64, width: int = 64,
-                 guidance: float = 1.0, groups: int = 1) -> dict:
+                 guidance: float = 1.0, groups: int = 1, share_solvers: bool = True) -> dict:
     """Time `steps` steps of `groups` groups of n candidates each, sharing one cohort (plus untimed
     warm-up steps); medians in ms. Without CFG only: the bare-forward replay runs the step's one forward,
-    and a CFG step may run two (serial when the cond and uncond token lengths differ)."""
+    and a CFG step may run two (serial when the cond and uncond token lengths differ). The groups start
+    together, so they are in lockstep: `share_solvers` says whether their solvers step together."""
     if guidance > 1.0:
         raise ValueError("step_profile times steps without CFG (guidance <= 1); a CFG step may run two forwards")
     import torch
@@ -75,6 +77,7 @@ def profile_step(adapter, steps: int = 60, n: int = 1, height: int = 64, width: 
 
         return step
 
+    adapter.share_solvers = share_solvers
     running = [adapter.start(item) for item in items]
     for group in running:  # each group's own UniPC solvers (sglang's arithmetic, not ours to trim)
         for solver in (group.video_scheduler, group.action_scheduler):
@@ -107,11 +110,13 @@ def profile_step(adapter, steps: int = 60, n: int = 1, height: int = 64, width: 
             h.remove()
         for group in running:
             adapter.release(group)
+        adapter.share_solvers = True
     ms = {k: [v * 1e3 for v in vals] for k, vals in rows.items()}
     step, inner, solvers, bare = ms["step"], ms["forward_in_step"], ms["solvers"], ms["bare"]
     overhead = [s - b for s, b in zip(step, bare)]
     return {
         "groups": groups, "n": n, "steps": steps, "height": height, "width": width, "guidance": guidance,
+        "share_solvers": share_solvers,
         "step_ms": statistics.median(step),
         "forward_in_step_ms": statistics.median(inner),
         "outside_forward_ms": statistics.median([s - f for s, f in zip(step, inner)]),
@@ -149,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--groups", type=int, default=1, help="groups of N sharing one cohort")
     p.add_argument("--guidance", type=float, default=1.0, help="<= 1: CFG steps are not profiled")
     p.add_argument("--size", type=int, nargs=2, default=[64, 64], metavar=("H", "W"))
+    p.add_argument("--sharing", choices=["on", "off", "both"], default="on",
+                   help="solver steps of the groups (in lockstep) together or each its own; both: alternate off/on "
+                        "--rounds times, side by side")
+    p.add_argument("--rounds", type=int, default=3, help="alternations with --sharing both")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
 
@@ -158,11 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     model = ensure_checkpoint(Path(args.model)) if Path(args.model) == DEFAULT_MODEL else args.model
     adapter = _on_thread(Cosmos3CandidateAdapter, model, device=args.device)
     results = []
-    for n in args.n:
+    arms = {"on": [True], "off": [False], "both": [False, True] * args.rounds}[args.sharing]
+    for n, share in ((n, share) for n in args.n for share in arms):
         r = _on_thread(profile_step, adapter, steps=args.steps, n=n, height=args.size[0], width=args.size[1],
-                       guidance=args.guidance, groups=args.groups)
+                       guidance=args.guidance, groups=args.groups, share_solvers=share)
         results.append(r)
-        print(f"{r['groups']} group(s) x N={n} {r['height']}x{r['width']} g={r['guidance']}: step {r['step_ms']:.2f} ms, forward in step "
+        print(f"solver sharing {'on ' if share else 'off'} {r['groups']} group(s) x N={n} {r['height']}x{r['width']} g={r['guidance']}: step {r['step_ms']:.2f} ms, forward in step "
               f"{r['forward_in_step_ms']:.2f} ms, outside the forward {r['outside_forward_ms']:.2f} ms (UniPC solvers "
               f"{r['solvers_ms']:.2f}, the rest {r['bookkeeping_ms']:.2f}), bare forward "
               f"{r['bare_forward_ms']:.2f} ms, overhead {r['overhead_ms']:.2f} ms ({r['overhead_pct']:.1f}%)"

@@ -94,6 +94,9 @@ class Cosmos3CandidateAdapter:
         self.text = TextPathway(self.transformer.language_model, self._counts, model_cache)
         self.vae = VaeEncoder(self.latent_stage, self._counts, model_cache)
         self.cohorts = Cohorts(self.transformer)
+        # groups in lockstep step their UniPC solvers once over all their rows (cosmos3_solvers); off:
+        # every group steps its own, as the step profile's "before" arm measures
+        self.share_solvers = True
         self._install_hooks()
 
     def _install_hooks(self) -> None:

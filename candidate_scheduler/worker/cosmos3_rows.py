@@ -9,7 +9,8 @@ it charged to the group's `condition_s`:
   observation's VAE latent is encoded once for all its candidates (cosmos3_conditioning.VaeEncoder);
 - the group's OWN timesteps from sglang's own `Cosmos3TimestepPreparationStage`, and its own deep
   copies of the UniPC scheduler for video and for action latents (FlowUniPC keeps model outputs and
-  the last sample on the instance, so no two groups may share one). That stage sets the shared stage
+  the last sample on the instance, so no two groups may share one; groups in lockstep step theirs
+  together, cosmos3_solvers). That stage sets the shared stage
   scheduler's shift and timesteps; the copies are taken right after, which is the state sglang's own
   denoise loop starts from;
 - the text pathway K/V of the group's distinct text rows, made live for the forwards it joins
@@ -33,6 +34,7 @@ from candidate_scheduler.core.work import BatchReport, CandidateWork, GroupWork,
 from candidate_scheduler.worker import generators
 from candidate_scheduler.worker.cosmos3_conditioning import observation_key
 from candidate_scheduler.worker.cosmos3_sglang import build_sglang_request
+from candidate_scheduler.worker.cosmos3_solvers import solver_signature
 from candidate_scheduler.worker.stepping import BadRequest
 
 # What sglang's latent stage prepares per candidate (observation-major rows): the two noised latents
@@ -90,6 +92,8 @@ class Cosmos3Group:
     raw_dim: int | None
     share_vision: bool
     normalization: str
+    solver_key: tuple = ()  # cosmos3_solvers.solver_signature of the video solver (and the action one)
+    action_solver_key: tuple = ()
     text_keys: list = field(default_factory=list)
     records: list = field(default_factory=list)  # rollouts: (step index, per-row tensors)
     step_index: int = 0
@@ -297,6 +301,8 @@ def start_group(model, item: GroupWork, uid: int) -> Cosmos3Group:
         share_vision=bool(getattr(params, "share_vision_temporal_positions", True)),
         normalization=getattr(params, "action_normalization", "quantile"),
     )
+    group.solver_key = solver_signature(video_scheduler, timesteps)
+    group.action_solver_key = solver_signature(action_scheduler, timesteps)
     group.shape_key = (
         tuple(latents.shape[1:]), str(latents.dtype), tuple(tensors["action_latents"].shape[1:]),
         group.video_shape, group.fps, group.action_fps, group.action_offset, group.share_vision,

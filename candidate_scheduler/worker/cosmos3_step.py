@@ -1,5 +1,5 @@
 """One denoise step of a Cosmos3 running batch: cohorts, one forward each, CFG per group, each group's
-own solvers.
+own solvers (stepped together for groups in lockstep).
 
 This mirrors `Cosmos3DenoisingStage._denoise_once` for the action-policy subset, for many groups at
 once, and calls the stage's own `_run_transformer` so the model math stays sglang's:
@@ -12,7 +12,9 @@ once, and calls the stage's own `_run_transformer` so the model math stays sglan
   arithmetic (`uncond + g * (cond - uncond)`, g a Python float, as in `_predict_noise_cfg_batched` and
   `_predict_noise_text_cfg_serial`); then each group's own video and action solvers step its own rows.
   A row's result is bitwise its result alone: the Cosmos3 forward is row independent on this path
-  (notes §5b), elementwise ops do not care which rows sit beside them, and no solver state is shared.
+  (notes §5b), and elementwise ops do not care which rows sit beside them. Groups in lockstep (same
+  schedule, same step) step their solvers once over all their rows (cosmos3_solvers); between steps
+  each group keeps its own solver state.
 - `proj_out` gets the input layout sglang's own request would give it: contiguous where the reference
   forward runs at B=1 (no CFG, serial CFG), as it comes in the batched-CFG path (the reference forward
   itself is B=2 on a non-contiguous slice there).
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from candidate_scheduler.worker.cosmos3_rows import BATCHED_CFG, NO_CFG, SERIAL_CFG, Cosmos3Group
+from candidate_scheduler.worker.cosmos3_solvers import step_together
 
 
 @dataclass(eq=False)
@@ -133,12 +136,17 @@ def run_step(model, groups) -> int:
     """Advance every group by one step; returns the transformer forwards run."""
     transformer = model.transformer
     step_sensitive = transformer.step_precision_controller is not None
-    forwards, used = 0, []
+    forwards, used, stepped, preds = 0, [], [], []
     try:
         for key, members in plan_cohorts(groups, step_sensitive).items():
             signature, cohort = model.cohorts.get(key, members)
             used.append(signature)
-            forwards += _run_cohort(model, cohort, step_sensitive)
+            n, cohort_preds = _run_cohort(model, cohort, step_sensitive)
+            forwards += n
+            stepped += cohort.members
+            preds += cohort_preds
+        # after every cohort's forward: groups in lockstep share solver steps across cohorts too
+        advance(stepped, preds, model.share_solvers)
     finally:
         model.proj_out_contiguous = False
         model.text.serving = False
@@ -168,7 +176,8 @@ def _step_inputs(cohort: Cohort):
     return cohort.latents, cohort.action_latents, cohort.timestep
 
 
-def _run_cohort(model, cohort: Cohort, step_sensitive: bool) -> int:
+def _run_cohort(model, cohort: Cohort, step_sensitive: bool) -> tuple[int, list]:
+    """The cohort's forwards: (how many, each member's (video, action) prediction)."""
     stage = model.denoise_stage
     members, bounds, inputs = cohort.members, cohort.bounds, cohort.inputs
     lead = members[0]
@@ -220,39 +229,55 @@ def _run_cohort(model, cohort: Cohort, step_sensitive: bool) -> int:
     else:  # pragma: no cover - forward_key only makes the three above
         raise ValueError(f"unknown CFG mode {mode!r}")
     model.text.serving = False
-    for g, (video_pred, action_pred) in zip(members, preds):
-        advance(g, video_pred, action_pred)
+    for g in members:
         g.report.transformer_forwards += forwards
-    return forwards
+    return forwards, preds
 
 
-def advance(g: Cosmos3Group, video_pred: torch.Tensor, action_pred: torch.Tensor) -> None:
-    """One solver step of a group's own rows, as sglang's denoise loop does it."""
-    i = g.step_index
-    t = g.timesteps[i]
-    tensors = g.tensors
-    video_pred = video_pred * tensors["velocity_mask"]
-    latents = g.video_scheduler.step(video_pred, t, tensors["latents"], return_dict=False)[0]
-    action_pred = action_pred * tensors["action_velocity_mask"]
-    raw_dim = g.raw_dim
-    if raw_dim is not None and raw_dim < action_pred.shape[-1]:
-        action_pred[..., raw_dim:] = 0.0
-    action_latents = tensors["action_latents"]
-    if g.sampling.rollout:
-        from candidate_scheduler.worker.rollout import sde_step
-
-        sigmas = g.sigmas
-        out = sde_step(action_latents, action_pred, sigmas[i], sigmas[i + 1], sigmas[min(1, len(sigmas) - 1)],
-                       float(g.sampling.noise_level), g.generators, raw_dim)
-        action_latents = out.pop("x_next")
-        keep = g.sampling.return_step_indices
-        if keep is None or i in keep:
-            g.records.append((i, out))
+def advance(groups: list[Cosmos3Group], preds: list, share: bool = True) -> None:
+    """One solver step of each group's own rows, as sglang's denoise loop does it; with `share`, the
+    solvers of groups in lockstep step once over all their rows (cosmos3_solvers)."""
+    video_preds, action_preds = [], []
+    for g, (video_pred, action_pred) in zip(groups, preds):
+        video_preds.append(video_pred * g.tensors["velocity_mask"])
+        action_pred = action_pred * g.tensors["action_velocity_mask"]
+        if g.raw_dim is not None and g.raw_dim < action_pred.shape[-1]:
+            action_pred[..., g.raw_dim:] = 0.0
+        action_preds.append(action_pred)
+    ts = [g.timesteps[g.step_index] for g in groups]
+    solver = [g for g in range(len(groups)) if not groups[g].sampling.rollout]
+    if share and len(groups) > 1:
+        latents = step_together([g.video_scheduler for g in groups], [g.solver_key for g in groups], video_preds,
+                                ts, [g.tensors["latents"] for g in groups])
+        actions = dict(zip(solver, step_together(
+            [groups[k].action_scheduler for k in solver], [groups[k].action_solver_key for k in solver],
+            [action_preds[k] for k in solver], [ts[k] for k in solver],
+            [groups[k].tensors["action_latents"] for k in solver])))
     else:
-        action_latents = g.action_scheduler.step(action_pred, t, action_latents, return_dict=False)[0]
-    # re-blend the clean condition: mask * x + (1 - mask) * condition, the second term computed once
-    # per group (cosmos3_rows.BLEND_TERMS): the same values, so the same bits, as sglang's loop
-    tensors["action_latents"] = tensors["action_velocity_mask"] * action_latents + tensors["action_condition_term"]
-    tensors["latents"] = tensors["velocity_mask"] * latents + tensors["condition_term"]
-    g.step_index += 1
-    g.report.steps_run += 1
+        latents = [g.video_scheduler.step(p, t, g.tensors["latents"], return_dict=False)[0]
+                   for g, p, t in zip(groups, video_preds, ts)]
+        actions = {k: groups[k].action_scheduler.step(action_preds[k], ts[k], groups[k].tensors["action_latents"],
+                                                      return_dict=False)[0] for k in solver}
+    for k, g in enumerate(groups):
+        action_latents = actions[k] if k in actions else _rollout_step(g, action_preds[k])
+        tensors = g.tensors
+        # re-blend the clean condition: mask * x + (1 - mask) * condition, the second term computed once
+        # per group (cosmos3_rows.BLEND_TERMS): the same values, so the same bits, as sglang's loop
+        tensors["action_latents"] = tensors["action_velocity_mask"] * action_latents + tensors["action_condition_term"]
+        tensors["latents"] = tensors["velocity_mask"] * latents[k] + tensors["condition_term"]
+        g.step_index += 1
+        g.report.steps_run += 1
+
+
+def _rollout_step(g: Cosmos3Group, action_pred: torch.Tensor) -> torch.Tensor:
+    """A rollout's action step: the SDE step with each candidate's own noise stream (never shared)."""
+    from candidate_scheduler.worker.rollout import sde_step
+
+    i, sigmas = g.step_index, g.sigmas
+    out = sde_step(g.tensors["action_latents"], action_pred, sigmas[i], sigmas[i + 1], sigmas[min(1, len(sigmas) - 1)],
+                   float(g.sampling.noise_level), g.generators, g.raw_dim)
+    keep = g.sampling.return_step_indices
+    action_latents = out.pop("x_next")
+    if keep is None or i in keep:
+        g.records.append((i, out))
+    return action_latents

@@ -298,3 +298,55 @@ def test_with_a_step_precision_controller_only_groups_at_the_same_step_share(ada
     assert driver.forwards == [1, 2, 2, 2]
     # each forward selected its own cohort's step (and step count) before it ran
     assert controller.calls == [(0, 4), (1, 4), (0, 3), (2, 4), (1, 3), (3, 4), (2, 3)]
+
+
+# ---- groups in lockstep step their solvers together ---------------------------------------------------------
+class SolverCalls:
+    """Counts FlowUniPC `step` calls, and the rows each stepped."""
+
+    def __init__(self, monkeypatch, scheduler):
+        self.rows: list[int] = []
+        cls = type(scheduler)
+        original = cls.step
+
+        def step(this, model_output, *args, **kwargs):
+            self.rows.append(int(model_output.shape[0]))
+            return original(this, model_output, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "step", step)
+
+
+def test_groups_in_lockstep_step_their_solvers_once_and_stay_bitwise(adapter, ref, monkeypatch):
+    imgs = [image(21), image(22), image(23), image(24)]
+    a = group("A", imgs[0], PROMPT, sampling(4), [961, 962])
+    b = group("B", imgs[1], PROMPT_SAME_LEN, sampling(4), [963])
+    c = group("C", imgs[2], PROMPT, sampling(4, 2.0), [964])  # serial CFG: a cohort of its own, same schedule
+    late = group("L", imgs[3], PROMPT, sampling(4), [965])  # same schedule, one step behind: its own solvers
+    calls = SolverCalls(monkeypatch, adapter.timestep_stage.scheduler)
+    driver = Driver(adapter)
+    out = driver.run((0, a), (0, b), (0, c), (1, late))
+    stepped = list(calls.rows)  # before the references run sglang's own solvers
+    for item, img, prompt in ((a, imgs[0], PROMPT), (b, imgs[1], PROMPT_SAME_LEN), (c, imgs[2], PROMPT),
+                              (late, imgs[3], PROMPT)):
+        assert_matches_reference(ref, out[item.request_id], item, img, prompt)
+    # every step: one video solver step over the 4 lockstep rows of A, B and C (C shares it although its
+    # forward is another cohort's), the late group's own from step 1 on, then the same for the actions
+    assert stepped == [4, 4] + [4, 1, 4, 1] * 3 + [1, 1]
+    assert_no_cohort_caches(adapter)
+
+
+def test_solver_sharing_on_and_off_give_the_same_bits_with_a_rollout_in_lockstep(adapter, monkeypatch):
+    img_a, img_r = image(25), image(26)
+    items = [group("A", img_a, PROMPT, sampling(3), [971]),
+             group("R", img_r, PROMPT, sampling(3, rollout=True, noise_level=0.7), [972, 973])]
+    results = {}
+    for share in (False, True):
+        monkeypatch.setattr(adapter, "share_solvers", share)
+        calls = SolverCalls(monkeypatch, adapter.timestep_stage.scheduler)
+        results[share] = Driver(adapter).run(*[(0, it) for it in items])
+        # the rollout's action step is its SDE step (own noise streams): only the video solvers are shared
+        assert calls.rows == ([3, 1] * 3 if share else [1, 2, 1] * 3)
+    for rid in ("A", "R"):
+        assert results[True][rid].actions.tobytes() == results[False][rid].actions.tobytes(), rid
+    for name, arr in results[False]["R"].rollout.items():
+        assert results[True]["R"].rollout[name].tobytes() == arr.tobytes(), name
