@@ -197,6 +197,7 @@ class Bench:
                    {"admission_mode": m.get("admission_mode"), "microbatches": m.get("microbatches"),
                     "scheduler_total_s": m.get("total_s"), "queue_wait_s": m.get("queue_wait_s"),
                     "model_s": sum(float(m.get(k) or 0.0) for k in ("condition_s", "denoise_s", "postprocess_s")),
+                    "worker_s": m.get("worker_s"), "receipt_to_reply_s": m.get("receipt_to_reply_s"),
                     "denoise_s": m.get("denoise_s")})
 
     def worker_pid(self) -> int:

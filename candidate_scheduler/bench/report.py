@@ -120,6 +120,7 @@ def write_report(result: dict, out_dir: Path, json_name: str, plots: list[str]) 
                          f"| {fmt(o['added_ms_median_paired'], 2)} | {fmt(o.get('c_model_ms'))} "
                          f"| {fmt(o.get('d_model_ms'))} | {fmt(o.get('d_scheduler_worker_ms'), 2)} "
                          f"| {fmt(o.get('d_client_scheduler_ms'), 2)} | {fmt(o.get('outside_model_added_ms'), 2)} |")
+        lines += _path_table(sr)
     null = result.get("null_worker")
     if null:
         pure = null["pure"]
@@ -174,3 +175,21 @@ def summary(result: dict) -> str:
         lines.append(f"  {'PASS' if t['pass'] else 'MISS'}  {t['target']}: {fmt(t['measured'], 2)} {t['unit']}")
     return "\n".join(lines)
 
+
+
+def _path_table(sr: dict) -> list[str]:
+    """(d)'s time outside the model, hop by hop (bench/shape.path_split)."""
+    rows = [(n, (sr["methods"]["d_scheduler_e2e"][str(n)]["extra"] or {})) for n in sr["ns"]]
+    rows = [(n, e) for n, e in rows if e.get("path_client_ms") is not None]
+    if not rows:
+        return []
+    lines = ["", "Where (d)'s time outside the model goes (medians, ms): the client's hops and codec (client "
+             "latency minus the scheduler's receipt-to-reply), the scheduler around the group (decode, "
+             "admission and reply, outside the group's engine time), the worker link (both hops, dispatch and "
+             "fold: engine time minus the worker's own receipt-to-result), and the worker outside the model "
+             "(its receipt-to-result minus the model work it reports):", "",
+             "| N | client hops | scheduler | worker link | worker, outside the model | sum |", "|---|---|---|---|---|---|"]
+    for n, e in rows:
+        parts = [e["path_client_ms"], e["path_scheduler_ms"], e["path_worker_link_ms"], e["path_worker_ms"]]
+        lines.append(f"| {n} | " + " | ".join(fmt(p, 2) for p in parts) + f" | {fmt(sum(parts), 2)} |")
+    return lines

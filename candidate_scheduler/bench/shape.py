@@ -85,6 +85,7 @@ def run_shape(bench: Bench, mem: MemoryProbe, shape_name: str, ns, repeats: int,
                 extra["scheduler_worker_ms"] = med([r.extra["scheduler_total_s"] - r.extra["model_s"] for r in rs
                                                     if r.extra.get("scheduler_total_s") is not None], 1e3)
                 extra["outside_model_ms"] = med([r.latency_s - r.extra["model_s"] for r in rs], 1e3)
+                extra.update(path_split(rs, med))
             if method == "c_worker_batch" and rs:
                 extra["outside_model_ms"] = med([r.latency_s - r.extra["model_s"] for r in rs], 1e3)
             per_n[str(n)] = {
@@ -138,3 +139,22 @@ def run_shape(bench: Bench, mem: MemoryProbe, shape_name: str, ns, repeats: int,
     out["c_scaling_vs_n1"] = {str(n): ratio(out["methods"]["c_worker_batch"][str(n)]["median_ms"], c1["median_ms"])
                              for n in ns} if c1 else {}
     return out
+
+
+def path_split(runs, med) -> dict:
+    """(d)'s time outside the model, in four consecutive parts (medians, ms), from the reply's clocks:
+    the client's two hops and codec (client latency - the shell's receipt-to-reply), the shell and
+    engine around the group (receipt-to-reply - the group's engine time), the worker link (engine time
+    - the worker's own receipt-to-result: both hops, dispatch and fold) and the worker outside the
+    model (its receipt-to-result - the model work it reports)."""
+    rs = [r for r in runs if r.extra and None not in (r.extra.get("receipt_to_reply_s"), r.extra.get("worker_s"),
+                                                      r.extra.get("scheduler_total_s"))]
+    if not rs:
+        return {}
+    x = [r.extra for r in rs]
+    return {
+        "path_client_ms": med([r.latency_s - e["receipt_to_reply_s"] for r, e in zip(rs, x)], 1e3),
+        "path_scheduler_ms": med([e["receipt_to_reply_s"] - e["scheduler_total_s"] for e in x], 1e3),
+        "path_worker_link_ms": med([e["scheduler_total_s"] - e["worker_s"] for e in x], 1e3),
+        "path_worker_ms": med([e["worker_s"] - e["model_s"] for e in x], 1e3),
+    }

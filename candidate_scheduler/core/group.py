@@ -39,6 +39,7 @@ class Group(GroupState):
         self.joins = 0  # slices that joined a running batch (step-level batching)
         self.first_step_s: float | None = None  # receipt -> its first denoise step
         self.condition_s = self.denoise_s = self.postprocess_s = 0.0
+        self.worker_s = 0.0  # the workers' own receipt -> result time of its assignments (its share)
         self.rollout_parts: dict[int, dict[str, np.ndarray]] = {}
         self.rollout_meta: dict[str, np.ndarray] | None = None
 
@@ -87,6 +88,7 @@ class Group(GroupState):
         self.condition_s += share * float(report.get("condition_s", 0.0))
         self.denoise_s += share * float(report.get("denoise_s", 0.0))
         self.postprocess_s += share * float(report.get("postprocess_s", 0.0))
+        self.worker_s += share * float(report.get("wall_s", 0.0))
 
     # ---- the reply -----------------------------------------------------------------------------------------
 
@@ -109,6 +111,7 @@ class Group(GroupState):
             condition_s=self.condition_s,
             denoise_s=self.denoise_s,
             postprocess_s=self.postprocess_s,
+            worker_s=self.worker_s,
         )
         status = reply.reason
         if reply.status is GroupStatus.FAILED and reply.error_code in REJECT_CODES:

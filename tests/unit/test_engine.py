@@ -82,7 +82,8 @@ class Harness:
         return self.take(self.engine.register(worker_id.encode(), Registration(worker_id, capability(max_batch),
                                                                                capacity), self.now))
 
-    def answer(self, send: SendWork, status: str = "ok", error_code: str | None = None, worker_id=None) -> list:
+    def answer(self, send: SendWork, status: str = "ok", error_code: str | None = None, worker_id=None,
+               report: dict | None = None) -> list:
         outputs = []
         for sw in send.slices:
             d = sw.dispatch
@@ -93,7 +94,7 @@ class Harness:
             else:
                 outputs.append(SliceOutcome(d.request_id, status, error="boom", error_code=error_code))
         wid = worker_id or send.identity.decode()
-        result = WorkerResult(wid, send.batch_id, tuple(outputs), {"transformer_forwards": 4})
+        result = WorkerResult(wid, send.batch_id, tuple(outputs), report or {"transformer_forwards": 4})
         return self.take(self.engine.worker_result(send.identity, result, self.now))
 
     def beat(self, worker_id: str, running=()) -> list:
@@ -129,6 +130,19 @@ def test_engine_atomic_group_runs_as_one_batch_and_answers_once():
     np.testing.assert_array_equal(r.candidates, np.stack([expected(s)[0] for s in r.candidate_seeds]))
     np.testing.assert_allclose(r.action, reduced(r.candidate_seeds))
     assert h.engine.stats()["groups_in_flight"] == 0 and not h.engine.assignments
+
+
+def test_engine_reply_carries_the_workers_own_time_share_by_share():
+    h = Harness()
+    h.submit("a", count=2, seed=1)
+    h.submit("b", count=2, seed=2)
+    h.register("w1")  # both queued: co-batched, one assignment, half its time each
+    (send,) = h.work
+    assert len(send.slices) == 2
+    h.answer(send, report={"transformer_forwards": 4, "wall_s": 0.5, "condition_s": 0.1, "denoise_s": 0.3})
+    for rid in ("a", "b"):
+        m = h.reply(rid).metrics
+        assert m["worker_s"] == pytest.approx(0.25) and m["denoise_s"] == pytest.approx(0.15)
 
 
 def test_engine_microbatch_splits_and_completes_every_slice():
