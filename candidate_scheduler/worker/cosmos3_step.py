@@ -245,7 +245,7 @@ def advance(groups: list[Cosmos3Group], preds: list, share: bool = True) -> None
             action_pred[..., g.raw_dim:] = 0.0
         action_preds.append(action_pred)
     ts = [g.timesteps[g.step_index] for g in groups]
-    solver = [g for g in range(len(groups)) if not groups[g].sampling.rollout]
+    solver = [k for k in range(len(groups)) if not groups[k].sampling.rollout]  # rollouts: SDE steps
     if share and len(groups) > 1:
         latents = step_together([g.video_scheduler for g in groups], [g.solver_key for g in groups], video_preds,
                                 ts, [g.tensors["latents"] for g in groups])
