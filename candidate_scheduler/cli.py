@@ -9,6 +9,7 @@ import logging
 import sys
 
 from candidate_scheduler import commands
+from candidate_scheduler.core.cost_model import check_margin_quantile
 from candidate_scheduler.service import server
 
 DEFAULT_MODEL = commands.DEFAULT_MODEL
@@ -22,11 +23,12 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-def _quantile(text: str) -> float:
-    q = float(text)
-    if not 0.5 <= q <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be between 0.5 and 1, got {text}")
-    return q
+def margin_quantile(text: str) -> float:
+    """argparse type of --deadline-margin-quantile (here and in the benchmark's CLI)."""
+    try:
+        return check_margin_quantile(float(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
@@ -56,7 +58,7 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--best-effort-slack", type=float, default=30.0,
                    help="seconds: a group without a deadline is ordered as if due this long after receipt, so "
                         "earliest-deadline-first never starves it")
-    p.add_argument("--deadline-margin-quantile", type=_quantile, default=0.9,
+    p.add_argument("--deadline-margin-quantile", type=margin_quantile, default=0.9,
                    help="the percentile (0.5-1) of the measured actual/predicted time that deadline forecasts "
                         "plan for: higher misses fewer deadlines, serves fewer elastic candidates and refuses more")
     p.add_argument("--curve-dir", default=None, help="CURVE keys for the worker link (see `candidate-scheduler keys`)")

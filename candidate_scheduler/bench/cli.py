@@ -54,6 +54,7 @@ def main(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from candidate_scheduler.bench.load_plan import ARMS
     from candidate_scheduler.bench.settings import NS_FULL, SHAPES
+    from candidate_scheduler.cli import margin_quantile
 
     p = argparse.ArgumentParser(prog="python -m candidate_scheduler.bench", description=__doc__.split("\n")[0])
     p.add_argument("--model", default=str(DEFAULT_MODEL), help="Cosmos3 checkpoint directory (default: the tiny one)")
@@ -92,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="multiply every load window and group minimum by this (default 1; e.g. 3 for steadier figures)")
 
     d = p.add_argument_group("deadline benchmark")
-    d.add_argument("--deadline-margin-quantile", type=float, default=None,
+    d.add_argument("--deadline-margin-quantile", type=margin_quantile, default=None,
                    help="the scheduler's --deadline-margin-quantile for the deadline benchmark (default: serve's own)")
     return p
 

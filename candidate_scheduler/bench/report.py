@@ -176,7 +176,6 @@ def summary(result: dict) -> str:
     return "\n".join(lines)
 
 
-
 def _path_table(sr: dict) -> list[str]:
     """(d)'s time outside the model, hop by hop (bench/shape.path_split)."""
     rows = [(n, (sr["methods"]["d_scheduler_e2e"][str(n)]["extra"] or {})) for n in sr["ns"]]

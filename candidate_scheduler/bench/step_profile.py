@@ -77,7 +77,7 @@ def profile_step(adapter, steps: int = 60, n: int = 1, height: int = 64, width: 
 
         return step
 
-    adapter.share_solvers = share_solvers
+    shared_before, adapter.share_solvers = adapter.share_solvers, share_solvers
     running = [adapter.start(item) for item in items]
     for group in running:  # each group's own UniPC solvers (sglang's arithmetic, not ours to trim)
         for solver in (group.video_scheduler, group.action_scheduler):
@@ -110,7 +110,7 @@ def profile_step(adapter, steps: int = 60, n: int = 1, height: int = 64, width: 
             h.remove()
         for group in running:
             adapter.release(group)
-        adapter.share_solvers = True
+        adapter.share_solvers = shared_before
     ms = {k: [v * 1e3 for v in vals] for k, vals in rows.items()}
     step, inner, solvers, bare = ms["step"], ms["forward_in_step"], ms["solvers"], ms["bare"]
     overhead = [s - b for s, b in zip(step, bare)]

@@ -124,11 +124,16 @@ class WorkerCost:
         return max(1, min(capacity, int((budget_bytes - a) // b)))
 
 
+def check_margin_quantile(q: float) -> float:
+    """`q` if it is a valid margin quantile, in [0.5, 1]; ValueError otherwise (the one place the range is)."""
+    if not 0.5 <= q <= 1.0:
+        raise ValueError(f"margin_quantile must be in [0.5, 1], got {q!r}")
+    return q
+
+
 class CostModel:
     def __init__(self, margin_quantile: float = 0.9) -> None:
-        if not 0.5 <= margin_quantile <= 1.0:
-            raise ValueError(f"margin_quantile must be in [0.5, 1], got {margin_quantile!r}")
-        self.margin_quantile = margin_quantile
+        self.margin_quantile = check_margin_quantile(margin_quantile)
         self.workers: dict[str, WorkerCost] = {}
         self.errors: collections.deque[float] = collections.deque(maxlen=ERRORS_KEPT)
 

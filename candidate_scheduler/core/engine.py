@@ -27,7 +27,7 @@ from typing import Any
 
 from candidate_scheduler.core import deadlines
 from candidate_scheduler.core.admission import AdmissionPolicy, decide
-from candidate_scheduler.core.cost_model import CostModel
+from candidate_scheduler.core.cost_model import CostModel, check_margin_quantile
 from candidate_scheduler.core.errors import CandidateContractError
 from candidate_scheduler.core.forecast import duration as forecast_duration
 from candidate_scheduler.core.group import Group, refusal
@@ -69,8 +69,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         self.policy = AdmissionPolicy(self.policy)
-        if not 0.5 <= self.margin_quantile <= 1.0:
-            raise ValueError(f"margin_quantile must be in [0.5, 1], got {self.margin_quantile!r}")
+        check_margin_quantile(self.margin_quantile)
         if self.batching not in BATCHING_MODES:
             raise ValueError(f"batching must be one of {BATCHING_MODES}, got {self.batching!r}")
 

@@ -55,3 +55,11 @@ def test_serve_passes_the_deadline_margin_quantile_to_the_engine():
     assert _config(build_parser().parse_args(["serve"])).engine.margin_quantile == 0.9
     with pytest.raises(SystemExit):  # argparse's own error: "must be between 0.5 and 1"
         build_parser().parse_args(["serve", "--deadline-margin-quantile", "2"])
+
+
+def test_the_benchmark_refuses_a_bad_deadline_margin_quantile_as_serve_does():
+    from candidate_scheduler.bench.cli import build_parser as bench_parser
+
+    assert bench_parser().parse_args(["--deadline", "--deadline-margin-quantile", "0.95"]).deadline_margin_quantile == 0.95
+    with pytest.raises(SystemExit):
+        bench_parser().parse_args(["--deadline", "--deadline-margin-quantile", "0.2"])
