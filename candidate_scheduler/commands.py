@@ -115,7 +115,7 @@ def _worker_cmd(args, endpoint: str) -> list[str]:
     if args.capacity:
         cmd += ["--capacity", str(args.capacity)]
     cmd += ["--warmup-shapes", args.warmup_shapes, "--conditioning-cache-mb", str(args.conditioning_cache_mb),
-            "--memory-budget-mb", str(args.memory_budget_mb)]
+            "--memory-budget-mb", str(args.memory_budget_mb), "--conditioning", args.conditioning]
     if getattr(args, "curve_dir", None):
         cmd += ["--curve-dir", args.curve_dir]  # a CURVE-protected link refuses keyless local workers too
     return cmd
@@ -157,7 +157,7 @@ def cmd_worker(args) -> int:
     worker = Worker(args.scheduler, adapter, capacity=args.capacity, device=args.device,
                     worker_id=args.worker_id, curve_dir=args.curve_dir, step_delay_s=args.step_delay,
                     warmup_shapes=parse_shapes(args.warmup_shapes),
-                    memory_budget_bytes=int(args.memory_budget_mb * 2**20))
+                    memory_budget_bytes=int(args.memory_budget_mb * 2**20), conditioning=args.conditioning)
     signal.signal(signal.SIGTERM, lambda *_: worker.stop())
     print(f"candidate-scheduler worker {worker.worker_id}: connecting to {args.scheduler}", flush=True)
     worker.serve()

@@ -52,7 +52,7 @@ def main(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from candidate_scheduler.bench.load_plan import ARMS
+    from candidate_scheduler.bench.load_plan import ARMS, DEFAULT_ARMS
     from candidate_scheduler.bench.settings import NS_FULL, SHAPES
     from candidate_scheduler.cli import margin_quantile
 
@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("load benchmark")
     g.add_argument("--arms", nargs="+", choices=list(ARMS), default=None,
-                   help=f"arms to run (default: all of {list(ARMS)}; an arm whose serve flags `serve` does not "
+                   help=f"arms to run (default: {list(DEFAULT_ARMS)}; an arm whose serve flags `serve` does not "
                         "accept is skipped with a note)")
     g.add_argument("--arm-flags", action="append", default=[], metavar="ARM=FLAGS",
                    help="the extra `serve` flags of a service arm, e.g. 'dispatch=' (none) or "

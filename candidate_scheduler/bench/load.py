@@ -39,7 +39,7 @@ from candidate_scheduler.bench.common import (
     package_version,
 )
 from candidate_scheduler.bench.load_arms import start_arms
-from candidate_scheduler.bench.load_plan import ARMS, FULL, LOAD_SEED, SMOKE, parse_arm_flags, scaled
+from candidate_scheduler.bench.load_plan import DEFAULT_ARMS, FULL, LOAD_SEED, SMOKE, parse_arm_flags, scaled
 from candidate_scheduler.bench.load_report import build_result, summary, write_outputs
 from candidate_scheduler.bench.load_shape import ShapeBench
 from candidate_scheduler.service.launcher import Launcher
@@ -62,7 +62,7 @@ def options(args) -> dict:
         "model": str(Path(getattr(args, "model", None) or DEFAULT_MODEL).expanduser().resolve()),
         "device": getattr(args, "device", "cpu") or "cpu",
         "out": Path(getattr(args, "out", None) or DEFAULT_OUT),
-        "arms": list(getattr(args, "arms", None) or ARMS),
+        "arms": list(getattr(args, "arms", None) or DEFAULT_ARMS),
         "arm_flags": parse_arm_flags(list(getattr(args, "arm_flags", None) or [])),
         "seed": int(getattr(args, "load_seed", None) or LOAD_SEED),
         "plots": not getattr(args, "no_plots", False),

@@ -3,7 +3,8 @@
 - `sglang_sequential`: `python -m candidate_scheduler.bench.sglang_fcfs` (sglang's own pipeline, one
   candidate per request, first come first served). It is started in every run: it is also the parity
   reference for the other arms.
-- `dispatch`, `step`: a `serve` process (with the arm's extra flags) and one cosmos3 `worker`.
+- `dispatch`, `step`: a `serve` process (with the arm's extra flags) and one cosmos3 `worker`;
+  `step_inline` (on request): `step` with the worker's `--conditioning inline`.
 
 Every process is started before any is waited for, so the three sglang imports overlap.
 """
@@ -14,7 +15,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 
-from candidate_scheduler.bench.load_plan import DEFAULT_ARM_FLAGS, SERVICE_ARMS, WORKER_CAPACITY
+from candidate_scheduler.bench.load_plan import DEFAULT_ARM_FLAGS, SERVICE_ARMS, WORKER_CAPACITY, WORKER_FLAGS
 from candidate_scheduler.service.launcher import Launcher, SchedulerHandle
 from candidate_scheduler.service.processes import ChildProcess
 
@@ -68,7 +69,8 @@ def _start_service(launcher: Launcher, name: str, flags: tuple[str, ...], model:
             arm.notes.append(f"skipped: `serve` does not accept `{' '.join(flags)}` (log {log_path})")
             return arm
     arm.endpoint = arm.handle.request
-    launcher.worker(arm.handle, "cosmos3", WORKER_CAPACITY, model=model, device=device, name=f"{name}-worker")
+    launcher.worker(arm.handle, "cosmos3", WORKER_CAPACITY, *WORKER_FLAGS.get(name, ()), model=model, device=device,
+                    name=f"{name}-worker")
     return arm
 
 

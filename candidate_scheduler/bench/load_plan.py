@@ -12,10 +12,15 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-ARMS = ("sglang_sequential", "dispatch", "step")
-SERVICE_ARMS = ("dispatch", "step")
+# `step_inline` (step batching with every join conditioned on the worker's compute thread, as before the
+# conditioning thread) runs only when asked for: it is the before arm of that change
+ARMS = ("sglang_sequential", "dispatch", "step", "step_inline")
+DEFAULT_ARMS = ("sglang_sequential", "dispatch", "step")
+SERVICE_ARMS = ("dispatch", "step", "step_inline")
 # The service arms' default `serve` flags; --arm-flags ARM=FLAGS overrides them.
-DEFAULT_ARM_FLAGS = {"dispatch": ("--batching", "dispatch"), "step": ("--batching", "step")}
+DEFAULT_ARM_FLAGS = {"dispatch": ("--batching", "dispatch"), "step": ("--batching", "step"),
+                     "step_inline": ("--batching", "step")}
+WORKER_FLAGS = {"step_inline": ("--conditioning", "inline")}  # the service arms' extra `worker` flags
 COUNTS = (1, 2, 4, 8)
 STEPS = 20
 LOAD_SEED = 20240613

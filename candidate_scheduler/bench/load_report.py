@@ -13,8 +13,9 @@ ARM_LABELS = {
     "sglang_sequential": "sglang sequential (one request per candidate, FCFS)",
     "dispatch": "dispatch batching",
     "step": "step-level batching",
+    "step_inline": "step-level batching, joins conditioned between two steps (`worker --conditioning inline`)",
 }
-ARM_COLORS = {"sglang_sequential": "#888888", "dispatch": "#0072b2", "step": "#009e73"}
+ARM_COLORS = {"sglang_sequential": "#888888", "dispatch": "#0072b2", "step": "#009e73", "step_inline": "#d55e00"}
 
 
 def _ratio(num, den):
@@ -43,8 +44,16 @@ def targets(shape: dict) -> list[dict]:
         ("unloaded latency of `step` within 5% of `dispatch` (mean over the counts of the per-count medians)",
          _ratio(unloaded_mean("step"), unloaded_mean("dispatch")), "x", lambda v: v <= 1.05),
     ]
+    if "step_inline" in cap:  # the conditioning thread's before/after, side by side: no target of its own
+        rows += [
+            ("(comparison) `step` capacity / `step_inline` capacity", _ratio(cap.get("step"), cap.get("step_inline")),
+             "x", None),
+            (f"(comparison) at {COMPARE_AT:g}x `dispatch` capacity, `step` p99 / `step_inline` p99",
+             _ratio(p99_at_compare("step"), p99_at_compare("step_inline")), "x", None),
+        ]
     return [{"shape": shape["shape"], "target": t, "measured": m, "unit": u,
-             "result": "n/a" if m is None else ("PASS" if ok(m) else "MISS")} for t, m, u, ok in rows]
+             "result": "n/a" if m is None else ("-" if ok is None else "PASS" if ok(m) else "MISS")}
+            for t, m, u, ok in rows]
 
 
 def build_result(shapes: list[dict], meta: dict) -> dict:

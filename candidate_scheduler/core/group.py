@@ -40,6 +40,7 @@ class Group(GroupState):
         self.first_step_s: float | None = None  # receipt -> its first denoise step
         self.condition_s = self.denoise_s = self.postprocess_s = 0.0
         self.worker_s = 0.0  # the workers' own receipt -> result time of its assignments (its share)
+        self.steps_while_conditioned = 0  # steps the running batches took while its slices were conditioned
         self.rollout_parts: dict[int, dict[str, np.ndarray]] = {}
         self.rollout_meta: dict[str, np.ndarray] | None = None
 
@@ -89,6 +90,7 @@ class Group(GroupState):
         self.denoise_s += share * float(report.get("denoise_s", 0.0))
         self.postprocess_s += share * float(report.get("postprocess_s", 0.0))
         self.worker_s += share * float(report.get("wall_s", 0.0))
+        self.steps_while_conditioned += int(report.get("steps_while_conditioned", 0))
 
     # ---- the reply -----------------------------------------------------------------------------------------
 
@@ -112,6 +114,7 @@ class Group(GroupState):
             denoise_s=self.denoise_s,
             postprocess_s=self.postprocess_s,
             worker_s=self.worker_s,
+            steps_while_conditioned=self.steps_while_conditioned,
         )
         status = reply.reason
         if reply.status is GroupStatus.FAILED and reply.error_code in REJECT_CODES:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -41,60 +42,67 @@ class ConditioningCache:
         self.misses = {"text": 0, "vae": 0}
         self.evictions = 0
         self._entries: OrderedDict[tuple, tuple[object, int]] = OrderedDict()
+        # starts look up and fill it on the worker's conditioning thread; heartbeats read its counters
+        self._lock = threading.RLock()
 
     @property
     def enabled(self) -> bool:
         return self.max_bytes > 0
 
     def get(self, key: tuple):
-        if not self.enabled:
-            return None
-        entry = self._entries.get(key)
-        kind = key[0]
-        if entry is None:
-            self.misses[kind] = self.misses.get(kind, 0) + 1
-            return None
-        self._entries.move_to_end(key)
-        self.hits[kind] = self.hits.get(kind, 0) + 1
-        return entry[0]
+        with self._lock:
+            if not self.enabled:
+                return None
+            entry = self._entries.get(key)
+            kind = key[0]
+            if entry is None:
+                self.misses[kind] = self.misses.get(kind, 0) + 1
+                return None
+            self._entries.move_to_end(key)
+            self.hits[kind] = self.hits.get(kind, 0) + 1
+            return entry[0]
 
     def put(self, key: tuple, value, nbytes: int) -> None:
-        if not self.enabled or nbytes > self.max_bytes or key in self._entries:
-            return
-        self._entries[key] = (value, int(nbytes))
-        self.bytes += int(nbytes)
-        while self.bytes > self.max_bytes:
-            _old, (_value, size) = self._entries.popitem(last=False)
-            self.bytes -= size
-            self.evictions += 1
+        with self._lock:
+            if not self.enabled or nbytes > self.max_bytes or key in self._entries:
+                return
+            self._entries[key] = (value, int(nbytes))
+            self.bytes += int(nbytes)
+            while self.bytes > self.max_bytes:
+                _old, (_value, size) = self._entries.popitem(last=False)
+                self.bytes -= size
+                self.evictions += 1
 
     def resize(self, max_bytes: int) -> None:
         """A new limit; entries past it are evicted (least recently used first), 0 empties the cache."""
         if max_bytes < 0:
             raise ValueError(f"conditioning cache size must be >= 0 bytes, got {max_bytes}")
-        self.max_bytes = int(max_bytes)
-        while self._entries and self.bytes > self.max_bytes:
-            _old, (_value, size) = self._entries.popitem(last=False)
-            self.bytes -= size
-            self.evictions += 1
+        with self._lock:
+            self.max_bytes = int(max_bytes)
+            while self._entries and self.bytes > self.max_bytes:
+                _old, (_value, size) = self._entries.popitem(last=False)
+                self.bytes -= size
+                self.evictions += 1
 
     def clear(self) -> None:
-        self._entries.clear()
-        self.bytes = 0
+        with self._lock:
+            self._entries.clear()
+            self.bytes = 0
 
     def stats(self) -> dict:
         """Counters for metrics: hits and misses per kind, evictions, entries, bytes in use, limit."""
-        return {
-            "enabled": self.enabled,
-            "text_hits": self.hits.get("text", 0),
-            "text_misses": self.misses.get("text", 0),
-            "vae_hits": self.hits.get("vae", 0),
-            "vae_misses": self.misses.get("vae", 0),
-            "evictions": self.evictions,
-            "entries": len(self._entries),
-            "bytes": self.bytes,
-            "max_bytes": self.max_bytes,
-        }
+        with self._lock:
+            return {
+                "enabled": self.enabled,
+                "text_hits": self.hits.get("text", 0),
+                "text_misses": self.misses.get("text", 0),
+                "vae_hits": self.hits.get("vae", 0),
+                "vae_misses": self.misses.get("vae", 0),
+                "evictions": self.evictions,
+                "entries": len(self._entries),
+                "bytes": self.bytes,
+                "max_bytes": self.max_bytes,
+            }
 
     def for_model(self, identity: bytes, epoch: Callable[[], int] = lambda: 0) -> ModelCache:
         return ModelCache(self, identity, epoch)

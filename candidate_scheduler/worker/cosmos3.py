@@ -18,8 +18,13 @@ What this file owns: loading, the hooks on sglang's modules, the capability, and
   batched-CFG path the reference forward itself runs at B = 2 on a non-contiguous slice, so ours is
   left as it is. Every hook is inert outside our own forwards, so sglang's pipeline (the reference)
   runs unchanged.
-- One compute thread drives start/step/finish/release (the worker loop); a lock still serialises them
-  with `reference_actions`, because the model holds per-request caches.
+- Threads. The worker's compute thread drives step/finish/release; `start` may run on the worker's
+  conditioning thread at the same time (`concurrent_start`, worker/preparing.py). They share only the
+  text pathway's live K/V rows (guarded by its own lock; a start never takes the serving path, which is
+  per thread) and the conditioning cache (locked); a start touches the shared stage scheduler only to
+  copy it, and a step never reads it. Two locks: `_lock` serialises steps, finishes and releases,
+  `_start_lock` serialises starts; `reference_actions` (sglang's whole pipeline) takes both, in that
+  order, as `run_batch` does.
 """
 
 from __future__ import annotations
@@ -89,6 +94,8 @@ class Cosmos3CandidateAdapter:
         model_cache = conditioning_cache.for_model(self.identity, _weights_epoch())
         self._counts = {"forwards": 0, "text": 0, "vae": 0}
         self._lock = threading.RLock()
+        self._start_lock = threading.RLock()
+        self.concurrent_start = True
         self._uids = itertools.count(1)
         self.proj_out_contiguous = False  # set only around our forwards whose reference runs at B=1
         self.text = TextPathway(self.transformer.language_model, self._counts, model_cache)
@@ -145,7 +152,7 @@ class Cosmos3CandidateAdapter:
     def start(self, item: GroupWork) -> Cosmos3Group:
         """Conditioning, starting noise and own solvers of one group; it joins at the next step.
         Raises stepping.BadRequest (ObservationError) for a request that cannot run."""
-        with self._lock, self._torch.inference_mode():
+        with self._start_lock, self._torch.inference_mode():
             return start_group(self, item, next(self._uids))
 
     def step(self, groups: Sequence[Cosmos3Group]) -> int:
@@ -201,7 +208,7 @@ class Cosmos3CandidateAdapter:
     def reference_actions(self, image: np.ndarray, prompt: str, sampling: SamplingSpec, seed: int) -> np.ndarray:
         """sglang's own pipeline for one seed (the counting hooks stay installed; the others are inert
         here, so the numerics are sglang's unchanged)."""
-        with self._lock:
+        with self._lock, self._start_lock:
             return sglang_reference_actions(self.pipeline, self.server_args, image, prompt, sampling, seed)
 
     @contextmanager

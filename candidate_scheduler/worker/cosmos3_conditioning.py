@@ -22,6 +22,7 @@ its instruction, or RL rollouts of one observation, skip the text pathway and th
 from __future__ import annotations
 
 import hashlib
+import threading
 from contextlib import contextmanager
 
 import torch
@@ -64,10 +65,23 @@ class TextPathway:
         self.original = language_model.forward
         self.counts = counts
         self.cache = cache
-        self.serving = False  # True only inside our own forwards (see module docstring)
-        # row key -> [K/V of that row at batch 1, number of running groups that hold it]
+        # `serving` is True only inside our own forwards (see module docstring), and per thread: a group
+        # starting on the conditioning thread while the compute thread's forward serves never takes
+        # the serving path
+        self._thread = threading.local()
+        # row key -> [K/V of that row at batch 1, number of running groups that hold it]; starts add
+        # holders on the conditioning thread while the compute thread's leaving groups drop theirs
         self.live: dict[bytes, list] = {}
+        self._live_lock = threading.Lock()
         language_model.forward = self.hook
+
+    @property
+    def serving(self) -> bool:
+        return getattr(self._thread, "serving", False)
+
+    @serving.setter
+    def serving(self, value: bool) -> None:
+        self._thread.serving = value
 
     def hook(self, text_ids, text_mask, text_pos_ids, *args, **kwargs):
         rows = torch.cat([text_ids, text_mask], dim=1)
@@ -92,36 +106,42 @@ class TextPathway:
         Returns the row keys the group now holds (give them back with `release`)."""
         keys = [text_row_key(ids[u], mask[u], pos[:, u]) for u in range(ids.shape[0])]
         missing, wanted = [], set()
-        for u, key in enumerate(keys):
-            if key in self.live or key in wanted:
-                continue
-            cached = self.cache.get("text", key)
-            if cached is not None:
-                self.live[key] = [cached, 0]
-            else:
-                missing.append(u)
-                wanted.add(key)
+        with self._live_lock:  # rows held now cannot leave before the group holds them too
+            for u, key in enumerate(keys):
+                if key in self.live:
+                    self.live[key][1] += 1
+                    continue
+                if key in wanted:
+                    continue
+                cached = self.cache.get("text", key)
+                if cached is not None:
+                    self.live[key] = [cached, 1]
+                else:
+                    missing.append(u)
+                    wanted.add(key)
         if missing:
-            before = self.counts["text"]
             idx = torch.as_tensor(missing, device=ids.device)
             kv = self.hook(ids[idx], mask[idx], pos[:, idx])
-            report.text_encodes += self.counts["text"] - before
+            report.text_encodes += 1
+            rows = {}
             for j, u in enumerate(missing):
-                row = [(k[j : j + 1].clone(), v[j : j + 1].clone()) for k, v in kv]
-                self.live.setdefault(keys[u], [row, 0])
+                rows[keys[u]] = row = [(k[j : j + 1].clone(), v[j : j + 1].clone()) for k, v in kv]
                 self.cache.put("text", keys[u], row, kv_nbytes(row))
-        for key in keys:
-            self.live[key][1] += 1
+            with self._live_lock:
+                for key in keys:
+                    if key in rows:
+                        self.live.setdefault(key, [rows[key], 0])[1] += 1
         return keys
 
     def release(self, keys: list[bytes]) -> None:
-        for key in keys:
-            entry = self.live.get(key)
-            if entry is None:
-                continue
-            entry[1] -= 1
-            if entry[1] <= 0:
-                del self.live[key]
+        with self._live_lock:
+            for key in keys:
+                entry = self.live.get(key)
+                if entry is None:
+                    continue
+                entry[1] -= 1
+                if entry[1] <= 0:
+                    del self.live[key]
 
 
 def _gather(rows: list, inverse: list[int], device) -> list:

@@ -9,7 +9,10 @@ Two threads, so heartbeats and cancels keep flowing while the model computes:
   not at the next poll tick);
 - the compute thread owns the running batch (running.py): at every step boundary it admits the
   assignments that arrived, drops cancelled groups, runs one denoise step of everything running, and
-  answers each assignment as soon as all its groups are done -- a short group never waits for a long one.
+  answers each assignment as soon as all its groups are done -- a short group never waits for a long one;
+- with an adapter that allows it (and `conditioning="thread"`, the default), the conditioning thread
+  (preparing.py) starts the groups that arrive, so a joiner's VAE encode and text pathway never stall
+  the groups already running; started groups come back through the compute thread's inbox.
 
 If the scheduler forgets us (restart, or it declared us dead), it answers WORKER_STOP("reregister")
 and we register again; ZMQ reconnects the TCP link by itself.
@@ -28,6 +31,7 @@ import uuid
 import zmq
 
 from candidate_scheduler import convert, protocol
+from candidate_scheduler.worker.preparing import Prepared, Preparer, supports_concurrent_start
 from candidate_scheduler.worker.running import RunningBatch
 from candidate_scheduler.worker.stepping import StepAdapter
 
@@ -50,6 +54,7 @@ class Worker:
         step_delay_s: float = 0.0,
         warmup_shapes: list[tuple[int, int]] | None = None,
         memory_budget_bytes: int = 0,
+        conditioning: str = "thread",
     ):
         self.endpoint = scheduler_endpoint
         self.adapter = adapter
@@ -64,6 +69,11 @@ class Worker:
         self.step_delay_s = step_delay_s
         self.warmup_shapes = [(64, 64)] if warmup_shapes is None else warmup_shapes
         self.memory_budget_bytes = memory_budget_bytes
+        if conditioning not in CONDITIONING_MODES:
+            raise ValueError(f"conditioning must be one of {CONDITIONING_MODES}, got {conditioning!r}")
+        # "inline": every start runs on the compute thread (the benchmark's before arm); "thread" falls
+        # back to it for an adapter whose start may not run beside its steps
+        self.conditioning = conditioning if supports_concurrent_start(adapter) else "inline"
         self.profile: list[tuple[str, int, float]] = []
         self.heartbeat_interval_s = 0.5
         self.ctx = zmq.Context()
@@ -83,10 +93,12 @@ class Worker:
     def _compute_loop(self) -> None:
         out = self.ctx.socket(zmq.PAIR)
         out.connect(self._wake_addr)
-        batch = RunningBatch(self.adapter, self.step_delay_s)
+        preparer = Preparer(self.adapter.start, self._inbox.put) if self.conditioning == "thread" else None
+        batch = RunningBatch(self.adapter, self.step_delay_s, preparer)
         try:
             while not self._stop.is_set():
-                if not self._take_new(batch, block=batch.idle and not batch.assignments):
+                # nothing to run or answer: wait for an assignment, or a group the preparer is starting
+                if not self._take_new(batch, block=batch.waiting):
                     return
                 with self._lock:
                     cancelled = {k: set(v) for k, v in self._cancelled.items()}
@@ -122,10 +134,13 @@ class Worker:
                     with self._lock:
                         self._step = None
         finally:
+            if preparer is not None:
+                preparer.close()
             out.close(0)
 
     def _take_new(self, batch: RunningBatch, block: bool) -> bool:
-        """Admit every assignment that arrived; wait for one when there is nothing to run. False: stop."""
+        """Admit every assignment and every prepared group that arrived; wait for one when there is
+        nothing to run. False: stop."""
         while True:
             try:
                 item = self._inbox.get(timeout=0.2) if block else self._inbox.get_nowait()
@@ -135,9 +150,13 @@ class Worker:
                 return not self._stop.is_set()
             if item is None:
                 return False
-            msg, received_at = item
-            batch.admit(msg, received_at)
-            block = False
+            if isinstance(item, Prepared):
+                batch.prepared(item)
+            else:
+                msg, received_at = item
+                batch.admit(msg, received_at)
+            # an assignment joins only once all its groups are ready: until then there may be nothing to do
+            block = batch.waiting
 
     # ---- I/O side --------------------------------------------------------------------------------------
     def _socket(self) -> zmq.Socket:
@@ -263,6 +282,7 @@ class Worker:
         self._stop.set()
 
 
+CONDITIONING_MODES = ("thread", "inline")
 _CACHE_COUNTERS = ("text_hits", "text_misses", "vae_hits", "vae_misses", "evictions")
 _FROM_SCHEDULER = frozenset({protocol.Kind.REGISTERED, protocol.Kind.BATCH, protocol.Kind.JOIN,
                              protocol.Kind.CANCEL_ROWS, protocol.Kind.WORKER_STOP})

@@ -30,6 +30,8 @@ class NullGroup:
 
 
 class NullAdapter:
+    concurrent_start = True  # start touches nothing step, finish or release use
+
     def __init__(self, max_candidates_per_batch: int = 8):
         self.max_candidates_per_batch = max_candidates_per_batch
 

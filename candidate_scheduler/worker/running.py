@@ -5,6 +5,11 @@ brings groups; they join at the next step boundary (`admit`), every step advance
 together (`step`: the adapter shares forwards between the groups that can share them), a group that is
 done leaves at once, and an assignment whose groups all have an output is handed back (`take_done`) to
 be answered with one BATCH_RESULT. Cancelled groups leave at the next boundary (`drop`).
+
+With a `Preparer` (preparing.py) the groups' starts run on the conditioning thread instead, while the
+running groups keep stepping; each started group comes back through `prepared`. An assignment's groups
+join together, at the first boundary after the last of them is ready, so the groups of one BATCH (and
+the slices of one JOIN) stay in lockstep and can share solver steps.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from dataclasses import dataclass, field
 from candidate_scheduler import convert, protocol
 from candidate_scheduler.core.work import BatchReport, GroupOutput, GroupWork
 from candidate_scheduler.worker import stepping
+from candidate_scheduler.worker.preparing import Prepared, Preparer
 
 log = logging.getLogger("candidate_scheduler.worker")
 
@@ -29,6 +35,10 @@ class Assignment:
     running: dict[int, stepping.RunningGroup] = field(default_factory=dict)
     report: BatchReport = field(default_factory=BatchReport)
     first_step_at: float | None = None
+    preparing: set[int] = field(default_factory=set)  # given to the preparer, not back yet
+    prepared: dict[int, stepping.RunningGroup] = field(default_factory=dict)  # back, waiting for the rest
+    steps_at_receipt: int = 0  # the running batch's step count when it arrived
+    steps_while_conditioned: int = 0  # steps the running batch took before this assignment joined
 
     @property
     def complete(self) -> bool:
@@ -36,12 +46,14 @@ class Assignment:
 
     def wire_report(self) -> dict:
         wait = None if self.first_step_at is None else max(0.0, self.first_step_at - self.received_at)
-        return convert.report_to_wire(self.report, wait_s=wait, wall_s=time.perf_counter() - self.received_at)
+        return convert.report_to_wire(self.report, wait_s=wait, wall_s=time.perf_counter() - self.received_at,
+                                      steps_while_conditioned=self.steps_while_conditioned)
 
 
 class RunningBatch:
-    def __init__(self, adapter: stepping.StepAdapter, step_delay_s: float = 0.0):
+    def __init__(self, adapter: stepping.StepAdapter, step_delay_s: float = 0.0, preparer: Preparer | None = None):
         self.adapter = adapter
+        self.preparer = preparer
         # test/benchmark knob: every step takes this much longer, as a slower model's would (and is timed so)
         self.step_delay_s = step_delay_s
         self.assignments: dict[int, Assignment] = {}
@@ -52,8 +64,9 @@ class RunningBatch:
         return not any(a.running for a in self.assignments.values())
 
     def admit(self, batch: protocol.BatchMsg, received_at: float) -> None:
-        """Start every group of a new assignment (conditioning, noise, its own solvers)."""
-        a = Assignment(batch.batch_id, received_at, [])
+        """Start every group of a new assignment (conditioning, noise, its own solvers), here or on the
+        preparer's thread."""
+        a = Assignment(batch.batch_id, received_at, [], steps_at_receipt=self.steps_run)
         for i, g in enumerate(batch.groups):
             try:
                 item = convert.work_from_wire(g)
@@ -62,13 +75,50 @@ class RunningBatch:
                 a.outputs[i] = GroupOutput(g.request_id, "error", error=str(exc), error_code="bad_request")
                 continue
             a.items.append(item)
+            if self.preparer is not None:
+                a.preparing.add(i)
+                continue
             try:
                 a.running[i] = self.adapter.start(item)
             except Exception as exc:  # noqa: BLE001 - one bad group never fails the others
-                if not isinstance(exc, stepping.BadRequest):
-                    log.exception("group %s could not start", item.request_id)
-                a.outputs[i] = stepping.error_output(item.request_id, exc)
+                self._failed_start(a, i, exc)
         self.assignments[a.batch_id] = a
+        for i in sorted(a.preparing):
+            self.preparer.submit(a.batch_id, i, a.items[i])
+
+    def prepared(self, done: Prepared) -> None:
+        """A group the preparer started (or failed to start); its assignment joins once all are back."""
+        a = self.assignments.get(done.batch_id)
+        if a is None or done.index not in a.preparing:  # cancelled while it was being prepared
+            if done.group is not None:
+                self.adapter.release(done.group)
+                if a is not None:
+                    self._account(a, done.group)
+            return
+        a.preparing.discard(done.index)
+        if done.error is not None:
+            self._failed_start(a, done.index, done.error)
+        else:
+            a.prepared[done.index] = done.group
+        self._join_when_ready(a)
+
+    @property
+    def waiting(self) -> bool:
+        """Nothing to step and nothing to answer: only groups being prepared, or nothing at all."""
+        return self.idle and not any(a.complete for a in self.assignments.values())
+
+    def _join_when_ready(self, a: Assignment) -> None:
+        if not a.preparing and a.prepared:
+            a.running.update(a.prepared)
+            a.prepared.clear()
+            a.steps_while_conditioned = self.steps_run - a.steps_at_receipt
+
+    @staticmethod
+    def _failed_start(a: Assignment, i: int, exc: BaseException) -> None:
+        item = a.items[i]
+        if not isinstance(exc, stepping.BadRequest):
+            log.error("group %s could not start", item.request_id, exc_info=exc)
+        a.outputs[i] = stepping.error_output(item.request_id, exc)
 
     def drop(self, cancelled: dict[int, set[str]]) -> None:
         """Release the groups the scheduler cancelled (by assignment id)."""
@@ -76,11 +126,16 @@ class RunningBatch:
             a = self.assignments.get(batch_id)
             if a is None:
                 continue
-            for i, g in list(a.running.items()):
-                if g.request_id in request_ids:
-                    self.adapter.release(a.running.pop(i))
-                    a.outputs[i] = GroupOutput(g.request_id, "cancelled")
-                    self._account(a, g)  # the conditioning and steps it did ran on this worker all the same
+            for groups in (a.running, a.prepared):
+                for i, g in list(groups.items()):
+                    if g.request_id in request_ids:
+                        self.adapter.release(groups.pop(i))
+                        a.outputs[i] = GroupOutput(g.request_id, "cancelled")
+                        self._account(a, g)  # the conditioning and steps it did ran on this worker all the same
+            for i in [i for i in a.preparing if a.items[i].request_id in request_ids]:
+                a.preparing.discard(i)  # the preparer's group is released when it comes back
+                a.outputs[i] = GroupOutput(a.items[i].request_id, "cancelled")
+            self._join_when_ready(a)
 
     def step(self) -> tuple[int, int, float, str]:
         """One denoise step of every running group: (forwards, rows, seconds, forward label); the label

@@ -56,6 +56,32 @@ def test_microbatched_on_capacity_4_equals_atomic_on_capacity_8_and_sglang(servi
     assert split.metrics["physical_forwards"] == 2 * SAMPLING.steps
 
 
+@pytest.mark.parametrize("conditioning", ["thread", "inline"])
+def test_a_joiner_conditioned_beside_the_running_batch_equals_sglang(services, sglang_reference, conditioning):
+    """Step batching: a group with a new observation and a new prompt joins a running group. With the
+    conditioning thread its VAE encode and text pathway run while the running group keeps stepping;
+    inline they run between two steps. Either way both groups are bitwise sglang's own pipeline."""
+    sched = services.scheduler("--batching", "step")
+    services.worker(sched, "cosmos3", 8, 0.0, "--conditioning", conditioning)
+    sched.wait_workers(1, timeout_s=180)
+    long_sampling, other, prompt = SamplingSpec(steps=80), synthetic_image(64, 64, seed=77), "stack the blocks"
+    with sched.client() as c:
+        long_id = c.send(make_request(IMAGE, PROMPT, count=2, seed=5, steps=80, return_candidates=True))
+        wait_for(lambda: c.status(long_id).state == "running", 30, "the long group to run")
+        joiner = c.submit(other, prompt, count=2, seed=9, return_candidates=True, timeout_s=60)
+        long = c.wait(long_id, timeout_s=60)
+    assert joiner.status == "done" and long.status == "done"
+    assert joiner.metrics["joined_running_batches"] == 1
+    if conditioning == "thread":
+        assert joiner.metrics["steps_while_conditioned"] > 0  # the long group stepped meanwhile
+    else:
+        assert joiner.metrics["steps_while_conditioned"] == 0
+    want_long = np.stack([sglang_reference(IMAGE, PROMPT, long_sampling, s) for s in rng.candidate_seeds(5, 2)])
+    want_joiner = np.stack([sglang_reference(other, prompt, SAMPLING, s) for s in rng.candidate_seeds(9, 2)])
+    assert long.candidates.tobytes() == want_long.tobytes()
+    assert joiner.candidates.tobytes() == want_joiner.tobytes()
+
+
 def test_sigkill_mid_group_on_cosmos3_equals_the_fault_free_result(services, sglang_reference):
     sched = services.scheduler()
     victim = services.worker(sched, "cosmos3", 4, 0.3)

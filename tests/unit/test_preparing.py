@@ -1,0 +1,195 @@
+"""Conditioning off the step loop (worker/preparing.py, worker/running.py): groups that arrive are
+started on the conditioning thread while the running batch keeps stepping. A fake step adapter whose
+`start` can be held stands in for the model (no sockets: the running batch and the preparer alone)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from candidate_scheduler import convert, protocol
+from candidate_scheduler.core.work import BatchReport, GroupOutput, GroupWork, SamplingSpec
+from candidate_scheduler.worker import stepping
+from candidate_scheduler.worker.loop import Worker
+from candidate_scheduler.worker.preparing import Prepared, Preparer
+from candidate_scheduler.worker.running import RunningBatch
+
+
+@dataclass
+class Group:
+    request_id: str
+    steps: int
+    rows: int = 1
+    step_index: int = 0
+    report: BatchReport = field(default_factory=BatchReport)
+
+    @property
+    def done(self) -> bool:
+        return self.step_index >= self.steps
+
+
+class HeldAdapter:
+    """start() of a group whose request id is in `held` waits until the test lets it go."""
+
+    concurrent_start = True
+
+    def __init__(self):
+        self.held: dict[str, threading.Event] = {}
+        self.started_on: dict[str, str] = {}
+        self.released: list[str] = []
+
+    def hold(self, request_id: str) -> threading.Event:
+        self.held[request_id] = threading.Event()
+        return self.held[request_id]
+
+    def capability_dict(self) -> dict:
+        return {"max_candidates_per_batch": 8}
+
+    def start(self, item: GroupWork) -> Group:
+        gate = self.held.get(item.request_id)
+        if gate is not None:
+            assert gate.wait(10), "the test never let this start go"
+        self.started_on[item.request_id] = threading.current_thread().name
+        if item.request_id.startswith("bad"):
+            raise stepping.BadRequest("bad_request", "this group cannot run")
+        return Group(item.request_id, item.sampling.steps)
+
+    def step(self, groups) -> int:
+        for g in groups:
+            g.step_index += 1
+        return 1
+
+    def finish(self, group: Group) -> GroupOutput:
+        return GroupOutput(group.request_id, "ok", [0], np.zeros((1, 1, 1, 1), np.float32))
+
+    def release(self, group: Group) -> None:
+        self.released.append(group.request_id)
+
+
+def _assignment(batch_id: int, *request_ids: str, steps: int = 20) -> protocol.BatchMsg:
+    image = np.zeros((1, 16, 16, 3), np.uint8)
+    sampling = convert.sampling_to_wire(SamplingSpec(height=16, width=16, steps=steps))
+    groups = [protocol.GroupWorkMsg(rid, protocol.array_to_wire(image), ["pick"], sampling,
+                                    [protocol.CandidateMsg(0, 7)]) for rid in request_ids]
+    return protocol.BatchMsg(batch_id, groups)
+
+
+@pytest.fixture
+def prepared_batch():
+    adapter = HeldAdapter()
+    inbox: queue.Queue = queue.Queue()
+    preparer = Preparer(adapter.start, inbox.put)
+    batch = RunningBatch(adapter, preparer=preparer)
+
+    def back(timeout_s: float = 10.0) -> Prepared:
+        done = inbox.get(timeout=timeout_s)
+        batch.prepared(done)
+        return done
+
+    yield adapter, batch, back
+    preparer.close()
+
+
+def _running(batch: RunningBatch) -> dict[str, int]:
+    return {g.request_id: g.step_index for a in batch.assignments.values() for g in a.running.values()}
+
+
+def test_running_groups_keep_stepping_while_a_joiner_is_conditioned(prepared_batch):
+    adapter, batch, back = prepared_batch
+    batch.admit(_assignment(1, "long", steps=50), 0.0)
+    assert batch.waiting and _running(batch) == {}  # its start runs on the other thread
+    back()
+    assert _running(batch) == {"long": 0}
+    gate = adapter.hold("joiner")
+    batch.admit(_assignment(2, "joiner"), 0.0)
+    for _ in range(5):  # the joiner's start is held: the long group steps on regardless
+        batch.step()
+    assert _running(batch) == {"long": 5}
+    gate.set()
+    back()
+    batch.step()
+    assert _running(batch) == {"long": 6, "joiner": 1}
+    assert adapter.started_on == {"long": "conditioning", "joiner": "conditioning"}
+    assert batch.assignments[2].wire_report()["steps_while_conditioned"] == 5  # the reply says so too
+
+
+def test_the_groups_of_one_assignment_join_together(prepared_batch):
+    adapter, batch, back = prepared_batch
+    gate = adapter.hold("second")
+    batch.admit(_assignment(1, "first", "second"), 0.0)
+    assert back().index == 0
+    assert _running(batch) == {} and batch.waiting  # the first waits for the second
+    gate.set()
+    assert back().index == 1
+    batch.step()
+    assert _running(batch) == {"first": 1, "second": 1}  # in lockstep from their first step
+
+
+def test_a_group_cancelled_while_it_is_conditioned_is_answered_at_once_and_released_later(prepared_batch):
+    adapter, batch, back = prepared_batch
+    gate = adapter.hold("slow")
+    batch.admit(_assignment(1, "slow"), 0.0)
+    batch.drop({1: {"slow"}})
+    [done] = batch.take_done()
+    assert done.outputs[0].status == "cancelled"
+    gate.set()
+    back()  # the group its start made is dropped, never run
+    assert adapter.released == ["slow"] and batch.assignments == {} and _running(batch) == {}
+
+
+def test_a_cancelled_sibling_lets_the_rest_of_its_assignment_join(prepared_batch):
+    adapter, batch, back = prepared_batch
+    gate = adapter.hold("slow")
+    batch.admit(_assignment(1, "fast", "slow"), 0.0)
+    back()
+    batch.drop({1: {"slow"}})
+    assert _running(batch) == {"fast": 0}
+    gate.set()
+    back()
+    assert adapter.released == ["slow"] and _running(batch) == {"fast": 0}
+    batch.drop({1: {"fast"}})  # a prepared group waiting for a sibling is released when cancelled too
+    [done] = batch.take_done()
+    assert [o.status for o in (done.outputs[0], done.outputs[1])] == ["cancelled", "cancelled"]
+
+
+def test_a_start_that_fails_on_the_conditioning_thread_is_answered_with_its_error(prepared_batch):
+    _adapter, batch, back = prepared_batch
+    batch.admit(_assignment(1, "bad-group", "good"), 0.0)
+    back(), back()
+    assert _running(batch) == {"good": 0}
+    out = batch.assignments[1].outputs[0]
+    assert out.status == "error" and out.error_code == "bad_request"
+    while _running(batch):
+        batch.step()
+    [done] = batch.take_done()
+    assert [o.status for o in (done.outputs[0], done.outputs[1])] == ["error", "ok"]
+
+
+def test_inline_conditioning_starts_on_the_compute_thread():
+    adapter = HeldAdapter()
+    batch = RunningBatch(adapter)
+    batch.admit(_assignment(1, "g"), 0.0)
+    assert _running(batch) == {"g": 0} and adapter.started_on == {"g": threading.current_thread().name}
+    batch.step()
+    batch.admit(_assignment(2, "h"), 0.0)
+    assert batch.assignments[2].wire_report()["steps_while_conditioned"] == 0
+
+
+def test_a_worker_conditions_inline_for_an_adapter_that_does_not_allow_a_concurrent_start():
+    class Plain(HeldAdapter):
+        concurrent_start = False
+
+    def mode(adapter, **kwargs) -> str:
+        worker = Worker("tcp://127.0.0.1:1", adapter, warmup_shapes=[], **kwargs)
+        worker.ctx.term()
+        return worker.conditioning
+
+    assert mode(HeldAdapter()) == "thread"
+    assert mode(Plain()) == "inline"
+    assert mode(HeldAdapter(), conditioning="inline") == "inline"
+    with pytest.raises(ValueError, match="conditioning must be one of"):
+        mode(HeldAdapter(), conditioning="gpu")
