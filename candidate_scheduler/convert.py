@@ -177,7 +177,7 @@ def _report(report: dict | None) -> dict[str, float]:
 def registration_from_wire(msg: protocol.RegisterMsg) -> messages.Registration:
     profile = tuple((str(label), int(rows), float(s)) for label, rows, s in msg.profile[:64])
     return messages.Registration(msg.worker_id, dict(msg.capability), msg.capacity, msg.device, msg.pid,
-                                 msg.memory_budget_bytes, profile)
+                                 msg.memory_budget_bytes, msg.conditioning, profile)
 
 
 def heartbeat_from_wire(msg: protocol.HeartbeatMsg) -> messages.Heartbeat:

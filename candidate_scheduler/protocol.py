@@ -228,6 +228,7 @@ class RegisterMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     device: str = "cpu"
     pid: int = 0
     profile: list[tuple[str, int, float]] = []  # warm-up forwards: (forward label, rows, seconds)
+    conditioning: str = "inline"  # "thread": groups that join are conditioned beside the running batch's steps
 
 
 class RegisteredMsg(msgspec.Struct, frozen=True):

@@ -76,7 +76,7 @@ def sim_workers(engine, now: float, only: str | None = None) -> list[SimWorker]:
     for w in engine.workers.values():
         if only is not None and w.worker_id != only:
             continue
-        sim = SimWorker(w.worker_id, engine.rows_of(w))
+        sim = SimWorker(w.worker_id, engine.rows_of(w), conditions_aside=w.conditions_aside)
         running = list(w.assignments.values())
         total_rows = sum(a.cost_rows for a in running)
         for a in running:
@@ -85,8 +85,11 @@ def sim_workers(engine, now: float, only: str | None = None) -> list[SimWorker]:
             fixed = engine.cost.overhead_s(w.worker_id, a.label) * len(a.entries)
             done = (now - a.sent_at - fixed) / tau if tau > 0 else 0.0
             left = min(float(a.steps), max(0.5, a.steps - max(0.0, done)))
+            # on a worker that conditions aside, an assignment still being conditioned has not joined yet
+            delay = max(0.0, fixed - (now - a.sent_at)) if w.conditions_aside else 0.0
+            sim.preparing = max(sim.preparing, delay)
             sim.items.append(SimItem(tuple((e.request_id, e.slice_index) for e in a.entries), a.rows, a.cost_rows,
-                                     left, a.label, a.forward_key))
+                                     left, a.label, a.forward_key, delay))
         sims.append(sim)
     return sims
 

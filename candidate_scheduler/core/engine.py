@@ -299,7 +299,7 @@ class Engine:
             self._worker_lost(old, "reregistered", out)
         self.workers[reg.worker_id] = WorkerState(
             reg.worker_id, identity, capability, min(reg.capacity, capability.max_candidates_per_batch), reg.device, now,
-            memory_budget_bytes=max(0, int(reg.memory_budget_bytes)))
+            memory_budget_bytes=max(0, int(reg.memory_budget_bytes)), conditions_aside=reg.conditioning == "thread")
         self.cost.forget(reg.worker_id)
         for label, rows, seconds in reg.profile:
             self.cost.observe_forward(reg.worker_id, label, rows, seconds)

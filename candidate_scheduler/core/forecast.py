@@ -5,7 +5,10 @@ in simulated time, over a fluid model of a worker's running batch: every group o
 denoise step per step of the worker, and a step takes the forward time of ALL the rows running there
 now (core/cost_model.py) -- so a group that joins slows every group already running, as it does on the
 worker. A group's fixed cost (conditioning, postprocess) stalls the worker's steps when it joins, as the
-worker's compute thread does. Queued units are placed in queue order whenever the rule places them.
+worker's compute thread does -- unless the worker conditions joiners on their own thread
+(worker/preparing.py, `SimWorker.conditions_aside`): then the joiner waits out its fixed cost (behind the
+joiners queued on that thread before it) while the groups already running step on. Queued units are placed
+in queue order whenever the rule places them.
 
 Events are group starts and ends only -- not denoise steps -- so a forecast over a queue of Q units
 costs O(Q^2 x workers) planner checks: about a millisecond for the queues deadlines allow.
@@ -46,6 +49,7 @@ class SimItem:
     steps_left: float
     label: str
     key: tuple
+    delay: float = 0.0  # seconds before its first step (its conditioning, on a worker that conditions aside)
 
 
 @dataclass
@@ -54,16 +58,22 @@ class SimWorker:
     capacity: int
     items: list[SimItem] = field(default_factory=list)
     stall: float = 0.0  # fixed work (conditioning of groups that joined) before its next step
+    conditions_aside: bool = False  # joiners are conditioned on their own thread; nothing stalls
+    preparing: float = 0.0  # seconds of conditioning queued on that thread
 
     def slot(self) -> WorkerSlot:
         used = sum(i.rows for i in self.items)
         return WorkerSlot(self.worker_id, self.capacity, self.capacity - used, self.items[0].key if self.items else None)
 
+    def stepping(self) -> list[SimItem]:
+        return [i for i in self.items if i.delay <= 0.0]
+
     def step_s(self, cost: CostModel) -> float:
-        """One step of everything running here: one forward over all its rows."""
-        if not self.items:
+        """One step of everything stepping here: one forward over all its rows."""
+        items = self.stepping()
+        if not items:
             return 0.0
-        return cost.forward_s(self.worker_id, self.items[0].label, sum(i.cost_rows for i in self.items))
+        return cost.forward_s(self.worker_id, items[0].label, sum(i.cost_rows for i in items))
 
 
 def duration(cost: CostModel, worker: SimWorker, jobs: list[Job]) -> float:
@@ -77,21 +87,28 @@ def duration(cost: CostModel, worker: SimWorker, jobs: list[Job]) -> float:
 
 def _place(cost: CostModel, w: SimWorker, jobs: list[Job], mode: str) -> None:
     label = jobs[0].label
-    w.stall += len(jobs) * cost.overhead_s(w.worker_id, label)
+    fixed = len(jobs) * cost.overhead_s(w.worker_id, label)
+    delay = 0.0
+    if w.conditions_aside:  # the jobs of one assignment join together, once all are conditioned
+        w.preparing = delay = w.preparing + fixed
+    else:
+        w.stall += fixed
     if mode == "dispatch":  # one batch: its jobs start and end together
         w.items.append(SimItem(tuple(_key(j) for j in jobs), sum(j.rows for j in jobs),
                                sum(j.cost_rows for j in jobs), float(max(j.steps for j in jobs)), label,
-                               jobs[0].unit.forward_key))
+                               jobs[0].unit.forward_key, delay))
         return
     for j in jobs:
-        w.items.append(SimItem((_key(j),), j.rows, j.cost_rows, float(j.steps), label, j.unit.forward_key))
+        w.items.append(SimItem((_key(j),), j.rows, j.cost_rows, float(j.steps), label, j.unit.forward_key, delay))
 
 
 def _next_end(cost: CostModel, w: SimWorker) -> float:
-    """Seconds until the next item on `w` finishes (inf when idle)."""
-    if not w.items:
-        return math.inf
-    return w.stall + min(i.steps_left for i in w.items) * w.step_s(cost)
+    """Seconds until the next item on `w` finishes or takes its first step (inf when idle)."""
+    stepping = w.stepping()
+    ends = [i.delay for i in w.items if i.delay > 0.0]
+    if stepping:
+        ends.append(w.stall + min(i.steps_left for i in stepping) * w.step_s(cost))
+    return min(ends, default=math.inf)
 
 
 def _key(j: Job) -> tuple[str, int]:
@@ -103,10 +120,14 @@ def _advance(cost: CostModel, w: SimWorker, dt: float, t_end: float, ended: dict
         return
     stalled = min(w.stall, dt)
     w.stall -= stalled
+    w.preparing = max(0.0, w.preparing - dt)
     tau = w.step_s(cost)
     progress = (dt - stalled) / tau if tau > 0 else math.inf
-    for i in w.items:
+    for i in w.stepping():
         i.steps_left -= progress
+    for i in w.items:  # dt never passes the next first step, so a waiting item starts exactly at a boundary
+        if i.delay > 0.0:
+            i.delay = 0.0 if i.delay - dt <= _DONE else i.delay - dt
     done = [i for i in w.items if i.steps_left <= _DONE]
     for i in done:
         for key in i.keys:

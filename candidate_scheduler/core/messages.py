@@ -27,6 +27,7 @@ class Registration:
     device: str = "cpu"
     pid: int = 0
     memory_budget_bytes: int = 0
+    conditioning: str = "inline"  # "thread": joiners are conditioned beside the running batch's steps
     # the warm-up profile: (forward label, rows, seconds) of forwards the worker timed before registering
     profile: tuple[tuple[str, int, float], ...] = ()
 

@@ -44,6 +44,8 @@ class WorkerState:
     device: str
     last_seen: float
     memory_budget_bytes: int = 0  # 0: unknown, rows are not capped by predicted memory
+    # it conditions groups that join on their own thread: the groups it runs step on meanwhile
+    conditions_aside: bool = False
     step: int | None = None
     assignments: dict[int, Assignment] = field(default_factory=dict)
 

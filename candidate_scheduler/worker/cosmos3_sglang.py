@@ -25,6 +25,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _init_one_process_world(init, attempts: int = 5) -> None:
+    """sglang's distributed init, on a fresh free port per attempt: the port is free when we pick it,
+    but another process starting beside us (the load benchmark starts several) can bind it before
+    torch's rendezvous store does (EADDRINUSE)."""
+    for attempt in range(attempts):
+        try:
+            init(tp_size=1, sp_size=1)
+            return
+        except Exception as exc:  # noqa: BLE001 - torch.distributed.DistNetworkError, without importing it here
+            if "EADDRINUSE" not in str(exc) or attempt == attempts - 1:
+                raise
+            os.environ["MASTER_PORT"] = str(_free_port())
+
+
 def load_sglang_pipeline(model_dir: str | os.PathLike, device: str = "cpu"):
     """Load the checkpoint with sglang's own loader; returns (pipeline, server_args).
 
@@ -54,7 +68,7 @@ def load_sglang_pipeline(model_dir: str | os.PathLike, device: str = "cpu"):
     if stats.exists():
         server_args.pipeline_config.action_stats_path = str(stats)
     set_global_server_args(server_args)
-    maybe_init_distributed_environment_and_model_parallel(tp_size=1, sp_size=1)
+    _init_one_process_world(maybe_init_distributed_environment_and_model_parallel)
     pipeline = build_pipeline(server_args)
     if os.environ.get("CANDIDATE_SCHEDULER_SGLANG_LOGS", "0") != "1":
         # sglang logs a warning per request for non-production resolutions; a worker serving many

@@ -184,6 +184,7 @@ class Worker:
             device=self.device,
             pid=os.getpid(),
             profile=self.profile,
+            conditioning=self.conditioning,
         )
         return protocol.encode(protocol.Kind.REGISTER, msg)
 

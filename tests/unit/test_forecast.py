@@ -1,5 +1,6 @@
 """The forecast's fluid model of a running batch: joins slow everything running, fixed costs stall the
-worker, dispatch runs batches one after another, and what no worker can hold never finishes."""
+worker (or, on a worker that conditions aside, only delay the joiner), dispatch runs batches one after
+another, and what no worker can hold never finishes."""
 
 import math
 
@@ -43,6 +44,25 @@ def test_forecast_fixed_costs_stall_the_worker_and_dispatch_runs_batches_in_turn
     c = cost(fixed=0.1)
     f = forecast(0.0, [SimWorker("w", 4)], [job("a", 4, 10), job("b", 4, 10)], c, "dispatch")
     assert f["a"] == pytest.approx(0.1 + 0.4) and f["b"] == pytest.approx(2 * (0.1 + 0.4))
+
+
+def test_forecast_on_a_worker_that_conditions_aside_the_running_groups_step_on_while_a_joiner_is_conditioned():
+    c = cost(fixed=0.1)
+
+    def running(aside: bool) -> SimWorker:
+        return SimWorker("w", 8, [SimItem((("old", 0),), 4, 4, 10.0, LABEL, KEY)], conditions_aside=aside)
+
+    inline = forecast(0.0, [running(False)], [job("new", 4, 10)], c, "step")
+    assert inline["old"] == pytest.approx(0.1 + 10 * 0.08) and inline["new"] == pytest.approx(0.9)
+    aside = forecast(0.0, [running(True)], [job("new", 4, 10)], c, "step")
+    # 2.5 steps of 4 rows while "new" is conditioned, then 7.5 together; "new" ends 2.5 steps later alone
+    assert aside["old"] == pytest.approx(0.1 + 7.5 * 0.08)
+    assert aside["new"] == pytest.approx(0.1 + 7.5 * 0.08 + 2.5 * 0.04)
+    # two joiners queue on the one conditioning thread: the second starts stepping 0.1 s after the first
+    both = forecast(0.0, [SimWorker("w", 8, conditions_aside=True)], [job("a", 4, 10), job("b", 4, 10)], c, "step")
+    assert both["a"] == pytest.approx(0.2 + 7.5 * 0.08) and both["b"] == pytest.approx(0.8 + 2.5 * 0.04)
+    stalled = forecast(0.0, [SimWorker("w", 8)], [job("a", 4, 10), job("b", 4, 10)], c, "step")
+    assert stalled["a"] == stalled["b"] == pytest.approx(0.2 + 10 * 0.08)
 
 
 def test_forecast_counts_the_work_already_running_and_what_cannot_be_held():

@@ -69,7 +69,8 @@ def test_unloaded_groups_cover_every_count_per_repeat():
 
 def test_arm_flags_default_override_and_refuse_unknown_arms():
     flags = parse_arm_flags([])
-    assert flags == {"dispatch": ("--batching", "dispatch"), "step": ("--batching", "step")}
+    assert flags == {"dispatch": ("--batching", "dispatch"), "step": ("--batching", "step"),
+                     "step_inline": ("--batching", "step")}
     flags = parse_arm_flags(["dispatch=", "step=--batching step --max-queued-groups 4096"])
     assert flags["dispatch"] == () and flags["step"] == ("--batching", "step", "--max-queued-groups", "4096")
     for bad in (["sglang_sequential=--x"], ["step"]):
