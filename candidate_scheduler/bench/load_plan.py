@@ -47,6 +47,14 @@ class ShapePlan:
     # 0: every group brings a new observation (a robot's next frame). N: observations come from a pool
     # of N that every arm has encoded at warm-up (see FULL: a 256x256 bf16 VAE encode is seconds on CPU).
     observation_pool: int = 0
+    # The comparison point (where the p99 target compares the arms) runs this many times longer, with
+    # this many times more groups, than a sweep point: a p99 of ~30 groups is their maximum.
+    compare_scale: float = 1.0
+
+    def compare_plan(self) -> ShapePlan:
+        f = self.compare_scale
+        return replace(self, window_s=self.window_s * f, max_window_s=self.max_window_s * f,
+                       min_groups=max(1, round(self.min_groups * f)))
 
     @property
     def name(self) -> str:
@@ -62,14 +70,16 @@ class LoadPlan:
 
 
 # Sized for the load part of `make bench` to take 7-8 minutes on 2 shared CPU cores with three arms
-# (measured: 64x64 180 s, start 40 s; 256x256 about 250 s). At 256x256 a new observation's bf16 VAE
+# (measured: 64x64 180 s, start 40 s; 256x256 about 250 s). At 64x64 the comparison point is 4x a sweep
+# point (about 60 groups an arm) and the sweep has no 0.6x point, which pays for it. At 256x256 a new observation's bf16 VAE
 # encode takes 3.6-4 s on these CPUs (no AVX-512: the fp32 encode is 0.1 s), about 7x a 20-step N=1
 # denoise in every arm alike, so there the observations come from a pool of 2 encoded at warm-up and
 # the shape measures batching, not the encoder. Its groups take 0.5-5 s, so its few short windows give
 # rough figures: `--load-scale` lengthens every window for a careful run.
 FULL = LoadPlan(
-    shapes=(ShapePlan(64, sweep=(0.3, 0.6, 1.2), search_probes=4, search_step=1.6, window_s=5.0,
-                      search_window_s=4.0, min_groups=10, max_window_s=10.0, unloaded_repeats=3),
+    shapes=(ShapePlan(64, sweep=(0.3, 1.2), search_probes=4, search_step=1.6, window_s=5.0,
+                      search_window_s=4.0, min_groups=10, max_window_s=10.0, unloaded_repeats=3,
+                      compare_scale=4.0),
             ShapePlan(256, sweep=(0.3, 1.2), search_probes=3, search_step=2.0, window_s=6.0,
                       search_window_s=6.0, min_groups=5, max_window_s=8.0, unloaded_repeats=1,
                       observation_pool=2)),

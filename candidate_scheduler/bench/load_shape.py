@@ -119,11 +119,12 @@ class ShapeBench:
         }
 
     def point(self, arm: Arm, rate: float, slo_s: float, phase: str, *, search: bool = False,
-              early_stop: bool = False) -> dict:
-        window = self.shape.search_window_s if search else self.shape.window_s
+              early_stop: bool = False, shape: ShapePlan | None = None) -> dict:
+        shape = shape or self.shape
+        window = shape.search_window_s if search else shape.window_s
         phase_seed = FIRST_POINT + len(self.runs[arm.name])
         planned = [Planned(at, spec.count, self.request(arm.name, spec, phase_seed))
-                   for at, spec in arrivals(self.sequence, rate, window, self.shape.min_groups, self.shape.max_window_s)]
+                   for at, spec in arrivals(self.sequence, rate, window, shape.min_groups, shape.max_window_s)]
         self.progress.set_description(f"{self.shape.name} {arm.name} {phase} {rate:.2f} groups/s ({len(planned)})")
         before = scrape(arm.metrics_url)
         run = run_point(arm.endpoint, rate, planned, slo_s, early_stop=early_stop,
@@ -182,11 +183,12 @@ class ShapeBench:
     def compare(self, arm: Arm, rate: float, own_capacity: float, slo_s: float, done_rates: list[float]) -> dict:
         """The point at COMPARE_AT x the dispatch arm's capacity. Far past the arm's own capacity it may
         stop early (its p99 is over the SLO either way, and the backlog would only grow)."""
-        for row, _run in self.runs[arm.name]:
+        for row, _run in self.runs[arm.name] if self.shape.compare_scale == 1 else ():
             if abs(row["offered_groups_per_s"] / rate - 1) < 0.03 and not row["stopped_early"]:
                 row["phase"] += f" = compare {COMPARE_AT:g}x dispatch"
                 return row
-        row = self.point(arm, rate, slo_s, f"compare {COMPARE_AT:g}x dispatch", early_stop=rate > 1.3 * own_capacity)
+        row = self.point(arm, rate, slo_s, f"compare {COMPARE_AT:g}x dispatch", early_stop=rate > 1.3 * own_capacity,
+                         shape=self.shape.compare_plan())
         done_rates.append(rate)
         return row
 

@@ -95,3 +95,16 @@ def test_rows_per_forward_prefers_the_per_forward_histogram():
     no_forwards = {k: v for k, v in after.items() if "forward" not in k}
     assert rows_per_forward({}, no_forwards) == (5.0, "batch_rows histogram")
     assert rows_per_forward(after, after) == (None, None)  # nothing ran in between
+
+
+def test_the_comparison_point_runs_longer_than_a_sweep_point():
+    shape = FULL.shapes[0]
+    compare = shape.compare_plan()
+    assert (compare.window_s, compare.max_window_s, compare.min_groups) == (
+        shape.window_s * shape.compare_scale, shape.max_window_s * shape.compare_scale,
+        round(shape.min_groups * shape.compare_scale))
+    # at a typical 64x64 comparison rate its p99 is over dozens of groups, not a handful
+    sweep = arrivals(group_sequence(64), 2.9, shape.window_s, shape.min_groups, shape.max_window_s)
+    longer = arrivals(group_sequence(64), 2.9, compare.window_s, compare.min_groups, compare.max_window_s)
+    assert len(sweep) < 20 and len(longer) >= 50
+    assert FULL.shapes[1].compare_plan() == FULL.shapes[1]  # 256x256: as a sweep point
