@@ -350,3 +350,41 @@ def test_solver_sharing_on_and_off_give_the_same_bits_with_a_rollout_in_lockstep
         assert results[True][rid].actions.tobytes() == results[False][rid].actions.tobytes(), rid
     for name, arr in results[False]["R"].rollout.items():
         assert results[True]["R"].rollout[name].tobytes() == arr.tobytes(), name
+
+
+# ---- starts on the conditioning thread while the compute thread steps ----------------------------------
+def test_groups_started_on_another_thread_while_others_step_equal_sglang(adapter, ref):
+    """The worker's conditioning thread (worker/preparing.py): `start` runs while `step` runs on another
+    thread. New observations and a new prompt (the VAE encode and the text pathway both run beside the
+    forwards); every candidate of every group is still bitwise sglang's own pipeline alone."""
+    import threading
+
+    from candidate_scheduler.bench.conditioning_overlap import measure
+
+    img_long, imgs = image(40), [image(41), image(42)]
+    long = group("long", img_long, PROMPT, sampling(40), [401, 402])
+    joiners = [group(f"J{k}", imgs[k], PROMPT_OTHER_LEN, sampling(6), [411 + k, 421 + k]) for k in range(2)]
+    running = [adapter.start(long)]
+    started: list = []
+    side = threading.Thread(target=lambda: started.extend(adapter.start(j) for j in joiners), name="conditioning")
+    side.start()
+    steps_beside = 0
+    while side.is_alive() and not running[0].done:
+        adapter.step(running)
+        steps_beside += 1
+    side.join()
+    assert steps_beside > 0 and len(started) == 2  # the long group stepped while both joiners started
+    outputs = {}
+    running += started
+    while running:
+        adapter.step(running)
+        for g in [g for g in running if g.done]:
+            running.remove(g)
+            outputs[g.request_id] = adapter.finish(g)
+    assert_matches_reference(ref, outputs["long"], long, img_long, PROMPT)
+    for k, j in enumerate(joiners):
+        assert_matches_reference(ref, outputs[j.request_id], j, imgs[k], PROMPT_OTHER_LEN)
+    assert_no_cohort_caches(adapter)
+    # the benchmark's measurement of the same overlap leaves nothing behind either
+    assert measure(adapter, n=1, seconds=0.3)["steps_beside"] > 0
+    assert_no_cohort_caches(adapter)
