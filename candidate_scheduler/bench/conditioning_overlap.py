@@ -46,6 +46,7 @@ def measure(adapter, n: int = 4, seconds: float = 1.5, side: int = 64) -> dict:
     # two step counts, so not in lockstep: each group steps its own solvers, as joiners mostly do
     # (sglang's UniPC fails past ~110 steps on the tiny checkpoint, hence the window's step bound)
     running = [adapter.start(fresh(n, steps)) for steps in (100, 99)]
+    started: list = []  # the groups the second thread starts
     try:
         for _ in range(3):
             adapter.step(running)
@@ -62,7 +63,8 @@ def measure(adapter, n: int = 4, seconds: float = 1.5, side: int = 64) -> dict:
 
         def conditioning():
             while not stop.is_set():
-                adapter.release(adapter.start(fresh(1, 20)))
+                # released on the compute thread afterwards, as the worker does (release takes the step lock)
+                started.append(adapter.start(fresh(1, 20)))
                 starts.append(time.perf_counter())
 
         side_thread = threading.Thread(target=conditioning, name="conditioning")
@@ -77,7 +79,7 @@ def measure(adapter, n: int = 4, seconds: float = 1.5, side: int = 64) -> dict:
         stop.set()
         side_thread.join()
     finally:
-        for g in running:
+        for g in running + started:
             adapter.release(g)
     one_after_another = steps * step_s + done * start_s
     return {"n": n, "step_alone_ms": 1e3 * step_s, "start_alone_ms": 1e3 * start_s, "window_s": window,
