@@ -22,6 +22,17 @@ def _ratio(num, den):
     return None if num is None or den is None or den == 0 else float(num) / float(den)
 
 
+def consistent_capacity(rows: list[dict]) -> float | None:
+    """The highest offered load that passed the SLO below the lowest load that failed it, over every
+    point of an arm (search, sweep and the comparison point). The search's capacity rests on short
+    probes: this is lower when a longer point below it failed (a backlog a short window never builds),
+    higher when a sweep point above it passed. None when no point passed below the lowest failure."""
+    failed = [r["offered_groups_per_s"] for r in rows if not r["p99_within_slo"]]
+    ceiling = min(failed, default=float("inf"))
+    passed = [r["offered_groups_per_s"] for r in rows if r["p99_within_slo"] and r["offered_groups_per_s"] < ceiling]
+    return max(passed, default=None)
+
+
 def targets(shape: dict) -> list[dict]:
     """The issue's targets on one shape (reported, never asserted); `measured` None when an arm is absent."""
     cap = shape["capacity_groups_per_s"]
@@ -44,6 +55,9 @@ def targets(shape: dict) -> list[dict]:
         ("unloaded latency of `step` within 5% of `dispatch` (mean over the counts of the per-count medians)",
          _ratio(unloaded_mean("step"), unloaded_mean("dispatch")), "x", lambda v: v <= 1.05),
     ]
+    checked = {arm: consistent_capacity(rows) for arm, rows in shape.get("points", {}).items()}
+    rows.append(("(check) `step` / `dispatch` capacity, each the highest load passed below its lowest failed point",
+                 _ratio(checked.get("step"), checked.get("dispatch")), "x", None))
     if "step_inline" in cap:  # the conditioning thread's before/after, side by side: no target of its own
         rows += [
             ("(comparison) `step` capacity / `step_inline` capacity", _ratio(cap.get("step"), cap.get("step_inline")),
@@ -71,7 +85,10 @@ def build_result(shapes: list[dict], meta: dict) -> dict:
         "capacity_groups_per_s": dict(first["capacity_groups_per_s"]),
         "capacity_groups_per_s_by_shape": {s["shape"]: s["capacity_groups_per_s"] for s in shapes},
         "targets": [t for s in shapes for t in targets(s)],
-        "shapes": {s["shape"]: {k: v for k, v in s.items() if k != "points"} for s in shapes},
+        "shapes": {s["shape"]: {**{k: v for k, v in s.items() if k != "points"},
+                                "capacity_consistent_groups_per_s": {arm: consistent_capacity(rows)
+                                                                     for arm, rows in s["points"].items()}}
+                   for s in shapes},
     }
 
 
@@ -141,14 +158,19 @@ def write_report(result: dict, out_dir: Path, json_name: str, plot: str | None) 
         lines += ["", f"## {shape}, {info['steps']} steps ({observations})", "",
                   "Unloaded latency (one group at a time), median ms per count, and capacity:", "",
                   "| arm | " + " | ".join(f"N={c}" for c in COUNTS) + " | unloaded (max) ms | mix mean ms | SLO ms "
-                  "| capacity groups/s | capacity |",
-                  "|---|" + "---|" * (len(COUNTS) + 5)]
+                  "| capacity groups/s | capacity | consistent with every point |",
+                  "|---|" + "---|" * (len(COUNTS) + 6)]
         for arm in arms:
             u = info["unloaded"][arm]
             cells = " | ".join(fmt(u["per_count_median_s"][str(c)] * 1e3) for c in COUNTS)
             lines.append(f"| {arm} | {cells} | {fmt(u['unloaded_s'] * 1e3)} | {fmt(u['unloaded_mean_s'] * 1e3)} "
                          f"| {fmt(u['slo_s'] * 1e3)} | {fmt(info['capacity_groups_per_s'][arm], 2)} "
-                         f"| {info['capacity_search'][arm]['bound']} ({info['capacity_search'][arm]['probes']} probes) |")
+                         f"| {info['capacity_search'][arm]['bound']} ({info['capacity_search'][arm]['probes']} probes) "
+                         f"| {fmt(info.get('capacity_consistent_groups_per_s', {}).get(arm), 2)} |")
+        lines += ["", "Capacity is the search's (the highest probe within the SLO, below the lowest that failed). "
+                  "*Consistent with every point* applies the same rule to all the arm's points, the sweep and the "
+                  "longer comparison point included: lower when a point below the search's capacity failed, higher when "
+                  "one above it passed."]
         if info.get("compare_rate_groups_per_s"):
             lines += ["", f"Comparison point: {fmt(info['compare_rate_groups_per_s'], 2)} groups/s = {COMPARE_AT:g}x "
                       "the `dispatch` capacity."]
@@ -202,3 +224,22 @@ def summary(result: dict) -> str:
     lines += [f"  {t['result']:4}  {t['shape']} {t['target']}: {fmt(t['measured'], 2)} {t['unit']}"
               for t in result["targets"]]
     return "\n".join(lines)
+
+
+def rebuild(json_path: Path, plots: bool = True) -> dict:
+    """The outputs again from a load JSON (after the report changed): the points are regrouped by shape
+    and the targets and consistency figures recomputed; the measurements are the JSON's own."""
+    old = json.loads(Path(json_path).read_text())
+    shapes = []
+    for name, info in old["shapes"].items():
+        shape = {k: v for k, v in info.items() if k != "capacity_consistent_groups_per_s"}
+        shape["points"] = {arm: [r for r in rows if r["shape"] == name] for arm, rows in old["arms"].items()}
+        shapes.append(shape)
+    return write_outputs(build_result(shapes, old["meta"]), Path(json_path).parent, plots)
+
+
+if __name__ == "__main__":
+    import sys
+
+    for path in sys.argv[1:] or ["bench/results/load_cpu.json"]:
+        print(summary(json.loads(Path(rebuild(Path(path))["json"]).read_text())))

@@ -66,3 +66,11 @@ def test_load_bench_smoke_writes_results_with_exact_parity(tmp_path, model_dir):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
     report = (out / "load_report.md").read_text()
     assert "| shape | target | measured | result |" in report and "load_p99.png" in report
+    assert set(shape["capacity_consistent_groups_per_s"]) == set(arms)
+
+    # the outputs rebuilt from the JSON alone (python -m candidate_scheduler.bench.load_report) agree
+    from candidate_scheduler.bench.load_report import rebuild
+
+    again = json.loads(rebuild(out / "load_cpu_smoke.json", plots=False)["json"].read_text())
+    assert again["targets"] == result["targets"] and again["arms"] == result["arms"]
+    assert again["shapes"]["64x64"]["capacity_consistent_groups_per_s"] == shape["capacity_consistent_groups_per_s"]

@@ -108,3 +108,16 @@ def test_the_comparison_point_runs_longer_than_a_sweep_point():
     longer = arrivals(group_sequence(64), 2.9, compare.window_s, compare.min_groups, compare.max_window_s)
     assert len(sweep) < 20 and len(longer) >= 50
     assert FULL.shapes[1].compare_plan() == FULL.shapes[1]  # 256x256: as a sweep point
+
+
+def test_the_consistent_capacity_is_the_highest_pass_below_the_lowest_failure_of_every_point():
+    from candidate_scheduler.bench.load_report import consistent_capacity
+
+    def rows(*points):
+        return [{"offered_groups_per_s": rate, "p99_within_slo": ok} for rate, ok in points]
+
+    # the search passed 4.7, but a longer point at 3.3 failed: 2.9 is what every point agrees on
+    assert consistent_capacity(rows((1.4, True), (2.9, True), (3.3, False), (4.7, True), (5.6, False))) == 2.9
+    assert consistent_capacity(rows((1.0, True), (1.5, True))) == 1.5  # nothing failed
+    assert consistent_capacity(rows((1.0, False), (2.0, True))) is None  # the lowest point failed
+    assert consistent_capacity([]) is None
