@@ -86,8 +86,9 @@ def _add_worker_args(p: argparse.ArgumentParser, with_scheduler: bool) -> None:
     p.add_argument("--memory-budget-mb", type=float, default=0.0,
                    help="device memory a worker may use; caps its rows by the predicted peak per row (0 = no cap)")
     p.add_argument("--conditioning", default="thread", choices=["thread", "inline"],
-                   help="thread: groups that arrive are conditioned (VAE encode, text pathway) on their own thread "
-                        "while the running batch keeps stepping; inline: on the compute thread, between two steps")
+                   help="thread: groups that arrive while others run are conditioned (VAE encode, text pathway) on "
+                        "their own thread while the running batch keeps stepping; inline: on the compute thread, "
+                        "between two steps")
 
 
 def _add_client_args(p: argparse.ArgumentParser) -> None:

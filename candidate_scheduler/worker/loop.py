@@ -11,8 +11,9 @@ Two threads, so heartbeats and cancels keep flowing while the model computes:
   assignments that arrived, drops cancelled groups, runs one denoise step of everything running, and
   answers each assignment as soon as all its groups are done -- a short group never waits for a long one;
 - with an adapter that allows it (and `conditioning="thread"`, the default), the conditioning thread
-  (preparing.py) starts the groups that arrive, so a joiner's VAE encode and text pathway never stall
-  the groups already running; started groups come back through the compute thread's inbox.
+  (preparing.py) starts the groups that arrive while others run, so a joiner's VAE encode and text
+  pathway never stall the groups already running; started groups come back through the compute thread's
+  inbox. With nothing running, the compute thread starts them itself (running.py says why).
 
 If the scheduler forgets us (restart, or it declared us dead), it answers WORKER_STOP("reregister")
 and we register again; ZMQ reconnects the TCP link by itself.

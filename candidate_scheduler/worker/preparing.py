@@ -10,7 +10,7 @@ thread's steps and a joiner's encode side by side take little more wall time tha
 `Preparer` runs `adapter.start` for every group it is given, one at a time and in order, on one
 thread, and hands each started group (or the exception its start raised) to `deliver`, which the
 worker points at its compute thread's inbox; the compute thread admits it at the next step boundary
-(running.py). Only an adapter that declares `concurrent_start = True` is driven this way: its
+(running.py, which gives it only the groups that arrive while others run). Only an adapter that declares `concurrent_start = True` is driven this way: its
 `start` may run while its `step`, `finish` and `release` run on the compute thread.
 
 On CUDA the two threads issue to the same default stream, so GPU work stays in one order; what

@@ -6,10 +6,13 @@ together (`step`: the adapter shares forwards between the groups that can share 
 done leaves at once, and an assignment whose groups all have an output is handed back (`take_done`) to
 be answered with one BATCH_RESULT. Cancelled groups leave at the next boundary (`drop`).
 
-With a `Preparer` (preparing.py) the groups' starts run on the conditioning thread instead, while the
-running groups keep stepping; each started group comes back through `prepared`. An assignment's groups
-join together, at the first boundary after the last of them is ready, so the groups of one BATCH (and
-the slices of one JOIN) stay in lockstep and can share solver steps.
+With a `Preparer` (preparing.py) the starts of an assignment that arrives while groups are running run
+on the conditioning thread instead, and the running groups keep stepping; each started group comes back
+through `prepared`. An assignment's groups join together, at the first boundary after the last of them
+is ready, so the groups of one BATCH (and the slices of one JOIN) stay in lockstep and can share solver
+steps. With nothing running there is nothing to overlap, and the compute thread starts the groups itself:
+a compute thread that waited idle for the conditioning thread ran its first step 5-10 ms slower at
+64x64 on these CPUs (bench/README.md, "Conditioning off the step loop").
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class RunningBatch:
         """Start every group of a new assignment (conditioning, noise, its own solvers), here or on the
         preparer's thread."""
         a = Assignment(batch.batch_id, received_at, [], steps_at_receipt=self.steps_run)
+        aside = self.preparer is not None and not self.idle
         for i, g in enumerate(batch.groups):
             try:
                 item = convert.work_from_wire(g)
@@ -75,7 +79,7 @@ class RunningBatch:
                 a.outputs[i] = GroupOutput(g.request_id, "error", error=str(exc), error_code="bad_request")
                 continue
             a.items.append(item)
-            if self.preparer is not None:
+            if aside:
                 a.preparing.add(i)
                 continue
             try:

@@ -98,12 +98,15 @@ def _running(batch: RunningBatch) -> dict[str, int]:
     return {g.request_id: g.step_index for a in batch.assignments.values() for g in a.running.values()}
 
 
+def _with_a_running_group(adapter, batch, steps: int = 50) -> None:
+    """With nothing running a start runs on the compute thread (nothing to overlap it with)."""
+    batch.admit(_assignment(99, "long", steps=steps), 0.0)
+    assert _running(batch) == {"long": 0} and adapter.started_on["long"] == threading.current_thread().name
+
+
 def test_running_groups_keep_stepping_while_a_joiner_is_conditioned(prepared_batch):
     adapter, batch, back = prepared_batch
-    batch.admit(_assignment(1, "long", steps=50), 0.0)
-    assert batch.waiting and _running(batch) == {}  # its start runs on the other thread
-    back()
-    assert _running(batch) == {"long": 0}
+    _with_a_running_group(adapter, batch)
     gate = adapter.hold("joiner")
     batch.admit(_assignment(2, "joiner"), 0.0)
     for _ in range(5):  # the joiner's start is held: the long group steps on regardless
@@ -113,24 +116,35 @@ def test_running_groups_keep_stepping_while_a_joiner_is_conditioned(prepared_bat
     back()
     batch.step()
     assert _running(batch) == {"long": 6, "joiner": 1}
-    assert adapter.started_on == {"long": "conditioning", "joiner": "conditioning"}
+    assert adapter.started_on["joiner"] == "conditioning"
     assert batch.assignments[2].wire_report()["steps_while_conditioned"] == 5  # the reply says so too
 
 
 def test_the_groups_of_one_assignment_join_together(prepared_batch):
     adapter, batch, back = prepared_batch
+    _with_a_running_group(adapter, batch)
     gate = adapter.hold("second")
     batch.admit(_assignment(1, "first", "second"), 0.0)
     assert back().index == 0
-    assert _running(batch) == {} and batch.waiting  # the first waits for the second
+    batch.step()
+    assert _running(batch) == {"long": 1}  # the first waits for the second
     gate.set()
     assert back().index == 1
     batch.step()
-    assert _running(batch) == {"first": 1, "second": 1}  # in lockstep from their first step
+    assert _running(batch) == {"long": 2, "first": 1, "second": 1}  # in lockstep from their first step
+
+
+def test_with_nothing_running_the_compute_thread_starts_the_groups_itself(prepared_batch):
+    adapter, batch, back = prepared_batch
+    batch.admit(_assignment(1, "a", "b"), 0.0)
+    assert _running(batch) == {"a": 0, "b": 0} and not batch.waiting
+    assert set(adapter.started_on.values()) == {threading.current_thread().name}
+    assert batch.assignments[1].wire_report()["steps_while_conditioned"] == 0
 
 
 def test_a_group_cancelled_while_it_is_conditioned_is_answered_at_once_and_released_later(prepared_batch):
     adapter, batch, back = prepared_batch
+    _with_a_running_group(adapter, batch)
     gate = adapter.hold("slow")
     batch.admit(_assignment(1, "slow"), 0.0)
     batch.drop({1: {"slow"}})
@@ -138,35 +152,47 @@ def test_a_group_cancelled_while_it_is_conditioned_is_answered_at_once_and_relea
     assert done.outputs[0].status == "cancelled"
     gate.set()
     back()  # the group its start made is dropped, never run
-    assert adapter.released == ["slow"] and batch.assignments == {} and _running(batch) == {}
+    assert adapter.released == ["slow"] and list(batch.assignments) == [99] and _running(batch) == {"long": 0}
 
 
 def test_a_cancelled_sibling_lets_the_rest_of_its_assignment_join(prepared_batch):
     adapter, batch, back = prepared_batch
+    _with_a_running_group(adapter, batch)
     gate = adapter.hold("slow")
     batch.admit(_assignment(1, "fast", "slow"), 0.0)
     back()
     batch.drop({1: {"slow"}})
-    assert _running(batch) == {"fast": 0}
+    assert _running(batch) == {"long": 0, "fast": 0}
     gate.set()
     back()
-    assert adapter.released == ["slow"] and _running(batch) == {"fast": 0}
-    batch.drop({1: {"fast"}})  # a prepared group waiting for a sibling is released when cancelled too
+    assert adapter.released == ["slow"] and _running(batch) == {"long": 0, "fast": 0}
+    gate = adapter.hold("waiting")
+    batch.admit(_assignment(2, "ready", "waiting"), 0.0)
+    back()
+    batch.drop({2: {"ready", "waiting"}})  # a prepared group waiting for a sibling is released when cancelled too
     [done] = batch.take_done()
-    assert [o.status for o in (done.outputs[0], done.outputs[1])] == ["cancelled", "cancelled"]
+    assert [o.status for o in done.outputs.values()] == ["cancelled", "cancelled"]
+    assert adapter.released == ["slow", "ready"]
+    gate.set()
+    back()
+    assert adapter.released == ["slow", "ready", "waiting"]
 
 
 def test_a_start_that_fails_on_the_conditioning_thread_is_answered_with_its_error(prepared_batch):
-    _adapter, batch, back = prepared_batch
+    adapter, batch, back = prepared_batch
+    _with_a_running_group(adapter, batch, steps=3)
     batch.admit(_assignment(1, "bad-group", "good"), 0.0)
     back(), back()
-    assert _running(batch) == {"good": 0}
+    assert _running(batch) == {"long": 0, "good": 0}
+    assert adapter.started_on["bad-group"] == "conditioning"
     out = batch.assignments[1].outputs[0]
     assert out.status == "error" and out.error_code == "bad_request"
+    done = []
     while _running(batch):
         batch.step()
-    [done] = batch.take_done()
-    assert [o.status for o in (done.outputs[0], done.outputs[1])] == ["error", "ok"]
+        done += batch.take_done()
+    [answer] = [a for a in done if a.batch_id == 1]
+    assert [o.status for o in (answer.outputs[0], answer.outputs[1])] == ["error", "ok"]
 
 
 def test_inline_conditioning_starts_on_the_compute_thread():
