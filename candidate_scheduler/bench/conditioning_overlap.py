@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from candidate_scheduler.bench.common import DEFAULT_MODEL, PROMPT
-from candidate_scheduler.bench.step_profile import _on_thread
+from candidate_scheduler.bench.step_profile import on_compute_thread
 from candidate_scheduler.core.work import CandidateWork, GroupWork, SamplingSpec
 
 
@@ -59,23 +59,22 @@ def measure(adapter, n: int = 4, seconds: float = 1.5, side: int = 64) -> dict:
         starts_alone = [start_alone() for _ in range(5)]
         step_s, start_s = statistics.median(steps_alone), statistics.median(starts_alone)
 
-        stop, starts = threading.Event(), []
+        stop = threading.Event()
 
         def conditioning():
             while not stop.is_set():
                 # released on the compute thread afterwards, as the worker does (release takes the step lock)
                 started.append(adapter.start(fresh(1, 20)))
-                starts.append(time.perf_counter())
 
         side_thread = threading.Thread(target=conditioning, name="conditioning")
         side_thread.start()
         time.sleep(0.2)  # the first start is under way
-        first, t0, steps = len(starts), time.perf_counter(), 0
+        first, t0, steps = len(started), time.perf_counter(), 0
         while time.perf_counter() - t0 < seconds and running[1].step_index < running[1].steps - 1:
             adapter.step(running)
             steps += 1
         window = time.perf_counter() - t0
-        done = len(starts) - first
+        done = len(started) - first
         stop.set()
         side_thread.join()
     finally:
@@ -99,9 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     from candidate_scheduler.worker.tiny_checkpoint import ensure_checkpoint
 
     model = ensure_checkpoint(Path(args.model)) if Path(args.model) == DEFAULT_MODEL else args.model
-    adapter = _on_thread(Cosmos3CandidateAdapter, model)
+    adapter = on_compute_thread(Cosmos3CandidateAdapter, model)
     for _ in range(args.rounds):
-        r = _on_thread(measure, adapter, n=args.n, seconds=args.seconds)
+        r = on_compute_thread(measure, adapter, n=args.n, seconds=args.seconds)
         print(f"2 groups x N={r['n']}: step alone {r['step_alone_ms']:.1f} ms, start alone {r['start_alone_ms']:.1f} ms; "
               f"beside each other for {r['window_s']:.2f} s: {r['steps_beside']} steps ({r['step_beside_ms']:.1f} ms "
               f"each) + {r['starts_beside']} starts, {r['one_after_another_s']:.2f} s one after another "

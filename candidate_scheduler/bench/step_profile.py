@@ -128,7 +128,9 @@ def profile_step(adapter, steps: int = 60, n: int = 1, height: int = 64, width: 
     }
 
 
-def _on_thread(fn, *args, **kwargs):
+def on_compute_thread(fn, *args, **kwargs):
+    """fn(*args, **kwargs) on a dedicated thread, as a worker's compute thread runs torch work; its
+    result, or its exception re-raised here."""
     result: dict = {}
 
     def run():
@@ -165,11 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     from candidate_scheduler.worker.tiny_checkpoint import ensure_checkpoint
 
     model = ensure_checkpoint(Path(args.model)) if Path(args.model) == DEFAULT_MODEL else args.model
-    adapter = _on_thread(Cosmos3CandidateAdapter, model, device=args.device)
+    adapter = on_compute_thread(Cosmos3CandidateAdapter, model, device=args.device)
     results = []
     arms = {"on": [True], "off": [False], "both": [False, True] * args.rounds}[args.sharing]
     for n, share in ((n, share) for n in args.n for share in arms):
-        r = _on_thread(profile_step, adapter, steps=args.steps, n=n, height=args.size[0], width=args.size[1],
+        r = on_compute_thread(profile_step, adapter, steps=args.steps, n=n, height=args.size[0], width=args.size[1],
                        guidance=args.guidance, groups=args.groups, share_solvers=share)
         results.append(r)
         print(f"solver sharing {'on ' if share else 'off'} {r['groups']} group(s) x N={n} {r['height']}x{r['width']} g={r['guidance']}: step {r['step_ms']:.2f} ms, forward in step "
