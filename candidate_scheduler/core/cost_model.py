@@ -136,17 +136,22 @@ class CostModel:
         self.margin_quantile = check_margin_quantile(margin_quantile)
         self.workers: dict[str, WorkerCost] = {}
         self.errors: collections.deque[float] = collections.deque(maxlen=ERRORS_KEPT)
+        self._margin: float | None = None  # margin() since the last error observed
 
     def observe_error(self, predicted_s: float, actual_s: float) -> None:
         if predicted_s > 0 and actual_s >= 0:
             self.errors.append(actual_s / predicted_s)
+            self._margin = None
 
     def margin(self) -> float:
         """The `margin_quantile` percentile of actual / predicted over recent assignments, at least 1."""
-        if len(self.errors) < MIN_ERRORS:
-            return 1.0
-        ranked = sorted(self.errors)
-        return max(1.0, ranked[int(self.margin_quantile * (len(ranked) - 1))])
+        if self._margin is None:
+            if len(self.errors) < MIN_ERRORS:
+                self._margin = 1.0
+            else:
+                ranked = sorted(self.errors)
+                self._margin = max(1.0, ranked[int(self.margin_quantile * (len(ranked) - 1))])
+        return self._margin
 
     def with_margin(self) -> Scaled:
         return Scaled(self, self.margin())

@@ -1,8 +1,10 @@
 """Deadlines: the queue's order, refusing what cannot be met, and the elastic candidate count.
 
+Every rule here reads a planning snapshot (core/snapshot.py), never the engine.
+
 Ordering (earliest deadline first, and nobody starves). Every queued group has an *effective
 deadline*: its own deadline, or, without one, its receipt time plus `best_effort_s`. The queue is
-served in order of effective deadlines (ties by receipt). So groups with deadlines go ahead of groups
+served in order of effective deadlines (ties by admission). So groups with deadlines go ahead of groups
 without, except that a group without a deadline that has waited `best_effort_s` is ahead of every
 deadline that ends later than that: its wait is bounded, it is never starved.
 
@@ -11,133 +13,130 @@ not-yet-started elastic group in the queue -- ahead of it or behind it -- ran at
 the most room the scheduler could make (the groups ahead shrink to make it: their counts are chosen
 with every deadline group behind them watched, below). If even then it would finish after its
 deadline, it is refused at once (`rejected`, `deadline_unmeetable`, with the predicted completion),
-instead of being served late.
+instead of being served late. A group that could not finish in time even alone on an idle worker is
+refused without a simulation.
 
 Elastic count before start. For a group with a deadline and min_count < count that is about to start,
 or waits near the head of the queue, the largest n in [min_count, count] is chosen such that it and
-every deadline group queued behind it (at their minimum counts) are forecast to finish in time, behind
-the groups queued ahead of it (at their counts as they stand); with no such n, min_count. A waiting
-group may so start now with the rows that are free instead of later with all it asked for; once
-chosen, a count only ever shrinks. The served candidates
-are 0..n-1, bitwise those of the full group. Without a calibrated cost model there is no forecast and
+the deadline groups queued right behind it (the next `WATCH_WINDOW` slices, at their minimum counts)
+are forecast to finish in time, behind the groups queued ahead of it (at their counts as they stand);
+with no such n, min_count. A waiting group may so start now with the rows that are free instead of
+later with all it asked for; once chosen, a count only ever shrinks. The served candidates are
+0..n-1, bitwise those of the full group. Without a calibrated cost model there is no forecast and
 nothing is refused or shrunk.
+
+What a forecast costs. It simulates only until the groups it is asked about have finished, never past
+the latest of their deadlines, and loads the queue as far as the simulated workers have rows for it:
+its cost follows the work that could run before the deadline, not the length of the queue.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Iterator
 
-from candidate_scheduler.core.admission import split_balanced
-from candidate_scheduler.core.forecast import Job, SimItem, SimWorker, duration, forecast
-from candidate_scheduler.core.group_state import GroupStatus
+from candidate_scheduler.core.forecast import duration, forecast
 from candidate_scheduler.core.planning import Unit
+from candidate_scheduler.core.snapshot import GroupView, PlanningSnapshot
+
+WATCH_WINDOW = 64  # slices behind a group whose deadlines its count must not break
 
 
-def effective_deadline(group, best_effort_s: float) -> float:
-    return group.deadline if group.deadline is not None else group.received_at + best_effort_s
+def effective_deadline(deadline: float | None, received_at: float, best_effort_s: float) -> float:
+    return deadline if deadline is not None else received_at + best_effort_s
 
 
-def order(groups, best_effort_s: float) -> list:
-    """Groups in the order the planner serves them (stable: ties keep receipt order)."""
-    return sorted(groups, key=lambda g: effective_deadline(g, best_effort_s))
+def _forecast_units(snap: PlanningSnapshot, count_of: Callable[[GroupView], int | None],
+                    extra: tuple[GroupView, int] | None = None) -> Iterator[Unit]:
+    """The queue in order, as a forecast should see it: a group for which `count_of` gives a count as if
+    re-sliced to serve that many, the others as they stand; `extra` (a group not queued yet) at its place."""
+    capacity = snap.slice_capacity
+    seen: dict[str, bool] = {}  # request id -> its units were replaced
+    pending_extra = list(extra[0].units(extra[1], capacity)) if extra is not None else []
+    for unit in snap.queue.ordered():
+        while pending_extra and pending_extra[0].order < unit.order:
+            yield pending_extra.pop(0)
+        rid = unit.request_id
+        if rid not in seen:
+            view = snap.group(rid)
+            count = None if view is None else count_of(view)
+            seen[rid] = count is not None
+            if count is not None:
+                yield from view.units(count, capacity)
+        if not seen[rid]:
+            yield unit
+    yield from pending_extra
 
 
-def _jobs(group, capacity: int, count: int | None = None) -> list[Job]:
-    """A group's pending work; with `count`, as if it were re-sliced to serve that many candidates."""
-    s = group.sampling
-    obs = group.request.observations
-    fkey, bkey, label = s.forward_key(), s.batch_key(), s.forward_label()
-    if count is None:
-        pending = group.pending_slices()
-    else:
-        pending = tuple(enumerate(split_balanced(count, capacity)))
-    return [Job(Unit(group.request_id, i, ids, bkey, fkey), len(ids), len(ids) * obs, s.steps, label)
-            for i, ids in pending]
+def _alone_s(snap: PlanningSnapshot, units: list[Unit]) -> float:
+    """The least time the largest of these slices takes on any idle worker: a bound no queue improves."""
+    cost = snap.planned_cost
+    biggest = max(units, key=lambda u: u.cost_rows)
+    return min(cost.overhead_s(w.worker_id, biggest.label)
+               + biggest.steps * cost.forward_s(w.worker_id, biggest.label, biggest.cost_rows)
+               for w in snap.workers if w.rows >= biggest.size) if any(w.rows >= biggest.size for w in snap.workers) \
+        else math.inf
 
 
-def jobs_of(group, entry) -> list[Job]:
-    """The job of one slice about to be sent (for the prediction kept with its assignment)."""
-    s = group.sampling
-    return [Job(Unit(group.request_id, entry.slice_index, entry.candidate_ids, s.batch_key(), s.forward_key()),
-                len(entry.candidate_ids), len(entry.candidate_ids) * group.request.observations, s.steps,
-                s.forward_label())]
-
-
-def _startable_min(group) -> int | None:
-    """The minimum count of a group that may still shrink (elastic, nothing started), else None."""
-    if group.spec.min_count < group.served_count and not any(group.slice_attempts(i) for i in range(len(group.slices))):
-        return group.spec.min_count
-    return None
-
-
-def sim_workers(engine, now: float, only: str | None = None) -> list[SimWorker]:
-    sims = []
-    for w in engine.workers.values():
-        if only is not None and w.worker_id != only:
-            continue
-        sim = SimWorker(w.worker_id, engine.rows_of(w), conditions_aside=w.conditions_aside)
-        running = list(w.assignments.values())
-        total_rows = sum(a.cost_rows for a in running)
-        for a in running:
-            # steps it has left: what its time so far bought at the rows running there now
-            tau = engine.cost.forward_s(w.worker_id, a.label, total_rows)
-            fixed = engine.cost.overhead_s(w.worker_id, a.label) * len(a.entries)
-            done = (now - a.sent_at - fixed) / tau if tau > 0 else 0.0
-            left = min(float(a.steps), max(0.5, a.steps - max(0.0, done)))
-            # on a worker that conditions aside, an assignment still being conditioned has not joined yet
-            delay = max(0.0, fixed - (now - a.sent_at)) if w.conditions_aside else 0.0
-            sim.preparing = max(sim.preparing, delay)
-            sim.items.append(SimItem(tuple((e.request_id, e.slice_index) for e in a.entries), a.rows, a.cost_rows,
-                                     left, a.label, a.forward_key, delay))
-        sims.append(sim)
-    return sims
-
-
-def _forecast(engine, now: float, queue: list, sizes: dict[str, int | None]) -> dict[str, float]:
-    capacity = min(engine.rows_of(w) for w in engine.workers.values())
-    jobs = []
-    for g in queue:
-        jobs.extend(_jobs(g, capacity, sizes.get(g.request_id)))
-    return forecast(now, sim_workers(engine, now), jobs, engine.cost.with_margin(), engine.config.batching)
-
-
-def refuse_at_receipt(engine, group, now: float) -> float | None:
-    """The predicted completion when the group's deadline cannot be met even at its minimum, else None."""
-    if group.deadline is None or not engine.workers or not all(engine.cost.calibrated(w) for w in engine.workers):
+def refuse_at_receipt(snap: PlanningSnapshot, view: GroupView) -> float | None:
+    """The predicted completion when the group's deadline cannot be met even at its minimum (inf: not
+    before the deadline), else None."""
+    if view.deadline is None or not snap.workers or not snap.calibrated:
         return None
-    queue = order([engine.groups[rid] for rid in engine.queue] + [group], engine.config.best_effort_s)
-    sizes = {g.request_id: group.spec.min_count if g is group else _startable_min(g) for g in queue}
-    finish = _forecast(engine, now, queue, sizes).get(group.request_id, math.inf)
-    return finish if finish > group.deadline else None
+    own = view.units(view.min_count, snap.slice_capacity)
+    alone = snap.now + _alone_s(snap, own)
+    if alone > view.deadline:
+        return alone
+    units = _forecast_units(snap, lambda g: g.min_count if g.elastic else None, (view, view.min_count))
+    finish = forecast(snap.now, snap.sim_workers(), units, snap.planned_cost, snap.batching,
+                      want=(view.request_id,), horizon=view.deadline)[view.request_id]
+    return finish if finish > view.deadline else None
 
 
-def choose_count(engine, group, now: float) -> int:
+def choose_count(snap: PlanningSnapshot, view: GroupView) -> int:
     """Candidates to serve for a group that has not started (see the module docstring); a binary
     search, since a smaller count never finishes later."""
-    spec = group.spec
-    if group.deadline is None or spec.min_count >= group.served_count or not engine.workers \
-            or not all(engine.cost.calibrated(w) for w in engine.workers):
-        return group.served_count
-    queue = order([engine.groups[rid] for rid in engine.queue], engine.config.best_effort_s)
-    if group not in queue:
-        queue.append(group)
-    # The groups ahead are forecast too (at their counts as they stand): a group second in the queue
-    # that was forecast alone would keep a count it cannot have once the first one starts.
-    behind = queue[queue.index(group):]
-    others = {g.request_id: _startable_min(g) for g in behind if g is not group}
-    # Watched: the deadline groups behind it, and the running ones ahead of it that can still make
-    # theirs (its rows slow their forwards too); one already late whatever happens constrains nothing.
-    floor = _forecast(engine, now, queue, {**others, group.request_id: spec.min_count})
-    ahead = [g for g in queue[:queue.index(group)] if g.deadline is not None and g.status is GroupStatus.RUNNING
-             and floor.get(g.request_id, math.inf) <= g.deadline]
-    watched = ahead + [g for g in behind if g.deadline is not None]
+    if not view.elastic or not snap.workers or not snap.calibrated:
+        return view.served_count
+    # The deadline groups right behind it are watched, at their minimum counts; the groups ahead are
+    # forecast too (at their counts as they stand): a group second in the queue that was forecast alone
+    # would keep a count it cannot have once the first one starts.
+    behind: dict[str, GroupView] = {}
+    walked = 0
+    for unit in snap.queue.ordered():
+        if unit.order[:2] <= view.order:
+            continue
+        walked += 1
+        if walked > WATCH_WINDOW:
+            break
+        if unit.request_id not in behind and (g := snap.group(unit.request_id)) is not None:
+            behind[unit.request_id] = g
+    watched = [view] + [g for g in behind.values() if g.deadline is not None]
+
+    def count_of(n: int) -> Callable[[GroupView], int | None]:
+        return lambda g: n if g.request_id == view.request_id else (
+            g.min_count if g.request_id in behind and g.elastic else None)
+
+    def finishes(n: int, groups: list[GroupView]) -> dict[str, float]:
+        horizon = max(g.deadline for g in groups)
+        return forecast(snap.now, snap.sim_workers(), _forecast_units(snap, count_of(n)), snap.planned_cost,
+                        snap.batching, want=[g.request_id for g in groups], horizon=horizon)
+
+    # Watched too: the running groups ahead of it that can still make their deadlines (its rows slow
+    # their forwards); one already late whatever happens constrains nothing.
+    running = {k[0] for w in snap.workers for a in w.running for k in a.keys}
+    ahead = [g for rid in running if (g := snap.group(rid)) is not None and g.deadline is not None
+             and g.running and g.order < view.order]
+    if ahead:
+        floor = finishes(view.min_count, ahead)
+        watched += [g for g in ahead if floor[g.request_id] <= g.deadline]
 
     def feasible(n: int) -> bool:
-        finish = _forecast(engine, now, queue, {**others, group.request_id: n})
-        return all(finish.get(g.request_id, math.inf) <= g.deadline for g in watched)
+        finish = finishes(n, watched)
+        return all(finish[g.request_id] <= g.deadline for g in watched)
 
-    lo, hi = spec.min_count, group.served_count
+    lo, hi = view.min_count, view.served_count
     if feasible(hi):
         return hi
     while lo < hi - 1:  # invariant: hi is infeasible; lo is the fallback (feasible, or the floor)
@@ -155,24 +154,24 @@ def served_spec(spec, n: int):
     return dataclasses.replace(spec, count=n, min_count=min(spec.min_count, n), seeds=seeds)
 
 
-def backfiller(engine, now: float):
+def backfiller(snap: PlanningSnapshot) -> Callable[[str, Unit, Unit], bool] | None:
     """The planner's backfill test (core/planning.py rule 4): may `unit` join `worker_id`, which is kept
     for the blocked `head`? Yes when the unit is forecast to be done before the worker would have freed
     enough rows for the head anyway. None (no backfill) while the cost model is not calibrated."""
-    if not engine.workers or not all(engine.cost.calibrated(w) for w in engine.workers):
+    if not snap.workers or not snap.calibrated:
         return None
-    cost = engine.cost.with_margin()
+    cost = snap.planned_cost
     shadows: dict[tuple[str, int], float] = {}
 
     def shadow(worker_id: str, rows_needed: int) -> float:
         """When the rows running there now will have left enough room for `rows_needed`."""
         key = (worker_id, rows_needed)
         if key not in shadows:
-            sim = sim_workers(engine, now, only=worker_id)[0]
+            sim = snap.sim_workers(only=worker_id)[0]
             free = sim.capacity - sum(i.rows for i in sim.items)
             items = list(sim.items)
-            ends = forecast(now, [sim], [], cost, engine.config.batching)  # runs `sim` down to empty
-            at = now
+            ends = forecast(snap.now, [sim], [], cost, snap.batching)  # runs `sim` down to empty
+            at = snap.now
             for item in sorted(items, key=lambda i: max(ends.get(k[0], math.inf) for k in i.keys)):
                 if free >= rows_needed:
                     break
@@ -182,11 +181,7 @@ def backfiller(engine, now: float):
         return shadows[key]
 
     def ok(worker_id: str, head: Unit, unit: Unit) -> bool:
-        group = engine.groups.get(unit.request_id)
-        if group is None:
-            return False
-        sim = sim_workers(engine, now, only=worker_id)[0]
-        jobs = jobs_of(group, unit.entry)
-        return now + duration(cost, sim, jobs) <= shadow(worker_id, head.size)
+        sim = snap.sim_workers(only=worker_id)[0]
+        return snap.now + duration(cost, sim, [unit]) <= shadow(worker_id, head.size)
 
     return ok

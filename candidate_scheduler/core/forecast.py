@@ -10,8 +10,10 @@ worker's compute thread does -- unless the worker conditions joiners on their ow
 joiners queued on that thread before it) while the groups already running step on. Queued units are placed
 in queue order whenever the rule places them.
 
-Events are group starts and ends only -- not denoise steps -- so a forecast over a queue of Q units
-costs O(Q^2 x workers) planner checks: about a millisecond for the queues deadlines allow.
+The simulation is event driven -- events are group starts and ends on one worker, never denoise
+steps -- and a worker's state is brought up to date only when an event of its own happens or work is
+placed on it. It stops as soon as every group asked about has finished, or the simulated time passes
+`horizon` (what ends later is reported as inf): a deadline question never simulates past its deadline.
 
 It answers the deadline questions of core/deadlines.py: can a new group still finish in time, and how
 many candidates can a group about to start afford without making a later group late.
@@ -19,24 +21,15 @@ many candidates can a group about to start afford without making a later group l
 
 from __future__ import annotations
 
+import heapq
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from candidate_scheduler.core.cost_model import CostModel
-from candidate_scheduler.core.planning import Unit, WorkerSlot, plan_dispatch, plan_step
+from candidate_scheduler.core.pending import PendingIndex
+from candidate_scheduler.core.planning import Unit, WorkerSlot, dispatch_class, plan_dispatch, plan_step, step_class
 
 _DONE = 1e-9  # steps left below this are done
-
-
-@dataclass(frozen=True)
-class Job:
-    """A queued unit as the forecast sees it: who, how many candidate rows, how much work."""
-
-    unit: Unit
-    rows: int  # candidate rows (what worker capacity counts)
-    cost_rows: int  # rows a forward carries (candidates x observations)
-    steps: int
-    label: str
 
 
 @dataclass
@@ -68,7 +61,7 @@ class SimWorker:
     def stepping(self) -> list[SimItem]:
         return [i for i in self.items if i.delay <= 0.0]
 
-    def step_s(self, cost: CostModel) -> float:
+    def step_s(self, cost) -> float:
         """One step of everything stepping here: one forward over all its rows."""
         items = self.stepping()
         if not items:
@@ -76,33 +69,37 @@ class SimWorker:
         return cost.forward_s(self.worker_id, items[0].label, sum(i.cost_rows for i in items))
 
 
-def duration(cost: CostModel, worker: SimWorker, jobs: list[Job]) -> float:
-    """Predicted wall time of jobs placed together on `worker` now (one dispatch batch, or one join),
+def duration(cost, worker: SimWorker, units: list[Unit]) -> float:
+    """Predicted wall time of units placed together on `worker` now (one dispatch batch, or one join),
     with the rows running there now sharing its forwards."""
-    label = jobs[0].label
-    rows = sum(j.cost_rows for j in jobs) + sum(i.cost_rows for i in worker.items)
-    fixed = len(jobs) * cost.overhead_s(worker.worker_id, label)
-    return fixed + max(j.steps for j in jobs) * cost.forward_s(worker.worker_id, label, rows)
+    label = units[0].label
+    rows = sum(u.cost_rows for u in units) + sum(i.cost_rows for i in worker.items)
+    fixed = len(units) * cost.overhead_s(worker.worker_id, label)
+    return fixed + max(u.steps for u in units) * cost.forward_s(worker.worker_id, label, rows)
 
 
-def _place(cost: CostModel, w: SimWorker, jobs: list[Job], mode: str) -> None:
-    label = jobs[0].label
-    fixed = len(jobs) * cost.overhead_s(w.worker_id, label)
+def _key(u: Unit) -> tuple[str, int]:
+    return (u.request_id, u.slice_index)
+
+
+def _place(cost, w: SimWorker, units: tuple[Unit, ...], mode: str) -> None:
+    label = units[0].label
+    fixed = len(units) * cost.overhead_s(w.worker_id, label)
     delay = 0.0
-    if w.conditions_aside:  # the jobs of one assignment join together, once all are conditioned
+    if w.conditions_aside:  # the units of one assignment join together, once all are conditioned
         w.preparing = delay = w.preparing + fixed
     else:
         w.stall += fixed
-    if mode == "dispatch":  # one batch: its jobs start and end together
-        w.items.append(SimItem(tuple(_key(j) for j in jobs), sum(j.rows for j in jobs),
-                               sum(j.cost_rows for j in jobs), float(max(j.steps for j in jobs)), label,
-                               jobs[0].unit.forward_key, delay))
+    if mode == "dispatch":  # one batch: its units start and end together
+        w.items.append(SimItem(tuple(_key(u) for u in units), sum(u.size for u in units),
+                               sum(u.cost_rows for u in units), float(max(u.steps for u in units)), label,
+                               units[0].forward_key, delay))
         return
-    for j in jobs:
-        w.items.append(SimItem((_key(j),), j.rows, j.cost_rows, float(j.steps), label, j.unit.forward_key, delay))
+    for u in units:
+        w.items.append(SimItem((_key(u),), u.size, u.cost_rows, float(u.steps), label, u.forward_key, delay))
 
 
-def _next_end(cost: CostModel, w: SimWorker) -> float:
+def _next_end(cost, w: SimWorker) -> float:
     """Seconds until the next item on `w` finishes or takes its first step (inf when idle)."""
     stepping = w.stepping()
     ends = [i.delay for i in w.items if i.delay > 0.0]
@@ -111,13 +108,10 @@ def _next_end(cost: CostModel, w: SimWorker) -> float:
     return min(ends, default=math.inf)
 
 
-def _key(j: Job) -> tuple[str, int]:
-    return (j.unit.request_id, j.unit.slice_index)
-
-
-def _advance(cost: CostModel, w: SimWorker, dt: float, t_end: float, ended: dict[tuple[str, int], float]) -> None:
+def _advance(cost, w: SimWorker, dt: float) -> list[SimItem]:
+    """Move `w` on by dt (never past its next event); returns the items that ended."""
     if not w.items:
-        return
+        return []
     stalled = min(w.stall, dt)
     w.stall -= stalled
     w.preparing = max(0.0, w.preparing - dt)
@@ -129,45 +123,122 @@ def _advance(cost: CostModel, w: SimWorker, dt: float, t_end: float, ended: dict
         if i.delay > 0.0:
             i.delay = 0.0 if i.delay - dt <= _DONE else i.delay - dt
     done = [i for i in w.items if i.steps_left <= _DONE]
-    for i in done:
-        for key in i.keys:
-            ended[key] = t_end
-    w.items = [i for i in w.items if i.steps_left > _DONE]
+    if done:
+        w.items = [i for i in w.items if i.steps_left > _DONE]
+    return done
 
 
-def forecast(now: float, workers: list[SimWorker], jobs: list[Job], cost: CostModel, mode: str) -> dict[str, float]:
-    """Predicted finish time of every request id in `jobs` and of every group running on `workers`: when
-    its last slice ends, counting its slices already running (inf when no worker can ever hold one)."""
-    ended: dict[tuple[str, int], float] = {}
-    pending = list(jobs)
-    by_key = {_key(j): j for j in jobs}
+def forecast(now: float, workers: list[SimWorker], units: Iterable[Unit], cost, mode: str, *,
+             want: Iterable[str] | None = None, horizon: float = math.inf) -> dict[str, float]:
+    """Predicted finish time of groups: when its last slice ends, counting its slices already running;
+    inf when no worker can ever hold one, or when it ends after `horizon`.
+
+    `units` are the queued slices in queue order; they are read lazily, a chunk at a time, as far as the
+    simulated workers have rows for them. `want`: the request ids to answer (default: every one in
+    `units` and every one running on `workers`); the simulation stops once they have all ended."""
+    queue = PendingIndex(dispatch_class if mode == "dispatch" else step_class)
+    source = iter(units)
     sims = {w.worker_id: w for w in workers}
-    wanted = set(by_key) | {k for w in workers for i in w.items for k in i.keys}  # running groups too
-    t = now
-    for _ in range(4 * (len(jobs) + sum(len(w.items) for w in workers)) + 4):
-        if pending:
-            units = [j.unit for j in pending]
+    chunk = 64 + 2 * sum(w.capacity for w in workers)
+    left: dict[str, int] = {}  # slices not ended yet of each group asked about that has shown up
+    running = [k for w in workers for i in w.items for k in i.keys]
+    if want is None:
+        pending = list(source)
+        source = iter(pending)
+        wanted = {u.request_id for u in pending} | {k[0] for k in running}
+    else:
+        wanted = set(want)
+    unseen = set(wanted)  # asked about, neither running nor read from `units` yet
+    for rid, _slice in running:
+        if rid in wanted:
+            left[rid] = left.get(rid, 0) + 1
+            unseen.discard(rid)
+    exhausted = False
+    loaded = 0
+
+    def load() -> None:
+        nonlocal exhausted, loaded
+        for _ in range(chunk):
+            u = next(source, None)
+            if u is None:
+                exhausted = True
+                return
+            queue.add(u)
+            loaded += 1
+            if u.request_id in wanted:
+                left[u.request_id] = left.get(u.request_id, 0) + 1
+                unseen.discard(u.request_id)
+
+    ended: dict[str, float] = {}
+    clock = dict.fromkeys(sims, now)  # the time each worker's state is at
+    events: list[tuple[float, int, str, int]] = []
+    version = dict.fromkeys(sims, 0)
+    seq = 0
+
+    def reschedule(w: SimWorker) -> None:
+        nonlocal seq
+        version[w.worker_id] += 1
+        dt = _next_end(cost, w)
+        if not math.isinf(dt):
+            seq += 1
+            heapq.heappush(events, (clock[w.worker_id] + dt, seq, w.worker_id, version[w.worker_id]))
+
+    def finish(items: list[SimItem], t: float) -> None:
+        for item in items:
+            for rid, _slice in item.keys:
+                if rid in left:
+                    left[rid] -= 1
+                    if left[rid] == 0:
+                        del left[rid]
+                        ended[rid] = t
+
+    def plan() -> list[tuple[str, tuple[Unit, ...]]]:
+        """The planner's placements now, reading more of the queue while workers keep rows to spare."""
+        while True:
             if mode == "dispatch":
                 idle = [w.slot() for w in sims.values() if not w.items]
-                groups = [(wid, [by_key[(e.request_id, e.slice_index)] for e in batch.entries])
-                          for wid, batch in plan_dispatch(units, idle)]
+                placed = plan_dispatch(queue, idle)
+                room = len(idle) > len(placed)
             else:
-                groups = [(wid, [by_key[(u.request_id, u.slice_index)]])
-                          for wid, u in plan_step(units, [w.slot() for w in sims.values()])]
-            taken = set()
-            for wid, js in groups:
-                _place(cost, sims[wid], js, mode)
-                taken.update(_key(j) for j in js)
-            pending = [j for j in pending if _key(j) not in taken]
-        if not pending and wanted <= set(ended):
-            break
-        dt = min((_next_end(cost, w) for w in sims.values()), default=math.inf)
-        if math.isinf(dt):
-            break  # nothing runs, and what is left can never be placed
-        for w in sims.values():
-            _advance(cost, w, dt, t + dt, ended)
-        t += dt
-    finish: dict[str, float] = {}
-    for key in wanted:
-        finish[key[0]] = max(finish.get(key[0], 0.0), ended.get(key, math.inf))
-    return finish
+                slots = [w.slot() for w in sims.values()]
+                placed = [(wid, (u,)) for wid, u in plan_step(queue, slots)]
+                room = any(s.free_rows > 0 for s in slots)
+            if exhausted or not room:
+                return placed
+            load()
+
+    for w in sims.values():
+        reschedule(w)
+    load()
+    t = now
+    replan = True
+    guard = 0
+    while left or unseen:
+        guard += 1
+        if guard > 8 * (loaded + len(running)) + 64:
+            break  # each pass ends or starts something: never reached, but a broken cost model cannot spin here
+        if replan and (len(queue) or not exhausted):
+            for wid, group in plan():
+                w = sims[wid]
+                finish(_advance(cost, w, t - clock[wid]), t)
+                clock[wid] = t
+                _place(cost, w, group, mode)
+                for u in group:
+                    queue.discard(u.request_id, u.slice_index)
+                reschedule(w)
+        replan = False
+        while events and events[0][3] != version[events[0][2]]:
+            heapq.heappop(events)  # stale: the worker changed since
+        if not events or events[0][0] > horizon:
+            break  # nothing runs (what is left can never be placed), or the rest ends too late to matter
+        t = events[0][0]
+        while events and events[0][0] == t:  # every event at this instant before planning again
+            _t, _seq, wid, v = heapq.heappop(events)
+            if v != version[wid]:
+                continue
+            w = sims[wid]
+            finish(_advance(cost, w, t - clock[wid]), t)
+            clock[wid] = t
+            reschedule(w)
+        replan = True
+    return {rid: ended.get(rid, math.inf) for rid in wanted}

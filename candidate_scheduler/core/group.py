@@ -25,13 +25,19 @@ REJECT_CODES = frozenset({"unknown_reducer", "count_over_limit", "unsupported_ac
 
 
 class Group(GroupState):
-    def __init__(self, request: GroupRequest, client: Any, received_at: float, clock: Callable[[], float]):
+    def __init__(self, request: GroupRequest, client: Any, received_at: float, clock: Callable[[], float],
+                 stopwatch: Callable[[], float] | None = None):
         deadline = None if request.deadline_s is None else received_at + max(0.0, float(request.deadline_s))
         super().__init__(request.request_id, request.spec, request.spec.candidate_seeds(request.seed),
-                         deadline=deadline, clock=clock)
+                         deadline=deadline, clock=clock, stopwatch=stopwatch)
         self.request = request
         self.client = client
         self.received_at = received_at
+        # what may share a batch / a forward with it, and its cost-model key: fixed by its sampling
+        self.batch_key = request.sampling.batch_key()
+        self.forward_key = request.sampling.forward_key()
+        self.label = request.sampling.forward_label()
+        self.order: tuple = ()  # its place in the queue once admitted: (effective deadline, admission order)
         self.wire: Any = None  # the shell's encoded arrays of this group, made once (convert.GroupWire)
         self.forwards = 0
         self.physical_batches = 0

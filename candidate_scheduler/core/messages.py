@@ -138,6 +138,18 @@ class StopWorker:
 
 
 @dataclass(frozen=True)
+class InternalFault:
+    """Code inside the engine raised while it handled `event`. The groups it was working on
+    (`request_ids`) were answered `failed` with `internal_error`; the shell logs this with the
+    traceback, and the metrics count it."""
+
+    event: str
+    error: str
+    traceback: str
+    request_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class ControlAnswer:
     ok: bool
     changed: bool = False

@@ -1,13 +1,16 @@
-"""Which queued slices go to which worker, under both batching modes.
+"""Which pending slices go to which worker, under both batching modes, read from the indexed queue.
 
-A *unit* is one pending slice of one admitted group; units are in queue order (groups earliest
-effective deadline first, core/deadlines.order: receipt order among groups without one; slices ascending). Admission sized every slice to fit the smallest live worker, so a unit is
-never split here.
+A *unit* is one pending slice of one admitted group; the queue (core/pending.py) keeps units in queue
+order (groups earliest effective deadline first, core/deadlines.py: receipt order among groups without
+one; slices ascending). Admission sized every slice to fit the smallest live worker, so a unit is never
+split here. A planning pass never changes the queue: it returns placements, and walks the queue only
+as far as it can place (each rule below says when it stops).
 
-Dispatch-level batching (`plan_dispatch`): only idle workers get work. Each idle worker, largest
-first, gets one physical batch planned by `microbatch.plan_batches` (the head of line always goes into
-the next batch; compatible later units backfill behind it). The batch runs from its first step to its
-last before that worker gets more.
+Dispatch-level batching (`plan_dispatch`): only idle workers get work. Each idle worker, largest first,
+gets one physical batch: the earliest unit it can hold (the head of line always goes into the next
+batch), then, first-fit in queue order, later units of the same batch key that still fit
+(core/microbatch.py states the rule and its consequences). The batch runs from its first step to its
+last before that worker gets more. A pass stops when no idle worker is left.
 
 Step-level batching (`plan_step`): a worker takes units while it has free rows; a unit joins the
 worker's running batch at its next step boundary. The rule:
@@ -23,11 +26,18 @@ worker's running batch at its next step boundary. The rule:
    at the head is never starved by a stream of small groups joining ahead of it, and small groups still
    flow to the workers nobody reserved.
 4. Backfill (EASY backfilling, with the cost model): a later unit may still join a reserved worker when
-   the engine's `backfill(worker, head, unit)` says it will be done before the worker would have freed
-   enough rows for the head anyway -- it uses rows that would idle. That is a forecast (with the
-   measured safety margin), checked against the worker as it runs now: several backfills in one
-   planning pass are each checked alone, so the head can be delayed by as much as the forecast errs.
-   Without a calibrated cost model the engine gives no backfill, and rule 3 holds as stated.
+   `backfill(worker, head, unit)` says it will be done before the worker would have freed enough rows
+   for the head anyway -- it uses rows that would idle. That is a forecast (with the measured safety
+   margin), checked against the worker as it runs now: several backfills in one planning pass are each
+   checked alone, so the head can be delayed by as much as the forecast errs. Without a calibrated cost
+   model there is no backfill, and rule 3 holds as stated.
+
+Why a pass stops early. Units of one bucket are alike to every rule above, and during a pass free rows
+only shrink and reservations only grow: once a unit is blocked and can reserve nobody, every later unit
+of its bucket would be too (a worker reserved later did not accept it before, so it cannot backfill
+it), and the pass leaves the whole bucket. It stops when no worker has a free row, or when every worker
+is reserved and nothing may backfill. So a pass looks at the units it places, at most one per worker it
+reserves, and one per bucket: not at the queue behind them.
 """
 
 from __future__ import annotations
@@ -35,16 +45,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from candidate_scheduler.core.microbatch import BatchEntry, BatchKey, PhysicalBatch, QueuedGroup, plan_batches
+from candidate_scheduler.core.microbatch import BatchEntry, BatchKey
+from candidate_scheduler.core.pending import PendingIndex
 
 
 @dataclass(frozen=True)
 class Unit:
+    """One pending slice as planning and the forecast see it: who, how many rows, how much work."""
+
     request_id: str
     slice_index: int
     candidate_ids: tuple[int, ...]
     batch_key: BatchKey | tuple
     forward_key: tuple
+    order: tuple = ()  # queue position: (effective deadline, admission order, slice index)
+    steps: int = 0
+    cost_rows: int = 0  # rows a forward carries: candidates x observations
+    label: str = ""  # forward label (cost model key)
 
     @property
     def size(self) -> int:
@@ -68,47 +85,84 @@ class WorkerSlot:
         return self.free_rows >= unit.size and self.forward_key in (None, unit.forward_key)
 
 
-def plan_dispatch(units: list[Unit], idle: list[WorkerSlot]) -> list[tuple[str, PhysicalBatch]]:
-    """One physical batch for each idle worker that has work, largest worker first."""
-    plans: list[tuple[str, PhysicalBatch]] = []
-    remaining = list(units)
+def dispatch_class(unit: Unit):
+    """What must match for units to share a dispatch batch."""
+    return unit.batch_key
+
+
+def step_class(unit: Unit):
+    """What must match for units to share a forward (and so a running batch)."""
+    return unit.forward_key
+
+
+def plan_dispatch(queue: PendingIndex, idle: list[WorkerSlot],
+                  on_unit: Callable[[str], None] | None = None) -> list[tuple[str, tuple[Unit, ...]]]:
+    """One physical batch for each idle worker that has work, largest worker first; each batch's units
+    in queue order. `on_unit(request_id)` is told of each unit as it is considered."""
+    plans: list[tuple[str, tuple[Unit, ...]]] = []
+    walk = queue.walk()
     for worker in sorted(idle, key=lambda w: -w.capacity):
-        queued: dict[str, list[tuple[int, tuple[int, ...]]]] = {}
-        keys: dict[str, tuple] = {}
-        for u in remaining:
-            if u.size <= worker.capacity:
-                queued.setdefault(u.request_id, []).append((u.slice_index, u.candidate_ids))
-                keys[u.request_id] = u.batch_key
-        if not queued:
+        capacity = worker.capacity
+        found = walk.first(lambda b, cap=capacity: b.size <= cap)
+        if found is None:
             break
-        batch = plan_batches([QueuedGroup(rid, keys[rid], tuple(p)) for rid, p in queued.items()], worker.capacity,
-                             max_batches=1)
-        if not batch:
-            break
-        plans.append((worker.worker_id, batch[0]))
-        taken = {(e.request_id, e.slice_index) for e in batch[0].entries}
-        remaining = [u for u in remaining if (u.request_id, u.slice_index) not in taken]
+        bucket, head = found
+        if on_unit is not None:
+            on_unit(head.request_id)
+        walk.take(bucket)
+        units, used, kind = [head], head.size, bucket.class_key
+        while used < capacity:
+            room = capacity - used
+            found = walk.first(lambda b, room=room, kind=kind: b.size <= room and b.class_key == kind)
+            if found is None:
+                break
+            if on_unit is not None:
+                on_unit(found[1].request_id)
+            walk.take(found[0])
+            units.append(found[1])
+            used += found[1].size
+        plans.append((worker.worker_id, tuple(units)))
     return plans
 
 
-def plan_step(units: list[Unit], workers: list[WorkerSlot],
-              backfill: Callable[[str, Unit, Unit], bool] | None = None) -> list[tuple[str, Unit]]:
-    """(worker id, unit) placements, in queue order (see the module docstring for the rule)."""
+def plan_step(queue: PendingIndex, workers: list[WorkerSlot],
+              backfill: Callable[[str, Unit, Unit], bool] | None = None,
+              on_unit: Callable[[str], None] | None = None) -> list[tuple[str, Unit]]:
+    """(worker id, unit) placements, in queue order (see the module docstring for the rule).
+    `on_unit(request_id)` is told of each unit as it is considered."""
     placements: list[tuple[str, Unit]] = []
     reserved: dict[str, Unit] = {}  # worker id -> the blocked unit it is kept for
-    for unit in units:
+    verdicts: dict[tuple, bool] = {}  # (worker, head rows, bucket) -> may backfill: fixed for the pass
+    walk = queue.walk()
+    free = sum(w.free_rows for w in workers)
+
+    def may_backfill(w: WorkerSlot, bucket, unit: Unit) -> bool:
+        head = reserved[w.worker_id]
+        key = (w.worker_id, head.size, bucket.key)
+        if key not in verdicts:
+            verdicts[key] = backfill(w.worker_id, head, unit)
+        return verdicts[key]
+
+    while free > 0 and (found := walk.first()) is not None:
+        bucket, unit = found
+        if on_unit is not None:
+            on_unit(unit.request_id)
         open_ = [w for w in workers if w.accepts(unit) and (
-            w.worker_id not in reserved
-            or (backfill is not None and backfill(w.worker_id, reserved[w.worker_id], unit)))]
+            w.worker_id not in reserved or (backfill is not None and may_backfill(w, bucket, unit)))]
         if open_:
             best = min(open_, key=lambda w: (w.free_rows, w.forward_key is None))
             best.free_rows -= unit.size
             best.forward_key = unit.forward_key
+            free -= unit.size
             placements.append((best.worker_id, unit))
+            walk.take(bucket)
             continue
         holders = [w for w in workers if w.worker_id not in reserved and w.capacity >= unit.size]
-        if holders:
-            reserved[max(holders, key=lambda w: w.free_rows).worker_id] = unit
+        if not holders:
+            walk.drop(bucket)  # blocked and reserving nobody: so is every later unit of its bucket
+            continue
+        reserved[max(holders, key=lambda w: w.free_rows).worker_id] = unit
+        walk.take(bucket)
         if len(reserved) == len(workers) and backfill is None:
             break
     return placements

@@ -29,10 +29,10 @@ class Assignment:
     cost_rows: int = 0  # rows its forwards carry (candidates x observations)
     seen_at: float | None = None  # last heartbeat that listed it
     cancelled: set[str] = field(default_factory=set)
+    rows: int = field(init=False)  # candidate rows it holds
 
-    @property
-    def rows(self) -> int:
-        return sum(len(e.candidate_ids) for e in self.entries)
+    def __post_init__(self) -> None:
+        self.rows = sum(len(e.candidate_ids) for e in self.entries)
 
 
 @dataclass
@@ -48,10 +48,24 @@ class WorkerState:
     conditions_aside: bool = False
     step: int | None = None
     assignments: dict[int, Assignment] = field(default_factory=dict)
+    # the last out-of-memory incident: the assignments that shared the failing step, the rows they held
+    oom_incident: set[int] = field(default_factory=set)
+    oom_rows: int = 0
+    view: Any = None  # the engine's cached snapshot view of it (core/snapshot.WorkerView); None: stale
+    rows_in_use: int = 0  # the rows of its assignments (kept by hold and release)
+    rows: int = 0  # the rows it may hold: capacity capped by predicted memory (the engine keeps it)
 
-    @property
-    def rows_in_use(self) -> int:
-        return sum(a.rows for a in self.assignments.values())
+    def hold(self, a: Assignment) -> None:
+        self.assignments[a.batch_id] = a
+        self.rows_in_use += a.rows
+        self.view = None
+
+    def release(self, batch_id: int) -> Assignment | None:
+        a = self.assignments.pop(batch_id, None)
+        if a is not None:
+            self.rows_in_use -= a.rows
+            self.view = None
+        return a
 
     @property
     def idle(self) -> bool:

@@ -77,6 +77,8 @@ PROTOCOL_ERROR_KINDS = (
     "version",
     OTHER,
 )
+# the engine's events (core/engine.py), plus the shell's own loop: where code raised
+EVENTS = ("submit", "register", "heartbeat", "result", "tick", "cancel", "shutdown", "schedule", "shell", OTHER)
 COMPAT_REQUEST_TYPES = ("req", "req_list", "ping", "shutdown", "warmup", "control", "unknown", OTHER)
 
 # --- Buckets -------------------------------------------------------------------------------------------
@@ -181,6 +183,9 @@ METRICS = (
     _define(Counter, "retries_total", "Slices sent back for retry after a worker failure, by reason.",
             reason=RETRY_REASONS),
     _define(Counter, "worker_failures_total", "Workers lost, by kind.", kind=WORKER_FAILURE_KINDS),
+    _define(Counter, "internal_errors_total",
+            "Exceptions raised by code inside the scheduler, by event; the groups concerned were answered "
+            "internal_error.", kind=EVENTS),
     _define(Counter, "late_results_total",
             "Batch results discarded because the batch was no longer that worker's (lost, retried)."),
     _define(Gauge, "workers_live", "Workers registered and within their heartbeat deadline."),
@@ -291,6 +296,9 @@ class SchedulerMetrics:
 
     def worker_failure(self, kind: object) -> None:
         self.worker_failures_total.labels(clip_label(kind, WORKER_FAILURE_KINDS)).inc()
+
+    def internal_error(self, event: object) -> None:
+        self.internal_errors_total.labels(clip_label(event, EVENTS)).inc()
 
     def late_result(self) -> None:
         self.late_results_total.inc()

@@ -67,7 +67,8 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, metrics: Any | None = None, ctx: zmq.Context | None = None):
         self.config = config
         self.engine = Engine(config.engine, metrics,
-                             first_batch_id=int.from_bytes(os.urandom(6), "big") + 1)
+                             first_batch_id=int.from_bytes(os.urandom(6), "big") + 1,
+                             stopwatch=time.perf_counter)
         self.metrics = self.engine.metrics
         self._owns_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
@@ -165,8 +166,10 @@ class Scheduler:
             try:
                 handler(frames)
             except Exception:  # noqa: BLE001 - the loop must outlive any one message
+                # The engine answers its own faults (InternalFault); this is the shell's own code.
                 log.exception("handler failed; the service keeps serving")
                 self.engine.counters["handler_errors"] += 1
+                self.metrics.internal_error("shell")
 
     def _run(self, event, *args) -> None:
         self._send_all(event(*args))
@@ -196,6 +199,9 @@ class Scheduler:
             log.info("worker %s registered", msg.worker_id)
             payload = protocol.RegisteredMsg(msg.worker_id, msg.heartbeat_interval_s)
             self.worker_sock.send_multipart([msg.identity, *protocol.encode(protocol.Kind.REGISTERED, payload)])
+        elif isinstance(msg, messages.InternalFault):
+            log.error("internal error in %s (answered %s internal_error): %s\n%s", msg.event,
+                      list(msg.request_ids) or "no group", msg.error, msg.traceback)
         elif isinstance(msg, messages.StopWorker):
             payload = protocol.WorkerStopMsg(reason=msg.reason)
             self.worker_sock.send_multipart([msg.identity, *protocol.encode(protocol.Kind.WORKER_STOP, payload)])

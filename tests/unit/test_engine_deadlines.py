@@ -86,11 +86,17 @@ def test_engine_out_of_memory_replans_smaller_slices_instead_of_failing():
 
 def test_engine_memory_budget_caps_a_cuda_workers_rows():
     h = Harness(batching="step")
-    h.take(h.engine.register(b"w1", Registration("w1", capability(), 8, device="cuda", memory_budget_bytes=1000), h.now))
-    for rows, peak in ((2, 300), (4, 500)):  # 100 + 100 * rows bytes
-        h.engine.cost.observe_group("w1", LABEL, {"rows": rows, "peak_memory_bytes": peak, "device": "cuda"})
+
+    def register(budget: int) -> None:
+        h.take(h.engine.register(b"w1", Registration("w1", capability(), 8, device="cuda", memory_budget_bytes=budget),
+                                 h.now))
+        for rows, peak in ((2, 300), (4, 500)):  # 100 + 100 * rows bytes, as the worker's results report
+            h.engine.cost.observe_group("w1", LABEL, {"rows": rows, "peak_memory_bytes": peak, "device": "cuda"})
+        h.engine.rows_changed()
+
+    register(1000)
     assert h.engine.rows_of(h.engine.workers["w1"]) == 9 - 1  # min(capacity 8, (1000 - 100) // 100 = 9)
-    h.engine.workers["w1"].memory_budget_bytes = 600
+    register(600)  # the worker came back with a smaller budget
     assert h.engine.rows_of(h.engine.workers["w1"]) == 5
     # a new group is sliced for the rows the worker may hold, not its nominal capacity, and runs
     h.submit("g", count=8, seed=4)

@@ -2,12 +2,13 @@
 worker (or, on a worker that conditions aside, only delay the joiner), dispatch runs batches one after
 another, and what no worker can hold never finishes."""
 
+import itertools
 import math
 
 import pytest
 
 from candidate_scheduler.core.cost_model import CostModel
-from candidate_scheduler.core.forecast import Job, SimItem, SimWorker, forecast
+from candidate_scheduler.core.forecast import SimItem, SimWorker, forecast
 from candidate_scheduler.core.planning import Unit
 
 LABEL = "64x64h16f5"
@@ -23,8 +24,12 @@ def cost(per_row: float = 0.01, fixed: float = 0.0) -> CostModel:
     return c
 
 
-def job(rid: str, rows: int, steps: int, slice_index: int = 0) -> Job:
-    return Job(Unit(rid, slice_index, tuple(range(rows)), ("bk",), KEY), rows, rows, steps, LABEL)
+_ORDER = itertools.count()
+
+
+def job(rid: str, rows: int, steps: int, slice_index: int = 0) -> Unit:
+    """A queued slice; slices are queued in the order they are made."""
+    return Unit(rid, slice_index, tuple(range(rows)), ("bk",), KEY, (0.0, next(_ORDER), slice_index), steps, rows, LABEL)
 
 
 def test_forecast_a_join_slows_the_groups_already_running():

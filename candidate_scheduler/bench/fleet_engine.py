@@ -1,0 +1,154 @@
+"""The engine alone, in process, against queue depth: the scheduler's own cost per event, no IO.
+
+K fake workers (no model, no sockets) answer their assignments oldest first; the queue is held at a
+fixed depth by submitting one new group for every group answered, so each measured event sees the
+same backlog. What is timed:
+
+- `event_ms`: one `Engine.worker_result` call -- fold the result, reduce, answer, plan the next work;
+- `submit_us`: one `Engine.submit` call (validation, admission, planning), per group;
+- `groups_per_s`: groups through submit, plan, result and reply, over the timed calls only.
+
+The workers register with a warm-up profile, as real ones do, so the cost model is calibrated and the
+deadline code (refusal at receipt, backfill in step mode) runs as it does in production.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+import numpy as np
+
+from candidate_scheduler.bench.common import summary_stats
+from candidate_scheduler.core.engine import Engine, EngineConfig
+from candidate_scheduler.core.messages import Registration, SendWork, SliceOutcome, WorkerResult
+from candidate_scheduler.core.request import Submission
+from candidate_scheduler.core.spec import ModelCapability
+
+IMAGE = np.full((16, 16, 3), 7, dtype=np.uint8)
+HORIZON, ACTION_DIM = 16, 7
+LABEL = "64x64h16f5"  # SamplingSpec().forward_label(): what the profile below calibrates
+
+
+def _capability(rows: int) -> dict:
+    return ModelCapability("fake", reducers=("mean", "median", "medoid"), max_candidates_per_batch=rows,
+                           max_candidates_per_group=256).to_dict()
+
+
+class FakeFleet:
+    """An engine and K fake workers; every message the engine sends is kept or answered."""
+
+    def __init__(self, batching: str, workers: int, rows: int, *, step_s: float = 0.01, steps: int = 4,
+                 deadline_every: int = 0, deadline_s: float = 30.0, counts: tuple[int, ...] = (1,)):
+        self.engine = Engine(EngineConfig(batching=batching, max_queued_groups=1_000_000))
+        self.now = 1000.0
+        self.steps, self.counts = steps, counts
+        self.deadline_every, self.deadline_s = deadline_every, deadline_s
+        self.outstanding: collections.OrderedDict[int, SendWork] = collections.OrderedDict()
+        self.answered = 0
+        self._n = 0
+        profile = tuple((LABEL, r, step_s * (0.5 + 0.5 * r / rows)) for r in (1, rows // 2 or 1, rows))
+        for w in range(workers):
+            wid = f"w{w}"
+            self._take(self.engine.register(wid.encode(), Registration(wid, _capability(rows), rows, profile=profile),
+                                            self.now))
+        self._actions = {c: np.zeros((c, 1, HORIZON, ACTION_DIM), np.float32) for c in range(1, 257)}
+
+    def _take(self, out: list) -> None:
+        for m in out:
+            if isinstance(m, SendWork):
+                self.outstanding[m.batch_id] = m
+            elif type(m).__name__ == "Reply":
+                self.answered += 1
+
+    def submission(self) -> Submission:
+        i = self._n
+        self._n += 1
+        deadline = self.deadline_s if self.deadline_every and i % self.deadline_every == 0 else None
+        count = self.counts[i % len(self.counts)]
+        return Submission(f"g{i}", IMAGE, "pick", {"count": count, "reducer": "mean"}, i, {"steps": self.steps},
+                          deadline_s=deadline)
+
+    def submit(self, n: int) -> float:
+        """Submit n groups; the seconds the engine spent."""
+        spent = 0.0
+        for _ in range(n):
+            sub = self.submission()
+            t0 = time.perf_counter()
+            out = self.engine.submit(("client", sub.request_id), sub, self.now)
+            spent += time.perf_counter() - t0
+            self._take(out)
+        return spent
+
+    def result_of(self, send: SendWork) -> WorkerResult:
+        outputs = tuple(SliceOutcome(sw.dispatch.request_id, "ok", sw.dispatch.candidate_ids,
+                                     self._actions[len(sw.dispatch.candidate_ids)]) for sw in send.slices)
+        return WorkerResult(send.identity.decode(), send.batch_id, outputs, {"transformer_forwards": self.steps})
+
+    def answer_oldest(self) -> float | None:
+        """Answer the oldest outstanding assignment; the seconds the engine spent (None: nothing out)."""
+        if not self.outstanding:
+            return None
+        _bid, send = self.outstanding.popitem(last=False)
+        result = self.result_of(send)
+        self.now += 0.001
+        t0 = time.perf_counter()
+        out = self.engine.worker_result(send.identity, result, self.now)
+        spent = time.perf_counter() - t0
+        self._take(out)
+        return spent
+
+
+def time_per_event(batching: str, depth: int, *, workers: int = 32, rows: int = 8, events: int = 400,
+                   warmup: int = 50, deadline_every: int = 0, counts: tuple[int, ...] = (1,)) -> dict:
+    """The engine's time per worker-result event with `depth` groups queued (see the module docstring)."""
+    fleet = FakeFleet(batching, workers, rows, deadline_every=deadline_every, counts=counts)
+    fleet.submit(depth + workers * rows)  # the workers' rows full, `depth` waiting behind them
+    event_s: list[float] = []
+    submit_s = 0.0
+    submitted = 0
+    groups_before = fleet.answered
+    for i in range(warmup + events):
+        before = fleet.answered
+        spent = fleet.answer_oldest()
+        if spent is None:
+            break
+        replies = fleet.answered - before
+        refill = fleet.submit(replies)
+        if i >= warmup:
+            event_s.append(spent)
+            submit_s += refill
+            submitted += replies
+        else:
+            groups_before = fleet.answered
+    done = fleet.answered - groups_before
+    queued = fleet.engine.queued_groups()
+    ev = summary_stats(event_s)
+    return {
+        "batching": batching, "depth": depth, "workers": workers, "rows": rows, "events": len(event_s),
+        "deadline_every": deadline_every, "counts": list(counts), "queued_at_end": queued,
+        "event_ms": {k: (v * 1e3 if isinstance(v, float) else v) for k, v in ev.items()},
+        "event_mean_ms": float(np.mean(event_s)) * 1e3 if event_s else None,
+        "submit_us": submit_s / submitted * 1e6 if submitted else None,
+        "groups_per_s": done / (sum(event_s) + submit_s) if event_s else None,
+    }
+
+
+def sweep(depths=(100, 1000, 5000, 10_000), modes=("dispatch", "step"), *, events: int = 400,
+          deadline_every: int = 0, progress=None) -> list[dict]:
+    rows = []
+    for mode in modes:
+        for depth in depths:
+            rows.append(time_per_event(mode, depth, events=events, deadline_every=deadline_every))
+            if progress is not None:
+                progress(rows[-1])
+    return rows
+
+
+if __name__ == "__main__":  # a quick look: python -m candidate_scheduler.bench.fleet_engine [deadline_every]
+    import sys
+
+    sweep(events=200, deadline_every=int(sys.argv[1]) if len(sys.argv) > 1 else 0, progress=lambda r: print(
+        f"{r['batching']:8s} depth {r['depth']:6d}: event p50 {r['event_ms']['median']:.3f} ms, "
+        f"mean {r['event_mean_ms']:.3f} ms, submit {r['submit_us']:.0f} us, {r['groups_per_s']:.0f} groups/s",
+        flush=True))

@@ -1,0 +1,57 @@
+"""What to do with one slice's outcome in a worker's result: decided once, by one pure function.
+
+`classify` maps (the group's state, the outcome, the slice it answers) to a `Verdict`; the engine
+applies it (core/engine.py). The failure taxonomy it encodes:
+
+- FOLD: an "ok" outcome for the slice asked; its arrays are checked when they are folded (a malformed
+  one is retried after all).
+- RETRY: the worker's fault, fixed by running the slice again from its snapshots -- a transient fault
+  (`worker_error`), an outcome for another request, an unreadable one, or no error code at all.
+- FAIL: an error no retry can fix -- an exception inside the model (`model_error`), a request the model
+  cannot run (its own codes): the group is answered at once.
+- OUT_OF_MEMORY: the rows did not fit; the worker holds fewer and the slice is planned again smaller.
+- IGNORE: nothing to do -- the group already ended (a late answer), or the slice was cancelled at our
+  request.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+# Worker error codes a retry from snapshots can fix; every other error code ends the group at once.
+RETRYABLE_ERRORS = frozenset({"worker_error"})
+OUT_OF_MEMORY_CODE = "out_of_memory"
+
+
+class Verdict(enum.Enum):
+    FOLD = "fold"
+    RETRY = "retry"
+    FAIL = "fail"
+    OUT_OF_MEMORY = "out_of_memory"
+    IGNORE = "ignore"
+
+
+@dataclass(frozen=True)
+class Classified:
+    verdict: Verdict
+    detail: str = ""  # why, for a retry or a failure (the worker's own message when it sent one)
+
+
+def classify(group_live: bool, expected_request_id: str, outcome) -> Classified:
+    """`outcome` is a core.messages.SliceOutcome for the slice of `expected_request_id`."""
+    if not group_live:
+        return Classified(Verdict.IGNORE, "the group already ended")
+    if outcome.request_id != expected_request_id:
+        return Classified(Verdict.RETRY, "batch result answers another request")
+    if outcome.status == "ok":
+        if outcome.malformed is not None:
+            return Classified(Verdict.RETRY, f"malformed result: {outcome.malformed}")
+        return Classified(Verdict.FOLD)
+    if outcome.status == "cancelled":
+        return Classified(Verdict.IGNORE, "cancelled at the scheduler's request")
+    if outcome.status == "error" and outcome.error_code == OUT_OF_MEMORY_CODE:
+        return Classified(Verdict.OUT_OF_MEMORY, outcome.error or "out of memory")
+    if outcome.status == "error" and outcome.error_code and outcome.error_code not in RETRYABLE_ERRORS:
+        return Classified(Verdict.FAIL, outcome.error or outcome.error_code)
+    return Classified(Verdict.RETRY, outcome.error or "worker error")

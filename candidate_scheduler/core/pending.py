@@ -1,0 +1,169 @@
+"""The queue of pending slices, indexed so that a planning pass costs what it places, not what waits.
+
+A pending slice is a *unit* (core/planning.Unit). Units that the planner cannot tell apart -- same
+class (the batch key under dispatch batching, the forward key under step batching), same rows, steps
+and forward rows -- sit in one *bucket*, sorted by their queue position (`Unit.order`: effective
+deadline, then admission order, then slice). A pass reads the queue through a `Walk`: a cursor per
+bucket and the earliest head among them, so it visits units in queue order without touching the ones
+it never reaches, and drops a whole bucket at once when the rule says none of its units can be
+placed this pass (core/planning.py says when). Nothing in a walk mutates the index: a plan is a value.
+
+Adding or removing a unit costs a binary search and a list insertion; units leave mostly from the
+front of their bucket (slices start in queue order), which is O(1) here.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Hashable, Iterator
+from typing import Any
+
+_COMPACT_AT = 64  # dead entries at a bucket's front before it is compacted
+
+
+class Bucket:
+    """Units that are interchangeable for planning, in queue order."""
+
+    __slots__ = ("key", "class_key", "size", "steps", "cost_rows", "entries", "start")
+
+    def __init__(self, key: tuple, class_key: Hashable, size: int, steps: int, cost_rows: int):
+        self.key, self.class_key, self.size, self.steps, self.cost_rows = key, class_key, size, steps, cost_rows
+        self.entries: list[tuple] = []  # (order, request_id, slice_index), sorted; live from `start` on
+        self.start = 0
+
+    def __len__(self) -> int:
+        return len(self.entries) - self.start
+
+    def insert(self, entry: tuple) -> None:
+        if not len(self) or entry > self.entries[-1]:
+            self.entries.append(entry)  # the common case: groups arrive in deadline order
+        else:
+            bisect.insort(self.entries, entry, lo=self.start)
+
+    def remove(self, entry: tuple) -> None:
+        i = bisect.bisect_left(self.entries, entry, lo=self.start)
+        if i >= len(self.entries) or self.entries[i] != entry:
+            raise KeyError(entry)
+        if i == self.start:
+            self.start += 1
+            if self.start >= _COMPACT_AT and self.start * 2 >= len(self.entries):
+                del self.entries[:self.start]
+                self.start = 0
+        else:
+            del self.entries[i]
+
+
+class PendingIndex:
+    """Pending units by bucket, and by group. `class_of(unit)` says which units may share a batch."""
+
+    def __init__(self, class_of: Callable[[Any], Hashable]):
+        self._class_of = class_of
+        self._buckets: dict[tuple, Bucket] = {}
+        self._units: dict[str, dict[int, Any]] = {}  # request id -> slice index -> unit
+        self.candidates = 0  # candidate rows in every pending unit (a gauge, kept as units come and go)
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._units
+
+    def add(self, unit) -> None:
+        slices = self._units.setdefault(unit.request_id, {})
+        if unit.slice_index in slices:
+            raise ValueError(f"slice {unit.slice_index} of {unit.request_id!r} is already pending")
+        class_key = self._class_of(unit)
+        key = (class_key, unit.size, unit.steps, unit.cost_rows)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = Bucket(key, class_key, unit.size, unit.steps, unit.cost_rows)
+        bucket.insert((unit.order, unit.request_id, unit.slice_index))
+        slices[unit.slice_index] = unit
+        self.candidates += unit.size
+        self._count += 1
+
+    def discard(self, request_id: str, slice_index: int) -> bool:
+        """Remove one pending unit; False when it was not pending."""
+        slices = self._units.get(request_id)
+        unit = None if slices is None else slices.pop(slice_index, None)
+        if unit is None:
+            return False
+        if not slices:
+            del self._units[request_id]
+        key = (self._class_of(unit), unit.size, unit.steps, unit.cost_rows)
+        bucket = self._buckets[key]
+        bucket.remove((unit.order, unit.request_id, unit.slice_index))
+        if not len(bucket):
+            del self._buckets[key]
+        self.candidates -= unit.size
+        self._count -= 1
+        return True
+
+    def discard_group(self, request_id: str) -> None:
+        for slice_index in list(self._units.get(request_id, ())):
+            self.discard(request_id, slice_index)
+
+    def units_of(self, request_id: str) -> list:
+        """A group's pending units, in slice order."""
+        return [u for _i, u in sorted(self._units.get(request_id, {}).items())]
+
+    def unit(self, request_id: str, slice_index: int):
+        return self._units[request_id][slice_index]
+
+    def walk(self) -> Walk:
+        return Walk(self)
+
+    def ordered(self) -> Iterator:
+        """Every pending unit in queue order, lazily (a walk that takes whatever it finds)."""
+        walk = self.walk()
+        while (found := walk.first()) is not None:
+            walk.take(found[0])
+            yield found[1]
+
+
+class Walk:
+    """One planning pass's read of the index: a cursor per bucket; nothing in the index changes."""
+
+    __slots__ = ("_index", "_pos", "_live")
+
+    def __init__(self, index: PendingIndex):
+        self._index = index
+        self._pos = {key: b.start for key, b in index._buckets.items()}
+        self._live = list(index._buckets.values())
+
+    def head(self, bucket: Bucket):
+        """The unit at the bucket's cursor (None when the walk has passed its last)."""
+        pos = self._pos[bucket.key]
+        if pos >= len(bucket.entries):
+            return None
+        _order, rid, slice_index = bucket.entries[pos]
+        return self._index._units[rid][slice_index]
+
+    def first(self, fits: Callable[[Bucket], bool] | None = None) -> tuple[Bucket, Any] | None:
+        """The earliest unit at a cursor, among the buckets `fits` accepts: (bucket, unit) or None."""
+        best = None
+        best_entry = None
+        for bucket in self._live:
+            pos = self._pos[bucket.key]
+            if pos >= len(bucket.entries) or (fits is not None and not fits(bucket)):
+                continue
+            entry = bucket.entries[pos]
+            if best_entry is None or entry < best_entry:
+                best, best_entry = bucket, entry
+        if best is None:
+            return None
+        return best, self._index._units[best_entry[1]][best_entry[2]]
+
+    def take(self, bucket: Bucket) -> None:
+        """Move past the bucket's head (it was placed, or it was looked at and passed over)."""
+        self._pos[bucket.key] += 1
+        if self._pos[bucket.key] >= len(bucket.entries):
+            self.drop(bucket)
+
+    def drop(self, bucket: Bucket) -> None:
+        """Leave a whole bucket out of the rest of the pass."""
+        try:
+            self._live.remove(bucket)
+        except ValueError:
+            pass

@@ -1,0 +1,160 @@
+"""One planning pass as a value: what to start where, and which elastic counts to fix first.
+
+`plan(snapshot)` reads a planning snapshot (core/snapshot.py) and changes nothing; the engine applies
+the `SchedulePlan` it returns (`Engine.apply`), which is where groups, workers and the queue change and
+the messages to send are made -- vLLM v1's split of `Scheduler.schedule()` from the `SchedulerOutput`
+it returns. A pass either fixes elastic counts (`resizes`) or places work (`placements`), never both:
+a count changes a group's slices, so the engine applies the resizes and plans again.
+
+Placements become assignments (one BATCH or JOIN message each). Under dispatch batching a worker gets
+one batch. Under step batching the slices a pass places on one worker that share a batch key (they
+run in lockstep: same schedule, same steps) go out as one assignment when conditioning them all costs
+less than one step there -- a joiner then waits at most about a step for the others, the worker gets
+one message instead of many, and lockstep slices share their solver steps; otherwise each slice is an
+assignment of its own and joins as soon as it is conditioned.
+
+`Trace` records which group the pass was deciding about, so that when code inside it raises, the
+engine fails that group alone (core/engine.py, "atomic events").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from candidate_scheduler.core import deadlines
+from candidate_scheduler.core.forecast import SimItem, duration
+from candidate_scheduler.core.planning import Unit, plan_dispatch, plan_step
+from candidate_scheduler.core.snapshot import PlanningSnapshot
+
+ELASTIC_LOOKAHEAD = 4  # waiting slices per worker at the head whose elastic counts each pass reconsiders
+ELASTIC_BUDGET = 8  # counts reconsidered per pass beyond those of the groups it places
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One assignment: these units to this worker, joining its running batch when `join`."""
+
+    worker_id: str
+    units: tuple[Unit, ...]
+    join: bool
+    predicted_s: float  # the cost model's prediction of its wall time (0.0 while uncalibrated)
+
+    @property
+    def rows(self) -> int:
+        return sum(u.size for u in self.units)
+
+
+@dataclass(frozen=True)
+class Resize:
+    """Serve the first `count` candidates of an elastic group that has not started."""
+
+    request_id: str
+    count: int
+
+
+@dataclass(frozen=True)
+class SchedulePlan:
+    resizes: tuple[Resize, ...] = ()
+    placements: tuple[Placement, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.resizes or self.placements)
+
+
+@dataclass
+class Trace:
+    """The group a pass is deciding about right now (None between decisions)."""
+
+    request_id: str | None = None
+
+    def at(self, request_id: str | None) -> None:
+        self.request_id = request_id
+
+
+def plan(snap: PlanningSnapshot, *, elastic: bool = True, trace: Trace | None = None) -> SchedulePlan:
+    trace = trace if trace is not None else Trace()
+    if not snap.workers or not len(snap.queue):
+        return SchedulePlan()
+    placed = _place(snap, trace)
+    if elastic and snap.elastic_queued:
+        resizes = _resizes(snap, placed, trace)
+        if resizes:
+            return SchedulePlan(resizes=resizes)
+    return SchedulePlan(placements=_assignments(snap, placed, trace))
+
+
+def _place(snap: PlanningSnapshot, trace: Trace) -> list[tuple[str, tuple[Unit, ...]]]:
+    if snap.batching == "dispatch":
+        idle = [w.slot() for w in snap.workers if not w.running]
+        return plan_dispatch(snap.queue, idle, trace.at) if idle else []
+    slots = [s for s in (w.slot() for w in snap.workers) if s.free_rows > 0]
+    if not slots:
+        return []  # the common case under load: every row busy, nothing to plan
+    return [(wid, (u,)) for wid, u in plan_step(snap.queue, slots, deadlines.backfiller(snap), trace.at)]
+
+
+def _resizes(snap: PlanningSnapshot, placed, trace: Trace) -> tuple[Resize, ...]:
+    """Elastic counts: fix the count of the groups about to start -- those placed now, and the first
+    few waiting at the head, which may start now with fewer candidates rather than later with all."""
+    must = dict.fromkeys(u.request_id for _wid, units in placed for u in units)
+    head: dict[str, None] = {}
+    for i, unit in enumerate(snap.queue.ordered()):
+        if i >= ELASTIC_LOOKAHEAD * len(snap.workers) or len(head) >= ELASTIC_BUDGET:
+            break
+        if unit.request_id not in must:
+            head[unit.request_id] = None
+    resizes = []
+    for rid in (*must, *head):
+        trace.at(rid)
+        view = snap.group(rid)
+        if view is None or not view.elastic:
+            continue
+        n = deadlines.choose_count(snap, view)
+        if n < view.served_count:
+            resizes.append(Resize(rid, n))
+    trace.at(None)
+    return tuple(resizes)
+
+
+def _assignments(snap: PlanningSnapshot, placed, trace: Trace) -> tuple[Placement, ...]:
+    by_worker: dict[str, list[tuple[Unit, ...]]] = {}
+    for wid, units in placed:
+        by_worker.setdefault(wid, []).append(units)
+    out = []
+    for wid, groups in by_worker.items():
+        view = snap.worker(wid)
+        sim = snap.sim_workers(only=wid)[0] if snap.calibrated else None
+        busy = bool(view.running)
+        for units in _together(snap, wid, groups):
+            trace.at(units[0].request_id)
+            predicted = 0.0
+            if sim is not None:
+                predicted = duration(snap.cost, sim, list(units))
+                # what follows in this pass shares its forwards with these rows
+                sim.items.append(SimItem(tuple((u.request_id, u.slice_index) for u in units), sum(u.size for u in units),
+                                         sum(u.cost_rows for u in units), float(max(u.steps for u in units)),
+                                         units[0].label, units[0].forward_key))
+            out.append(Placement(wid, units, busy, predicted))
+            busy = True
+    trace.at(None)
+    return tuple(out)
+
+
+def _together(snap: PlanningSnapshot, worker_id: str, groups: list[tuple[Unit, ...]]) -> list[tuple[Unit, ...]]:
+    """The assignments of one worker's placements (see the module docstring)."""
+    if snap.batching == "dispatch" or len(groups) == 1:
+        return groups
+    lockstep: dict[tuple, list[Unit]] = {}
+    for units in groups:
+        for u in units:
+            lockstep.setdefault(u.batch_key, []).append(u)
+    out: list[tuple[Unit, ...]] = []
+    for units in lockstep.values():
+        label = units[0].label
+        conditioning = len(units) * snap.cost.overhead_s(worker_id, label)
+        step = snap.cost.forward_s(worker_id, label, sum(u.cost_rows for u in units))
+        if conditioning <= step:
+            out.append(tuple(units))
+        else:
+            out.extend((u,) for u in units)
+    return out

@@ -1,0 +1,126 @@
+"""What a planning decision may read: a typed view of the engine at one instant.
+
+The engine builds a `PlanningSnapshot` for each decision (a planning pass, a submission's refusal
+check) and the decisions -- core/schedule.py, core/deadlines.py -- read only it: the workers and the
+work each runs, the cost model and its margin, the pending queue (core/pending.py) and a view of any
+queued group. A snapshot is valid while the engine does not change, which is the length of one
+decision: the queue and the group views are read through, not copied, so building one costs
+O(workers x assignments), never O(queue).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from candidate_scheduler.core.admission import split_balanced
+from candidate_scheduler.core.cost_model import CostModel, Scaled
+from candidate_scheduler.core.forecast import SimItem, SimWorker
+from candidate_scheduler.core.pending import PendingIndex
+from candidate_scheduler.core.planning import Unit, WorkerSlot
+
+
+@dataclass(frozen=True)
+class RunningWork:
+    """One assignment a worker holds."""
+
+    batch_id: int
+    keys: tuple[tuple[str, int], ...]  # (request id, slice index) of its slices
+    rows: int
+    cost_rows: int
+    steps: int
+    label: str
+    forward_key: tuple
+    sent_at: float
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    worker_id: str
+    rows: int  # the rows it may hold: its capacity, capped by its predicted peak memory
+    conditions_aside: bool
+    running: tuple[RunningWork, ...]
+    free_rows: int = field(init=False)
+    forward_key: tuple | None = field(init=False)  # of its running rows; None when idle
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "free_rows", self.rows - sum(a.rows for a in self.running))
+        object.__setattr__(self, "forward_key", self.running[0].forward_key if self.running else None)
+
+    def slot(self) -> WorkerSlot:
+        return WorkerSlot(self.worker_id, self.rows, self.free_rows, self.forward_key)
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """A queued or running group, as the deadline rules see it."""
+
+    request_id: str
+    order: tuple  # (effective deadline, admission order): where its slices sit in the queue
+    deadline: float | None
+    min_count: int
+    served_count: int
+    startable: bool  # nothing of it has started: an elastic count may still shrink
+    running: bool
+    steps: int
+    observations: int
+    label: str
+    forward_key: tuple
+    batch_key: tuple
+
+    @property
+    def elastic(self) -> bool:
+        return self.deadline is not None and self.startable and self.min_count < self.served_count
+
+    def units(self, count: int, capacity: int) -> list[Unit]:
+        """Its work as if it served `count` candidates, sliced for `capacity` rows (as admission would)."""
+        return [Unit(self.request_id, i, ids, self.batch_key, self.forward_key, (*self.order, i), self.steps,
+                     len(ids) * self.observations, self.label)
+                for i, ids in enumerate(split_balanced(count, capacity))]
+
+
+@dataclass(frozen=True)
+class PlanningSnapshot:
+    now: float
+    batching: str
+    best_effort_s: float
+    workers: tuple[WorkerView, ...]
+    cost: CostModel
+    margin: float  # what deadline forecasts multiply every duration by (core/cost_model.py)
+    calibrated: bool  # every live worker has a cost model: without one, nothing is forecast
+    queue: PendingIndex
+    group: Callable[[str], GroupView | None]
+    elastic_queued: bool = False  # some queued group's count may still shrink
+
+    @property
+    def planned_cost(self) -> Scaled:
+        return Scaled(self.cost, self.margin)
+
+    @property
+    def slice_capacity(self) -> int:
+        """The rows admission sizes slices for: the smallest live worker's."""
+        return min(w.rows for w in self.workers)
+
+    def worker(self, worker_id: str) -> WorkerView:
+        return next(w for w in self.workers if w.worker_id == worker_id)
+
+    def sim_workers(self, only: str | None = None) -> list[SimWorker]:
+        """Fresh simulated workers as they run now (core/forecast.py): for each assignment, the steps it
+        has left are what its time so far bought at the rows running there now."""
+        sims = []
+        for w in self.workers:
+            if only is not None and w.worker_id != only:
+                continue
+            sim = SimWorker(w.worker_id, w.rows, conditions_aside=w.conditions_aside)
+            total_rows = sum(a.cost_rows for a in w.running)
+            for a in w.running:
+                tau = self.cost.forward_s(w.worker_id, a.label, total_rows)
+                fixed = self.cost.overhead_s(w.worker_id, a.label) * len(a.keys)
+                done = (self.now - a.sent_at - fixed) / tau if tau > 0 else 0.0
+                left = min(float(a.steps), max(0.5, a.steps - max(0.0, done)))
+                # on a worker that conditions aside, an assignment still being conditioned has not joined yet
+                delay = max(0.0, fixed - (self.now - a.sent_at)) if w.conditions_aside else 0.0
+                sim.preparing = max(sim.preparing, delay)
+                sim.items.append(SimItem(a.keys, a.rows, a.cost_rows, left, a.label, a.forward_key, delay))
+            sims.append(sim)
+        return sims

@@ -1,0 +1,233 @@
+"""The engine's side of the worker link: registrations, heartbeats, results, and workers lost.
+
+`WorkerLink` holds no state of its own: it is the half of the engine (core/engine.py) that reads what
+workers send, kept in its own file. Each handler runs inside one of the engine's atomic events and adds
+its messages to the engine's outbox.
+
+A result is taken apart slice by slice: `outcomes.classify` decides what each slice's outcome means
+(fold, retry, fail, out of memory, ignore) and the handler applies it, each slice under its own guard,
+so code that raises on one slice fails that slice's group alone.
+
+Failure taxonomy. Retried from the candidates' snapshots (up to `retry_limit` attempts per slice): a
+worker that died, stopped heartbeating, lost a result on the link, sent a malformed result, or
+reported a transient fault. Answered at once: an exception inside the model (`model_error`) and a
+request the model cannot run (its own codes) -- no retry can fix either. Out of memory: the worker
+holds fewer rows, the slice is planned again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from candidate_scheduler.core.errors import CandidateContractError
+from candidate_scheduler.core.group_state import GroupStatus
+from candidate_scheduler.core.messages import AckRegistration, Heartbeat, Registration, StopWorker, WorkerResult
+from candidate_scheduler.core.outcomes import Verdict, classify
+from candidate_scheduler.core.spec import ModelCapability
+from candidate_scheduler.core.workers import Assignment, WorkerState
+
+
+class WorkerLink:
+    def __init__(self, engine):
+        self.engine = engine
+
+    # ---- registration and heartbeats ------------------------------------------------------------------
+
+    def register(self, identity: Any, reg: Registration) -> None:
+        e = self.engine
+        try:
+            capability = ModelCapability.from_dict(dict(reg.capability))
+            if not isinstance(reg.capacity, int) or reg.capacity < 1:
+                raise ValueError("capacity must be >= 1")
+        except (CandidateContractError, ValueError, TypeError) as exc:
+            e.metrics.protocol_error("worker", "bad_type")
+            e.outbox.append(StopWorker(identity, f"bad registration: {exc}"))
+            return
+        old = e.workers.get(reg.worker_id)
+        if old is not None:
+            self.lost(old, "reregistered")
+        e.workers[reg.worker_id] = WorkerState(
+            reg.worker_id, identity, capability, min(reg.capacity, capability.max_candidates_per_batch), reg.device,
+            e.now, memory_budget_bytes=max(0, int(reg.memory_budget_bytes)),
+            conditions_aside=reg.conditioning == "thread")
+        e.cost.forget(reg.worker_id)
+        e.forget_cost(reg.worker_id)
+        for label, rows, seconds in reg.profile:
+            e.cost.observe_forward(reg.worker_id, label, rows, seconds)
+        e.rows_changed()
+        e.outbox.append(AckRegistration(identity, reg.worker_id, e.config.heartbeat_interval_s))
+        for rid in list(e.waiting):
+            e.waiting.pop(rid)
+            g = e.groups.get(rid)
+            if g is not None and g.status is GroupStatus.QUEUED:
+                with e.guard("register", rid):
+                    e.admit(g)
+        e.plan_and_apply()
+
+    def known(self, identity: Any, worker_id: str) -> WorkerState | None:
+        e = self.engine
+        worker = e.workers.get(worker_id)
+        if worker is None or worker.identity != identity:
+            # Unknown (the scheduler restarted, or we declared it dead): ask it to register again.
+            e.outbox.append(StopWorker(identity, "reregister"))
+            return None
+        worker.last_seen = e.now
+        return worker
+
+    def heartbeat(self, identity: Any, beat: Heartbeat) -> None:
+        e = self.engine
+        worker = self.known(identity, beat.worker_id)
+        if worker is None:
+            return
+        worker.step = beat.step
+        e.metrics.heartbeat()
+        if beat.cache:
+            e.metrics.conditioning_cache(beat.cache)
+            e.cache_bytes[worker.worker_id] = int(beat.cache.get("bytes", 0))
+            e.metrics.conditioning_cache_bytes_in_use(sum(e.cache_bytes.get(w, 0) for w in e.workers))
+        for rows, seconds, label in beat.forwards:
+            e.metrics.forward(rows, seconds)
+            e.cost.observe_forward(worker.worker_id, label, rows, seconds)
+        running = set(beat.running)
+        for a in list(worker.assignments.values()):
+            if a.batch_id in running:
+                a.seen_at = e.now
+            elif e.now - (a.seen_at or a.sent_at) > e.config.heartbeat_timeout_s:
+                # A live worker that no longer lists an assignment lost it or its result on the link (a
+                # message over MAXMSGSIZE is dropped with the connection): retry instead of waiting forever.
+                self.drop(a)
+                e.counters["batches_lost"] += 1
+                e.metrics.worker_failure("worker_error")
+                for entry in a.entries:
+                    with e.guard("heartbeat", entry.request_id):
+                        self.slice_failed(entry, worker, "worker_error",
+                                          "batch lost: the worker no longer holds it and its result never arrived")
+        e.plan_and_apply()
+
+    # ---- results --------------------------------------------------------------------------------------
+
+    def result(self, identity: Any, result: WorkerResult) -> None:
+        e = self.engine
+        worker = self.known(identity, result.worker_id)
+        a = None if worker is None else e.assignments.get(result.batch_id)
+        if a is None or a.worker_id != worker.worker_id:
+            e.counters["late_results_discarded"] += 1
+            e.metrics.late_result()
+            return
+        rows_in_use = worker.rows_in_use  # what ran there when this answer was made (out-of-memory blame)
+        self.drop(a)
+        report = dict(result.report or {})
+        e.metrics.worker_report(report)
+        e.cost.observe_group(worker.worker_id, a.label, {**report, "groups": len(a.entries), "device": worker.device})
+        if report.get("peak_memory_bytes") and worker.device != "cpu":
+            e.rows_changed()  # a memory observation may change the rows it may hold
+        if a.predicted_s > 0:
+            e.metrics.prediction(a.predicted_s, e.now - a.sent_at)
+            e.cost.observe_error(a.predicted_s, e.now - a.sent_at)
+        if len(result.outputs) != len(a.entries):
+            # A wrong-shaped answer is the worker's fault: retry every member elsewhere.
+            for entry in a.entries:
+                with e.guard("result", entry.request_id):
+                    self.slice_failed(entry, worker, "worker_error", "batch result has the wrong number of outputs")
+        else:
+            share = 1.0 / max(1, len(a.entries))
+            for entry, outcome in zip(a.entries, result.outputs):
+                with e.guard("result", entry.request_id):
+                    self._take(a, worker, entry, outcome, report, share, rows_in_use)
+        e.plan_and_apply()
+
+    def _take(self, a: Assignment, worker: WorkerState, entry, outcome, report: dict, share: float,
+              rows_in_use: int) -> None:
+        """Apply one slice's outcome, as `classify` judges it."""
+        e = self.engine
+        g = e.groups.get(entry.request_id)
+        live = g is not None and not g.finished
+        if live:
+            g.account(report, share)
+            if g.first_step_s is None and report.get("wait_s") is not None:
+                g.first_step_s = max(0.0, (a.sent_at - g.received_at) + float(report["wait_s"]))
+                e.metrics.first_step(g.first_step_s)
+        judged = classify(live, entry.request_id, outcome)
+        if judged.verdict is Verdict.FOLD:
+            try:
+                g.fold(entry.slice_index, worker.worker_id, outcome)
+            except CandidateContractError as exc:  # a malformed result
+                self.slice_failed(entry, worker, "worker_error", f"malformed result: {exc}")
+                return
+            if g.status is GroupStatus.REDUCING:
+                g.finish()
+                e.metrics.reducer_time(g.reducer_s or 0.0)
+                e.end(g)
+        elif judged.verdict is Verdict.RETRY:
+            self.slice_failed(entry, worker, "worker_error", judged.detail)
+        elif judged.verdict is Verdict.FAIL:
+            g.fail(outcome.error_code, judged.detail)
+            e.end(g)
+        elif judged.verdict is Verdict.OUT_OF_MEMORY:
+            self._out_of_memory(g, entry, worker, a, judged.detail, rows_in_use)
+
+    def _out_of_memory(self, g, entry, worker: WorkerState, a: Assignment, detail: str, rows_in_use: int) -> None:
+        """The rows the worker ran when the forward ran out of memory did not fit. Every assignment that
+        shared the failing step answers out_of_memory, so the first answer of the incident blames the
+        rows in use then and lowers the worker's rows once, below them; each slice is planned again
+        (split when no worker can hold it) and fails only when it was one row running alone."""
+        e = self.engine
+        if a.batch_id not in worker.oom_incident:
+            worker.oom_incident = {*worker.assignments, a.batch_id}
+            worker.oom_rows = rows_in_use
+            worker.capacity = max(1, min(worker.capacity, rows_in_use - 1))
+            e.rows_changed()
+        if worker.oom_rows <= 1:
+            g.fail("out_of_memory", f"one candidate does not fit the worker's memory: {detail}", field="count")
+            e.end(g)
+            return
+        if g.fail_slice(entry.slice_index, f"out_of_memory: {detail}", 1 << 30, worker_id=worker.worker_id):
+            e.metrics.retry("out_of_memory")  # the planning pass halves what no worker can hold now
+            e.requeue(g, entry.slice_index)
+
+    def slice_failed(self, entry, worker: WorkerState, reason: str, detail: str) -> None:
+        e = self.engine
+        g = e.groups.get(entry.request_id)
+        if g is None:
+            return
+        if g.fail_slice(entry.slice_index, f"{reason}: {detail}", e.config.retry_limit, worker_id=worker.worker_id):
+            e.metrics.retry(reason)
+            if g.finished:
+                e.end(g)
+            else:
+                e.requeue(g, entry.slice_index)
+
+    # ---- workers and assignments that are gone ------------------------------------------------------------
+
+    def drop(self, a: Assignment) -> None:
+        e = self.engine
+        e.assignments.pop(a.batch_id, None)
+        worker = e.workers.get(a.worker_id)
+        if worker is not None:
+            worker.release(a.batch_id)
+        for entry in a.entries:
+            held = e.held.get(entry.request_id)
+            if held is not None:
+                held.discard(a.batch_id)
+                if not held:
+                    del e.held[entry.request_id]
+
+    def lost(self, worker: WorkerState, reason: str) -> None:
+        """The worker is gone (or presumed so): every slice it held goes back to pending, to be retried
+        from its snapshots; a result it sends later is discarded."""
+        e = self.engine
+        e.workers.pop(worker.worker_id, None)
+        e.cost.forget(worker.worker_id)  # ids carry host, pid and a uuid: a restart never reuses one
+        e.forget_cost(worker.worker_id)
+        e.rows_changed()
+        if e.cache_bytes.pop(worker.worker_id, None) is not None:
+            e.metrics.conditioning_cache_bytes_in_use(sum(e.cache_bytes.values()))
+        e.metrics.worker_failure(reason)
+        held = list(worker.assignments.values())
+        for a in held:
+            self.drop(a)
+            worker.release(a.batch_id)
+        for a in held:
+            for entry in a.entries:
+                with e.guard("heartbeat", entry.request_id):
+                    self.slice_failed(entry, worker, reason, "worker lost")
