@@ -61,6 +61,7 @@ from candidate_scheduler.core.workers import Assignment, WorkerState
 
 BATCHING_MODES = ("dispatch", "step")
 INTERNAL_ERROR = "internal_error"
+_PLANNING_ATTEMPTS = 4  # planning passes per event when one raises on a group (which is then answered)
 
 
 @dataclass
@@ -329,19 +330,25 @@ class Engine:
                 self._start(p)
 
     def plan_and_apply(self) -> None:
-        """The planning pass that ends every event: plan, apply, and plan once more after resizes."""
-        if not len(self.pending) or not self.workers or not self._can_place():
-            return
-        trace = schedule.Trace()
-        try:
-            self._fit_slices()
-            plan = self.schedule(self.now, trace=trace)
-            if plan.resizes:
+        """The planning pass that ends every event: plan, apply, and plan once more after resizes. A pass
+        that raises fails the group it was deciding about and runs again without it (a few times at most:
+        a fault it cannot pin on a group waits for the next event)."""
+        for _attempt in range(_PLANNING_ATTEMPTS):
+            if not len(self.pending) or not self.workers or not self._can_place():
+                return
+            trace = schedule.Trace()
+            try:
+                self._fit_slices()
+                plan = self.schedule(self.now, trace=trace)
+                if plan.resizes:
+                    self._apply(plan)
+                    plan = self.schedule(self.now, elastic=False, trace=trace)
                 self._apply(plan)
-                plan = self.schedule(self.now, elastic=False, trace=trace)
-            self._apply(plan)
-        except Exception as exc:  # noqa: BLE001 - blame the group the pass was deciding about
-            self._fault("schedule", exc, (trace.request_id,) if trace.request_id else ())
+                return
+            except Exception as exc:  # noqa: BLE001 - blame the group the pass was deciding about
+                self._fault("schedule", exc, (trace.request_id,) if trace.request_id else ())
+                if trace.request_id is None:
+                    return
 
     def _can_place(self) -> bool:
         if self.config.batching == "dispatch":
