@@ -137,6 +137,8 @@ class CostModel:
         self.workers: dict[str, WorkerCost] = {}
         self.errors: collections.deque[float] = collections.deque(maxlen=ERRORS_KEPT)
         self._margin: float | None = None  # margin() since the last error observed
+        # Answers since the last observation: forecasts ask the same few questions many times over.
+        self._memo: dict[tuple, float] = {}
 
     def observe_error(self, predicted_s: float, actual_s: float) -> None:
         if predicted_s > 0 and actual_s >= 0:
@@ -161,10 +163,12 @@ class CostModel:
 
     def forget(self, worker_id: str) -> None:
         self.workers.pop(worker_id, None)
+        self._memo.clear()
 
     def observe_forward(self, worker_id: str, label: str, rows: int, seconds: float) -> None:
         if rows > 0 and 0 <= seconds < math.inf and label:  # an inf would make every later prediction 0
             self._w(worker_id).forward.setdefault(label, LinearFit()).observe(rows, seconds)
+            self._memo.clear()
 
     def observe_group(self, worker_id: str, label: str, report: dict) -> None:
         """One finished assignment's report: its fixed cost per group, its memory peak per row."""
@@ -172,16 +176,27 @@ class CostModel:
         fixed = float(report.get("condition_s", 0.0) or 0.0) + float(report.get("postprocess_s", 0.0) or 0.0)
         if fixed > 0:
             self._w(worker_id).overhead.setdefault(label, Ewma()).observe(fixed / groups)
+            self._memo.clear()
         peak, rows = int(report.get("peak_memory_bytes", 0) or 0), int(report.get("rows", 0) or 0)
         if peak > 0 and rows > 0 and report.get("device", "cpu") != "cpu":
             self._w(worker_id).memory.observe(rows, peak)
 
     def forward_s(self, worker_id: str, label: str, rows: int) -> float:
-        return self._w(worker_id).forward_s(label, rows)
+        key = (worker_id, label, rows)
+        value = self._memo.get(key)
+        if value is None:
+            w = self.workers.get(worker_id)
+            value = self._memo[key] = 0.0 if w is None else w.forward_s(label, rows)
+        return value
 
     def overhead_s(self, worker_id: str, label: str) -> float:
         """A group's fixed cost on this worker (conditioning, postprocess), whatever its rows."""
-        return self._w(worker_id).overhead_s(label)
+        key = (worker_id, label)
+        value = self._memo.get(key)
+        if value is None:
+            w = self.workers.get(worker_id)
+            value = self._memo[key] = 0.0 if w is None else w.overhead_s(label)
+        return value
 
     def calibrated(self, worker_id: str) -> bool:
         w = self.workers.get(worker_id)

@@ -26,8 +26,10 @@ later with all it asked for; once chosen, a count only ever shrinks. The served 
 nothing is refused or shrunk.
 
 What a forecast costs. It simulates only until the groups it is asked about have finished, never past
-the latest of their deadlines, and loads the queue as far as the simulated workers have rows for it:
-its cost follows the work that could run before the deadline, not the length of the queue.
+the latest of their deadlines, and loads the queue as far as the simulated workers have rows for it.
+Where even that would place more than `fluid.EXACT_LIMIT` slices (a long queue ahead, a large fleet),
+the question goes to the fluid forecast (core/fluid.py), the fleet as one pipe, whose answer costs
+O(workers + buckets) whatever the queue holds.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterator
 
+from candidate_scheduler.core import fluid
 from candidate_scheduler.core.forecast import duration, forecast
 from candidate_scheduler.core.planning import Unit
 from candidate_scheduler.core.snapshot import GroupView, PlanningSnapshot
@@ -88,6 +91,9 @@ def refuse_at_receipt(snap: PlanningSnapshot, view: GroupView) -> float | None:
     alone = snap.now + _alone_s(snap, own)
     if alone > view.deadline:
         return alone
+    if not fluid.exact_enough(snap, view.order):
+        finish = fluid.refusal_finish(snap, view)
+        return finish if finish > view.deadline else None
     units = _forecast_units(snap, lambda g: g.min_count if g.elastic else None, (view, view.min_count))
     finish = forecast(snap.now, snap.sim_workers(), units, snap.planned_cost, snap.batching,
                       want=(view.request_id,), horizon=view.deadline)[view.request_id]
@@ -103,15 +109,13 @@ def choose_count(snap: PlanningSnapshot, view: GroupView) -> int:
     # forecast too (at their counts as they stand): a group second in the queue that was forecast alone
     # would keep a count it cannot have once the first one starts.
     behind: dict[str, GroupView] = {}
-    walked = 0
-    for unit in snap.queue.ordered():
-        if unit.order[:2] <= view.order:
-            continue
-        walked += 1
-        if walked > WATCH_WINDOW:
+    for walked, unit in enumerate(snap.queue.ordered((*view.order, math.inf))):
+        if walked >= WATCH_WINDOW:
             break
         if unit.request_id not in behind and (g := snap.group(unit.request_id)) is not None:
             behind[unit.request_id] = g
+    if not fluid.exact_enough(snap, view.order):
+        return fluid.count_for(snap, view, [g for g in behind.values() if g.deadline is not None])
     watched = [view] + [g for g in behind.values() if g.deadline is not None]
 
     def count_of(n: int) -> Callable[[GroupView], int | None]:

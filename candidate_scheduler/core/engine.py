@@ -127,13 +127,21 @@ class Engine:
 
     # ---- atomic events ----------------------------------------------------------------------------------
 
-    def _event(self, name: str, now: float, body, *args) -> list:
+    def _event(self, name: str, now: float, body, *args, plan: bool = True) -> list:
+        """Run one event; then, with `plan`, the planning pass (the shell that handles a burst of messages
+        passes plan=False for each and calls `plan` once after the burst)."""
         self.now = now
         self.outbox = []
         with self.guard(name):
             body(*args)
+        if plan:
+            self.plan_and_apply()
         out, self.outbox = self.outbox, []
         return out
+
+    def plan(self, now: float) -> list:
+        """A planning pass on its own: what the shell runs after a burst of events it did not plan after."""
+        return self._event("schedule", now, lambda: None)
 
     @contextlib.contextmanager
     def guard(self, event: str, *request_ids: str):
@@ -170,7 +178,7 @@ class Engine:
 
     # ---- submissions ------------------------------------------------------------------------------------
 
-    def submit(self, client: Any, sub: Submission, now: float) -> list:
+    def submit(self, client: Any, sub: Submission, now: float, *, plan: bool = True) -> list:
         self.now = now
         self.outbox = []
         stored: list[Group] = []
@@ -184,7 +192,8 @@ class Engine:
                 if not any(isinstance(m, Reply) and m.client is client for m in self.outbox):
                     self.outbox.append(Reply(client, refusal(sub.request_id, "failed", INTERNAL_ERROR,
                                                            f"internal error while handling submit: {exc!r}")))
-        self.plan_and_apply()
+        if plan:
+            self.plan_and_apply()
         out, self.outbox = self.outbox, []
         return out
 
@@ -299,7 +308,7 @@ class Engine:
         return PlanningSnapshot(now, self.config.batching, self.config.best_effort_s,
                                 tuple(self._worker_view(w) for w in self.workers.values()), self.cost,
                                 self.cost.margin(), self._calibrated(), self.pending, self._group_view,
-                                bool(self.elastic))
+                                self.elastic)
 
     def forget_cost(self, worker_id: str) -> None:
         self._known_cost.discard(worker_id)
@@ -432,7 +441,7 @@ class Engine:
         if w.view is None or w.view.rows != rows:
             w.view = WorkerView(w.worker_id, rows, w.conditions_aside, tuple(
                 RunningWork(a.batch_id, tuple((e.request_id, e.slice_index) for e in a.entries), a.rows, a.cost_rows,
-                            a.steps, a.label, a.forward_key, a.sent_at) for a in w.assignments.values()))
+                            a.steps, a.label, a.forward_key, a.sent_at, a.predicted_s) for a in w.assignments.values()))
         return w.view
 
     def _group_view(self, rid: str) -> GroupView | None:
@@ -450,11 +459,11 @@ class Engine:
     def register(self, identity: Any, reg: Registration, now: float) -> list:
         return self._event("register", now, self.link.register, identity, reg)
 
-    def heartbeat(self, identity: Any, beat: Heartbeat, now: float) -> list:
-        return self._event("heartbeat", now, self.link.heartbeat, identity, beat)
+    def heartbeat(self, identity: Any, beat: Heartbeat, now: float, *, plan: bool = True) -> list:
+        return self._event("heartbeat", now, self.link.heartbeat, identity, beat, plan=plan)
 
-    def worker_result(self, identity: Any, result: WorkerResult, now: float) -> list:
-        return self._event("result", now, self.link.result, identity, result)
+    def worker_result(self, identity: Any, result: WorkerResult, now: float, *, plan: bool = True) -> list:
+        return self._event("result", now, self.link.result, identity, result, plan=plan)
 
     # ---- endings ------------------------------------------------------------------------------------------
 
@@ -516,12 +525,11 @@ class Engine:
                 self.link.lost(w, "heartbeat_timeout")
         self.metrics.queue_depth(self.queued_groups(), self.queued_candidates())
         self.metrics.live_workers(len(self.workers))
-        self.plan_and_apply()
 
     def shutdown(self, now: float) -> list:
         """Answer every group in flight (`shutting_down`) and ask every worker to register again: the
         scheduler may come back on the same port."""
-        return self._event("shutdown", now, self._shutdown)
+        return self._event("shutdown", now, self._shutdown, plan=False)
 
     def _shutdown(self) -> None:
         self.draining = True
@@ -553,7 +561,6 @@ class Engine:
                 self.metrics.cancellation(hit)
                 self.end(g)
         answer.append(ControlAnswer(ok=True, changed=changed, state=hit))
-        self.plan_and_apply()
 
     def status(self, request_id: str) -> ControlAnswer:
         g = self.groups.get(request_id)

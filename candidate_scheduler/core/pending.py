@@ -24,10 +24,11 @@ _COMPACT_AT = 64  # dead entries at a bucket's front before it is compacted
 class Bucket:
     """Units that are interchangeable for planning, in queue order."""
 
-    __slots__ = ("key", "class_key", "size", "steps", "cost_rows", "entries", "start")
+    __slots__ = ("key", "class_key", "size", "steps", "cost_rows", "label", "entries", "start")
 
-    def __init__(self, key: tuple, class_key: Hashable, size: int, steps: int, cost_rows: int):
+    def __init__(self, key: tuple, class_key: Hashable, size: int, steps: int, cost_rows: int, label: str):
         self.key, self.class_key, self.size, self.steps, self.cost_rows = key, class_key, size, steps, cost_rows
+        self.label = label  # the forward label its units share (the class fixes the shape)
         self.entries: list[tuple] = []  # (order, request_id, slice_index), sorted; live from `start` on
         self.start = 0
 
@@ -77,7 +78,7 @@ class PendingIndex:
         key = (class_key, unit.size, unit.steps, unit.cost_rows)
         bucket = self._buckets.get(key)
         if bucket is None:
-            bucket = self._buckets[key] = Bucket(key, class_key, unit.size, unit.steps, unit.cost_rows)
+            bucket = self._buckets[key] = Bucket(key, class_key, unit.size, unit.steps, unit.cost_rows, unit.label)
         bucket.insert((unit.order, unit.request_id, unit.slice_index))
         slices[unit.slice_index] = unit
         self.candidates += unit.size
@@ -111,12 +112,24 @@ class PendingIndex:
     def unit(self, request_id: str, slice_index: int):
         return self._units[request_id][slice_index]
 
-    def walk(self) -> Walk:
-        return Walk(self)
+    def ahead(self, order: tuple) -> list[tuple[Bucket, int]]:
+        """How many units of each bucket are queued ahead of a group at `order` (its own units excluded):
+        a binary search per bucket."""
+        probe = (order,)  # shorter than any entry with this order: sorts before the group's own units
+        out = []
+        for bucket in self._buckets.values():
+            n = bisect.bisect_left(bucket.entries, probe, lo=bucket.start) - bucket.start
+            if n:
+                out.append((bucket, n))
+        return out
 
-    def ordered(self) -> Iterator:
-        """Every pending unit in queue order, lazily (a walk that takes whatever it finds)."""
-        walk = self.walk()
+    def walk(self, start: tuple | None = None) -> Walk:
+        """A read of the queue in order; with `start` (an order), from the first unit at or after it."""
+        return Walk(self, start)
+
+    def ordered(self, start: tuple | None = None) -> Iterator:
+        """Every pending unit in queue order (from `start` on), lazily: a walk that takes whatever it finds."""
+        walk = self.walk(start)
         while (found := walk.first()) is not None:
             walk.take(found[0])
             yield found[1]
@@ -127,10 +140,14 @@ class Walk:
 
     __slots__ = ("_index", "_pos", "_live")
 
-    def __init__(self, index: PendingIndex):
+    def __init__(self, index: PendingIndex, start: tuple | None = None):
         self._index = index
-        self._pos = {key: b.start for key, b in index._buckets.items()}
-        self._live = list(index._buckets.values())
+        if start is None:
+            self._pos = {key: b.start for key, b in index._buckets.items()}
+        else:
+            probe = (start,)
+            self._pos = {key: bisect.bisect_left(b.entries, probe, lo=b.start) for key, b in index._buckets.items()}
+        self._live = [b for key, b in index._buckets.items() if self._pos[key] < len(b.entries)]
 
     def head(self, bucket: Bucket):
         """The unit at the bucket's cursor (None when the walk has passed its last)."""

@@ -76,7 +76,7 @@ def plan(snap: PlanningSnapshot, *, elastic: bool = True, trace: Trace | None = 
     if not snap.workers or not len(snap.queue):
         return SchedulePlan()
     placed = _place(snap, trace)
-    if elastic and snap.elastic_queued:
+    if elastic and snap.elastic:
         resizes = _resizes(snap, placed, trace)
         if resizes:
             return SchedulePlan(resizes=resizes)

@@ -11,6 +11,7 @@ O(workers x assignments), never O(queue).
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from candidate_scheduler.core.admission import split_balanced
@@ -32,6 +33,7 @@ class RunningWork:
     label: str
     forward_key: tuple
     sent_at: float
+    predicted_s: float = 0.0  # the cost model's prediction of its wall time when it was sent
 
 
 @dataclass(frozen=True)
@@ -42,10 +44,12 @@ class WorkerView:
     running: tuple[RunningWork, ...]
     free_rows: int = field(init=False)
     forward_key: tuple | None = field(init=False)  # of its running rows; None when idle
+    busy_until: float = field(init=False)  # when what it runs now is predicted to be done
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "free_rows", self.rows - sum(a.rows for a in self.running))
         object.__setattr__(self, "forward_key", self.running[0].forward_key if self.running else None)
+        object.__setattr__(self, "busy_until", max((a.sent_at + a.predicted_s for a in self.running), default=0.0))
 
     def slot(self) -> WorkerSlot:
         return WorkerSlot(self.worker_id, self.rows, self.free_rows, self.forward_key)
@@ -90,7 +94,7 @@ class PlanningSnapshot:
     calibrated: bool  # every live worker has a cost model: without one, nothing is forecast
     queue: PendingIndex
     group: Callable[[str], GroupView | None]
-    elastic_queued: bool = False  # some queued group's count may still shrink
+    elastic: AbstractSet[str] = frozenset()  # queued groups whose count may still shrink (read through)
 
     @property
     def planned_cost(self) -> Scaled:

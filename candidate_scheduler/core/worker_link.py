@@ -62,7 +62,6 @@ class WorkerLink:
             if g is not None and g.status is GroupStatus.QUEUED:
                 with e.guard("register", rid):
                     e.admit(g)
-        e.plan_and_apply()
 
     def known(self, identity: Any, worker_id: str) -> WorkerState | None:
         e = self.engine
@@ -102,7 +101,6 @@ class WorkerLink:
                     with e.guard("heartbeat", entry.request_id):
                         self.slice_failed(entry, worker, "worker_error",
                                           "batch lost: the worker no longer holds it and its result never arrived")
-        e.plan_and_apply()
 
     # ---- results --------------------------------------------------------------------------------------
 
@@ -134,7 +132,6 @@ class WorkerLink:
             for entry, outcome in zip(a.entries, result.outputs):
                 with e.guard("result", entry.request_id):
                     self._take(a, worker, entry, outcome, report, share, rows_in_use)
-        e.plan_and_apply()
 
     def _take(self, a: Assignment, worker: WorkerState, entry, outcome, report: dict, share: float,
               rows_in_use: int) -> None:

@@ -139,10 +139,15 @@ class Scheduler:
             while not self.stopping.is_set():
                 timeout_ms = max(0.0, (next_tick - time.monotonic()) * 1000.0)
                 ready = dict(poller.poll(timeout_ms))
-                # Worker results first: they free rows that the submissions behind them can use.
+                # Worker results first: they free rows that the submissions behind them can use. The
+                # engine plans once after the burst, not after every message: one pass places a burst's
+                # groups together (and sends a worker one assignment for them, not one each).
+                handled = 0
                 for sock, handler in handlers.items():
                     if sock in ready:
-                        self._pump(sock, handler)
+                        handled += self._pump(sock, handler)
+                if handled:
+                    self._run(self.engine.plan, time.monotonic())
                 if time.monotonic() >= next_tick:
                     self._run(self.engine.tick, time.monotonic())
                     next_tick = time.monotonic() + self.config.tick_s
@@ -155,13 +160,14 @@ class Scheduler:
             self._send_all(self.engine.shutdown(time.monotonic()))
             self.close()
 
-    def _pump(self, sock, handler, limit: int | None = _BURST) -> None:
+    def _pump(self, sock, handler, limit: int | None = _BURST) -> int:
+        """Handle up to `limit` waiting messages of one socket; how many it handled."""
         n = 0
         while limit is None or n < limit:
             try:
                 frames = sock.recv_multipart(flags=zmq.NOBLOCK)
             except zmq.Again:
-                return
+                return n
             n += 1
             try:
                 handler(frames)
@@ -170,9 +176,10 @@ class Scheduler:
                 log.exception("handler failed; the service keeps serving")
                 self.engine.counters["handler_errors"] += 1
                 self.metrics.internal_error("shell")
+        return n
 
-    def _run(self, event, *args) -> None:
-        self._send_all(event(*args))
+    def _run(self, event, *args, **kwargs) -> None:
+        self._send_all(event(*args, **kwargs))
 
     def _send_all(self, out: list) -> None:
         for msg in out:
@@ -222,7 +229,7 @@ class Scheduler:
             self.metrics.group_received()
             self._run(self.engine.refuse, client, msg.request_id, "invalid", exc.kind, str(exc))
             return
-        self._run(self.engine.submit, client, sub, now)
+        self._run(self.engine.submit, client, sub, now, plan=False)
 
     def _read_client(self, sock, socket_name: str, frames: list[bytes], allowed) -> tuple | None:
         """A client's message, read from the request or the control socket: an unreadable one is
@@ -256,9 +263,9 @@ class Scheduler:
         if kind is protocol.Kind.REGISTER:
             self._run(self.engine.register, identity, convert.registration_from_wire(msg), now)
         elif kind is protocol.Kind.HEARTBEAT:
-            self._run(self.engine.heartbeat, identity, convert.heartbeat_from_wire(msg), now)
+            self._run(self.engine.heartbeat, identity, convert.heartbeat_from_wire(msg), now, plan=False)
         else:
-            self._run(self.engine.worker_result, identity, convert.worker_result_from_wire(msg), now)
+            self._run(self.engine.worker_result, identity, convert.worker_result_from_wire(msg), now, plan=False)
 
     # ---- control socket ---------------------------------------------------------------------------------------
     def _on_control(self, frames: list[bytes]) -> None:

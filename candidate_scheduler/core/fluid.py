@@ -1,0 +1,155 @@
+"""The fluid forecast: a large fleet seen as one pipe, for deadline questions the exact simulation
+would answer too slowly.
+
+The exact forecast (core/forecast.py) simulates every start and end on every worker. Asked about a
+group behind thousands of queued slices on dozens of workers, that is thousands of events -- and a
+burst of deadline groups asks once per group, so the burst costs the square of its length. Here the
+fleet is a pipe of known throughput instead:
+
+- at full occupancy worker w runs rows_w candidate rows per step of forward_s(w, rows_w) seconds, so
+  the fleet runs R = sum_w rows_w / forward_s(w, rows_w) row-steps per second;
+- what the workers run now drains by when each is predicted to be free (each assignment's prediction,
+  kept since it was sent), weighted by each worker's share of R;
+- the queued slices ahead of a group drain at R (rows x steps each), plus each slice's fixed cost
+  (conditioning, postprocess) spread over the workers; they are counted per bucket of the indexed
+  queue (core/pending.py), a binary search each, never one by one;
+- the group starts once that has drained, then runs its own steps at a full forward.
+
+So a group's predicted finish costs O(workers + buckets), whatever the queue holds. The pipe is the law
+of large numbers' view of the planner: close when many workers share the queue, pessimistic by up to
+one group's own run (it waits for everything ahead to finish, not just to start), and optimistic when
+batches run half empty. core/deadlines.py uses it once the exact simulation would have to place more
+than `EXACT_LIMIT` slices; below that, the exact one answers.
+"""
+
+from __future__ import annotations
+
+import math
+
+from candidate_scheduler.core.planning import Unit
+from candidate_scheduler.core.snapshot import GroupView, PlanningSnapshot
+
+EXACT_LIMIT = 128  # queued slices ahead plus the fleet's rows, beyond which the pipe answers
+
+
+def exact_enough(snap: PlanningSnapshot, order: tuple) -> bool:
+    """Whether the exact simulation is cheap enough for a group at `order` (see the module docstring)."""
+    budget = EXACT_LIMIT - sum(w.rows for w in snap.workers)
+    return budget > 0 and sum(n for _bucket, n in snap.queue.ahead(order)) <= budget
+
+
+class Pipe:
+    """The fleet as one pipe, for one snapshot."""
+
+    def __init__(self, snap: PlanningSnapshot):
+        self.snap = snap
+        self.cost = snap.planned_cost
+        self._rates: dict[str, float] = {}
+
+    def rate(self, label: str) -> float:
+        """Row-steps per second of the whole fleet at full occupancy, for forwards of `label`."""
+        if label not in self._rates:
+            total = 0.0
+            for w in self.snap.workers:
+                step = self.cost.forward_s(w.worker_id, label, w.rows)
+                total += w.rows / step if step > 0 else math.inf
+            self._rates[label] = total
+        return self._rates[label]
+
+    def work_s(self, units) -> float:
+        """Seconds of the pipe's time that these slices take (their rows x steps, and their fixed cost)."""
+        n = len(self.snap.workers)
+        return sum(u.cost_rows * u.steps / self.rate(u.label)
+                   + self.cost.overhead_s(self.snap.workers[0].worker_id, u.label) / n for u in units)
+
+    def busy_s(self, label: str) -> float:
+        """Until what runs now has drained: each worker's predicted remaining time, weighted by its share
+        of the pipe."""
+        now, total = self.snap.now, 0.0
+        for w in self.snap.workers:
+            if w.running:
+                step = self.cost.forward_s(w.worker_id, label, w.rows)
+                total += (w.rows / step if step > 0 else 0.0) * max(0.0, w.busy_until - now) * self.cost.factor
+        rate = self.rate(label)
+        return total / rate if 0 < rate < math.inf else 0.0
+
+    def ahead_s(self, order: tuple) -> float:
+        """Seconds of the pipe's time that the queued slices ahead of `order` take, as they stand."""
+        n = len(self.snap.workers)
+        total = 0.0
+        for bucket, count in self.snap.queue.ahead(order):
+            per = bucket.cost_rows * bucket.steps / self.rate(bucket.label) \
+                + self.cost.overhead_s(self.snap.workers[0].worker_id, bucket.label) / n
+            total += count * per
+        return total
+
+    def run_s(self, unit: Unit, busy: bool) -> float:
+        """One slice's own time on the best worker: its fixed cost and its steps, at a full forward when the
+        fleet is busy (it shares its forwards), at its own rows when it is not."""
+        best = math.inf
+        for w in self.snap.workers:
+            if w.rows < unit.size:
+                continue
+            rows = w.rows if busy else unit.cost_rows
+            best = min(best, self.cost.overhead_s(w.worker_id, unit.label)
+                       + unit.steps * self.cost.forward_s(w.worker_id, unit.label, rows))
+        return best
+
+    def finish(self, units: list[Unit], ahead_s: float) -> float:
+        """When a group of these slices ends, with `ahead_s` of the pipe's time before its first starts."""
+        if not units:
+            return self.snap.now
+        last = max(units, key=lambda u: u.cost_rows)
+        waiting = self.busy_s(last.label) + ahead_s + self.work_s([u for u in units if u is not last])
+        return self.snap.now + waiting + self.run_s(last, waiting > 0)
+
+
+def refusal_finish(snap: PlanningSnapshot, view: GroupView) -> float:
+    """The pipe's finish of a new group at its minimum count, every startable elastic group ahead of it
+    at its minimum too (core/deadlines.refuse_at_receipt's question)."""
+    pipe = Pipe(snap)
+    ahead = pipe.ahead_s(view.order) - _elastic_excess(snap, pipe, view.order)
+    return pipe.finish(view.units(view.min_count, snap.slice_capacity), ahead)
+
+
+def _elastic_excess(snap: PlanningSnapshot, pipe: Pipe, before: tuple, after: tuple | None = None) -> float:
+    """The pipe time the startable elastic groups queued in (after, before) would give back at their
+    minimum counts."""
+    excess = 0.0
+    for rid in snap.elastic:
+        g = snap.group(rid)
+        if g is None or not g.elastic or not g.order < before or (after is not None and not after < g.order):
+            continue
+        excess += pipe.work_s(snap.queue.units_of(rid)) - pipe.work_s(g.units(g.min_count, snap.slice_capacity))
+    return max(0.0, excess)
+
+
+def count_for(snap: PlanningSnapshot, view: GroupView, watched: list[GroupView]) -> int:
+    """The largest count in [min_count, served_count] at which the group and the `watched` deadline groups
+    queued behind it (at their minimum counts) all finish in time through the pipe; min_count if none."""
+    pipe = Pipe(snap)
+    capacity = snap.slice_capacity
+    base = pipe.ahead_s(view.order)
+    current = pipe.work_s(snap.queue.units_of(view.request_id))
+
+    def feasible(n: int) -> bool:
+        mine = view.units(n, capacity)
+        if pipe.finish(mine, base) > view.deadline:
+            return False
+        delta = pipe.work_s(mine) - current  # what serving n instead of its count now adds ahead of the others
+        for g in watched:
+            ahead = pipe.ahead_s(g.order) + delta - _elastic_excess(snap, pipe, g.order, view.order)
+            if pipe.finish(g.units(g.min_count, capacity), ahead) > g.deadline:
+                return False
+        return True
+
+    lo, hi = view.min_count, view.served_count
+    if feasible(hi):
+        return hi
+    while lo < hi - 1:  # invariant: hi is infeasible; lo is the fallback (feasible, or the floor)
+        mid = (lo + hi) // 2
+        if feasible(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
