@@ -52,6 +52,10 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
                    help="step: groups join and leave a worker's running batch at denoise-step boundaries; "
                         "dispatch: a worker runs one batch from its first step to its last")
     p.add_argument("--max-queued-groups", type=int, default=1024, help="groups in flight before answering 'overloaded'")
+    p.add_argument("--prefetch", type=int, default=1, choices=range(0, 5), metavar="{0..4}",
+                   help="batches' worth of work a busy worker may hold beyond what it runs (its next dispatch "
+                        "batch; rows beyond its capacity under step batching): it starts at the worker's first "
+                        "step boundary with room instead of a round trip later; 0: send only what can start")
     p.add_argument("--retry-limit", type=int, default=3, help="attempts per slice before the group fails")
     p.add_argument("--heartbeat-interval", type=float, default=0.5, help="seconds between worker heartbeats")
     p.add_argument("--heartbeat-timeout", type=float, default=3.0, help="seconds without a heartbeat before a worker is dead")

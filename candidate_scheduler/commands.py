@@ -35,7 +35,7 @@ def _config(args) -> server.SchedulerConfig:
                             max_queued_groups=args.max_queued_groups, retry_limit=args.retry_limit,
                             best_effort_s=args.best_effort_slack, heartbeat_interval_s=args.heartbeat_interval,
                             heartbeat_timeout_s=args.heartbeat_timeout,
-                            margin_quantile=args.deadline_margin_quantile),
+                            margin_quantile=args.deadline_margin_quantile, prefetch=args.prefetch),
     )
 
 

@@ -33,7 +33,9 @@ def _submission(rid: str, image: np.ndarray, sampling: dict, min_count: int, dea
 
 def engine_with_worker(step_s: dict[int, float], sampling: dict, **config) -> Engine:
     """A step-batching engine with one registered 8-row worker "w1" whose warm-up profile is `step_s`
-    ({rows: seconds of one denoise step})."""
+    ({rows: seconds of one denoise step}). No prefetch unless asked: the simulated workers of
+    deadline_sim.py run whatever they are sent at once, as a worker does that is sent only what fits."""
+    config.setdefault("prefetch", 0)
     engine = Engine(EngineConfig(batching="step", max_queued_groups=100_000, **config))
     label = SamplingSpec(**sampling).forward_label()
     capability = ModelCapability("cosmos3", reducers=("mean",), max_candidates_per_batch=8,

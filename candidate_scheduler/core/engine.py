@@ -75,10 +75,16 @@ class EngineConfig:
     finished_memory: int = 10_000  # finished groups remembered for STATUS
     best_effort_s: float = 30.0  # a group without a deadline is ordered as if due this long after receipt
     margin_quantile: float = 0.9  # of the measured prediction error that deadline forecasts plan for
+    # Batches' worth of work a worker may hold beyond what it runs: its next batch (dispatch) or rows
+    # beyond its capacity (step) wait on the worker and start at the first step boundary with room, not
+    # a round trip later. 0: a worker gets work only when it can start it.
+    prefetch: int = 1
 
     def __post_init__(self) -> None:
         self.policy = AdmissionPolicy(self.policy)
         check_margin_quantile(self.margin_quantile)
+        if not isinstance(self.prefetch, int) or not 0 <= self.prefetch <= 4:
+            raise ValueError(f"prefetch must be an int in [0, 4], got {self.prefetch!r}")
         if self.batching not in BATCHING_MODES:
             raise ValueError(f"batching must be one of {BATCHING_MODES}, got {self.batching!r}")
 
@@ -308,7 +314,7 @@ class Engine:
         return PlanningSnapshot(now, self.config.batching, self.config.best_effort_s,
                                 tuple(self._worker_view(w) for w in self.workers.values()), self.cost,
                                 self.cost.margin(), self._calibrated(), self.pending, self._group_view,
-                                self.elastic)
+                                self.elastic, self.config.prefetch)
 
     def forget_cost(self, worker_id: str) -> None:
         self._known_cost.discard(worker_id)
@@ -360,10 +366,11 @@ class Engine:
                     return
 
     def _can_place(self) -> bool:
+        prefetch = self.config.prefetch
         if self.config.batching == "dispatch":
-            return any(w.idle for w in self.workers.values())
+            return any(len(w.assignments) <= prefetch for w in self.workers.values())
         self._capability()  # brings every worker's rows up to date
-        return any(w.rows > w.rows_in_use for w in self.workers.values())
+        return any(w.rows * (1 + prefetch) > w.rows_in_use for w in self.workers.values())
 
     def _fit_slices(self) -> None:
         """Halve pending slices no live worker can hold (the largest shrank after running out of memory,
@@ -403,7 +410,8 @@ class Engine:
         worker = self.workers[p.worker_id]
         batch_id = self._next_batch
         self._next_batch += 1
-        join = not worker.idle
+        # a dispatch batch sent to a busy worker (prefetch) is a BATCH: it runs after the current one
+        join = self.config.batching == "step" and not worker.idle
         shared = join or len({u.request_id for u in p.units}) > 1
         slices = []
         for u in p.units:
@@ -441,7 +449,8 @@ class Engine:
         if w.view is None or w.view.rows != rows:
             w.view = WorkerView(w.worker_id, rows, w.conditions_aside, tuple(
                 RunningWork(a.batch_id, tuple((e.request_id, e.slice_index) for e in a.entries), a.rows, a.cost_rows,
-                            a.steps, a.label, a.forward_key, a.sent_at, a.predicted_s) for a in w.assignments.values()))
+                            a.steps, a.label, a.forward_key, a.sent_at, a.predicted_s) for a in w.assignments.values()),
+                self.config.prefetch)
         return w.view
 
     def _group_view(self, rid: str) -> GroupView | None:

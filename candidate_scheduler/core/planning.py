@@ -6,8 +6,9 @@ one; slices ascending). Admission sized every slice to fit the smallest live wor
 split here. A planning pass never changes the queue: it returns placements, and walks the queue only
 as far as it can place (each rule below says when it stops).
 
-Dispatch-level batching (`plan_dispatch`): only idle workers get work. Each idle worker, largest first,
-gets one physical batch: the earliest unit it can hold (the head of line always goes into the next
+Dispatch-level batching (`plan_dispatch`): only idle workers get work -- or, with prefetch, a worker
+running one batch gets the next, which it starts when the current one ends; truly idle workers come
+first. Each of them, largest first, gets one physical batch: the earliest unit it can hold (the head of line always goes into the next
 batch), then, first-fit in queue order, later units of the same batch key that still fit
 (core/microbatch.py states the rule and its consequences). The batch runs from its first step to its
 last before that worker gets more. A pass stops when no idle worker is left.
@@ -18,7 +19,10 @@ worker's running batch at its next step boundary. The rule:
 1. Units are placed in queue order. A unit may go to a worker with enough free rows whose running rows
    have the same forward key (shape, CFG on/off), or to an idle worker.
 2. Among those, the worker with the fewest free rows that still fit wins (best fit: rows are packed
-   into shared forwards, and whole workers stay free for large groups).
+   into shared forwards, and whole workers stay free for large groups). A worker may also hold `spare`
+   rows beyond its capacity (prefetch): work placed there waits on the worker and joins at the first
+   step boundary with room, instead of a network round trip later; a unit goes there only when no
+   worker has free rows for it now.
 3. A unit that no worker can take now is *blocked*. It reserves one worker that could ever hold it
    (capacity >= its size), the one with the most free rows. A reserved worker takes no later unit, so
    it drains until the blocked unit fits. Reservations are derived from the queue afresh every time
@@ -74,15 +78,28 @@ class Unit:
 
 @dataclass
 class WorkerSlot:
-    """What planning needs to know of a worker; `free_rows` and `forward_key` change as it plans."""
+    """What planning needs to know of a worker; `free_rows`, `spare` and `forward_key` change as it plans."""
 
     worker_id: str
     capacity: int
     free_rows: int
     forward_key: tuple | None  # of its running rows; None when idle
+    spare: int = 0  # rows it may hold beyond its capacity, waiting there for rows to free (prefetch)
 
     def accepts(self, unit: Unit) -> bool:
-        return self.free_rows >= unit.size and self.forward_key in (None, unit.forward_key)
+        return self.free_rows + self.spare >= unit.size and self.forward_key in (None, unit.forward_key)
+
+    def fit(self, unit: Unit) -> tuple:
+        """Best fit first: a unit that runs now (in free rows) before one that would wait there (spare
+        rows); then the fewest rows left; then a running batch before an idle worker."""
+        now = unit.size <= self.free_rows
+        return (not now, self.free_rows if now else self.free_rows + self.spare, self.forward_key is None)
+
+    def take(self, unit: Unit) -> None:
+        from_free = min(unit.size, self.free_rows)
+        self.free_rows -= from_free
+        self.spare -= unit.size - from_free
+        self.forward_key = unit.forward_key
 
 
 def dispatch_class(unit: Unit):
@@ -101,7 +118,8 @@ def plan_dispatch(queue: PendingIndex, idle: list[WorkerSlot],
     in queue order. `on_unit(request_id)` is told of each unit as it is considered."""
     plans: list[tuple[str, tuple[Unit, ...]]] = []
     walk = queue.walk()
-    for worker in sorted(idle, key=lambda w: -w.capacity):
+    # idle workers first (a busy one that may hold its next batch runs it only after the current one)
+    for worker in sorted(idle, key=lambda w: (w.forward_key is not None, -w.capacity)):
         capacity = worker.capacity
         found = walk.first(lambda b, cap=capacity: b.size <= cap)
         if found is None:
@@ -134,7 +152,7 @@ def plan_step(queue: PendingIndex, workers: list[WorkerSlot],
     reserved: dict[str, Unit] = {}  # worker id -> the blocked unit it is kept for
     verdicts: dict[tuple, bool] = {}  # (worker, head rows, bucket) -> may backfill: fixed for the pass
     walk = queue.walk()
-    free = sum(w.free_rows for w in workers)
+    free = sum(w.free_rows + w.spare for w in workers)
 
     def may_backfill(w: WorkerSlot, bucket, unit: Unit) -> bool:
         head = reserved[w.worker_id]
@@ -150,9 +168,8 @@ def plan_step(queue: PendingIndex, workers: list[WorkerSlot],
         open_ = [w for w in workers if w.accepts(unit) and (
             w.worker_id not in reserved or (backfill is not None and may_backfill(w, bucket, unit)))]
         if open_:
-            best = min(open_, key=lambda w: (w.free_rows, w.forward_key is None))
-            best.free_rows -= unit.size
-            best.forward_key = unit.forward_key
+            best = min(open_, key=lambda w: w.fit(unit))
+            best.take(unit)
             free -= unit.size
             placements.append((best.worker_id, unit))
             walk.take(bucket)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from candidate_scheduler.core import deadlines
-from candidate_scheduler.core.forecast import SimItem, duration
+from candidate_scheduler.core.forecast import SimItem, SimWorker, duration
 from candidate_scheduler.core.planning import Unit, plan_dispatch, plan_step
 from candidate_scheduler.core.snapshot import PlanningSnapshot
 
@@ -85,9 +85,9 @@ def plan(snap: PlanningSnapshot, *, elastic: bool = True, trace: Trace | None = 
 
 def _place(snap: PlanningSnapshot, trace: Trace) -> list[tuple[str, tuple[Unit, ...]]]:
     if snap.batching == "dispatch":
-        idle = [w.slot() for w in snap.workers if not w.running]
+        idle = [w.batch_slot() for w in snap.workers if w.takes_a_batch]
         return plan_dispatch(snap.queue, idle, trace.at) if idle else []
-    slots = [s for s in (w.slot() for w in snap.workers) if s.free_rows > 0]
+    slots = [s for s in (w.slot() for w in snap.workers) if s.free_rows + s.spare > 0]
     if not slots:
         return []  # the common case under load: every row busy, nothing to plan
     return [(wid, (u,)) for wid, u in plan_step(snap.queue, slots, deadlines.backfiller(snap), trace.at)]
@@ -125,36 +125,56 @@ def _assignments(snap: PlanningSnapshot, placed, trace: Trace) -> tuple[Placemen
         view = snap.worker(wid)
         sim = snap.sim_workers(only=wid)[0] if snap.calibrated else None
         busy = bool(view.running)
-        for units in _together(snap, wid, groups):
+        free = view.free_rows if snap.batching == "step" else (0 if busy else view.rows)
+        for units in _together(snap, view, groups):
             trace.at(units[0].request_id)
+            rows = sum(u.size for u in units)
             predicted = 0.0
-            if sim is not None:
+            if sim is not None and rows <= free:
                 predicted = duration(snap.cost, sim, list(units))
                 # what follows in this pass shares its forwards with these rows
-                sim.items.append(SimItem(tuple((u.request_id, u.slice_index) for u in units), sum(u.size for u in units),
+                sim.items.append(SimItem(tuple((u.request_id, u.slice_index) for u in units), rows,
                                          sum(u.cost_rows for u in units), float(max(u.steps for u in units)),
                                          units[0].label, units[0].forward_key))
-            out.append(Placement(wid, units, busy, predicted))
+            elif sim is not None:  # it waits on the worker until what it holds now is done, then runs
+                predicted = max(0.0, view.busy_until - snap.now) + duration(snap.cost, SimWorker(wid, view.rows),
+                                                                            list(units))
+            free -= rows
+            out.append(Placement(wid, units, busy and snap.batching == "step", predicted))
             busy = True
     trace.at(None)
     return tuple(out)
 
 
-def _together(snap: PlanningSnapshot, worker_id: str, groups: list[tuple[Unit, ...]]) -> list[tuple[Unit, ...]]:
-    """The assignments of one worker's placements (see the module docstring)."""
+def _together(snap: PlanningSnapshot, view, groups: list[tuple[Unit, ...]]) -> list[tuple[Unit, ...]]:
+    """The assignments of one worker's placements (see the module docstring): never more rows than it
+    runs at once, and what starts now apart from what waits on the worker for rows (prefetch)."""
     if snap.batching == "dispatch" or len(groups) == 1:
         return groups
-    lockstep: dict[tuple, list[Unit]] = {}
+    free = view.free_rows
+    now: list[Unit] = []
+    later: list[Unit] = []
     for units in groups:
         for u in units:
-            lockstep.setdefault(u.batch_key, []).append(u)
+            (now if u.size <= free else later).append(u)
+            free -= u.size if u.size <= free else 0
     out: list[tuple[Unit, ...]] = []
-    for units in lockstep.values():
-        label = units[0].label
-        conditioning = len(units) * snap.cost.overhead_s(worker_id, label)
-        step = snap.cost.forward_s(worker_id, label, sum(u.cost_rows for u in units))
-        if conditioning <= step:
-            out.append(tuple(units))
-        else:
-            out.extend((u,) for u in units)
+    for part in (now, later):
+        lockstep: dict[tuple, list[Unit]] = {}
+        for u in part:
+            lockstep.setdefault(u.batch_key, []).append(u)
+        for units in lockstep.values():
+            label = units[0].label
+            conditioning = len(units) * snap.cost.overhead_s(view.worker_id, label)
+            step = snap.cost.forward_s(view.worker_id, label, sum(u.cost_rows for u in units))
+            if conditioning > step:
+                out.extend((u,) for u in units)
+                continue
+            chunk: list[Unit] = []
+            for u in units:
+                if chunk and sum(c.size for c in chunk) + u.size > view.rows:
+                    out.append(tuple(chunk))
+                    chunk = []
+                chunk.append(u)
+            out.append(tuple(chunk))
     return out

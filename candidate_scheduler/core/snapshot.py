@@ -39,20 +39,35 @@ class RunningWork:
 @dataclass(frozen=True)
 class WorkerView:
     worker_id: str
-    rows: int  # the rows it may hold: its capacity, capped by its predicted peak memory
+    rows: int  # the rows it may run at once: its capacity, capped by its predicted peak memory
     conditions_aside: bool
-    running: tuple[RunningWork, ...]
-    free_rows: int = field(init=False)
+    running: tuple[RunningWork, ...]  # in the order they were sent (the worker admits them so)
+    prefetch: int = 0  # batches' worth it may hold beyond what it runs (they wait on the worker)
+    free_rows: int = field(init=False)  # rows free to run now
+    spare: int = field(init=False)  # rows it may still be sent to hold, beyond free_rows
     forward_key: tuple | None = field(init=False)  # of its running rows; None when idle
-    busy_until: float = field(init=False)  # when what it runs now is predicted to be done
+    busy_until: float = field(init=False)  # when what it holds now is predicted to be done
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "free_rows", self.rows - sum(a.rows for a in self.running))
+        used = sum(a.rows for a in self.running)
+        free = max(0, self.rows - used)
+        object.__setattr__(self, "free_rows", free)
+        object.__setattr__(self, "spare", max(0, self.rows * (1 + self.prefetch) - used - free))
         object.__setattr__(self, "forward_key", self.running[0].forward_key if self.running else None)
         object.__setattr__(self, "busy_until", max((a.sent_at + a.predicted_s for a in self.running), default=0.0))
 
     def slot(self) -> WorkerSlot:
-        return WorkerSlot(self.worker_id, self.rows, self.free_rows, self.forward_key)
+        """For step batching: its free rows, and the spare rows it may hold for later."""
+        return WorkerSlot(self.worker_id, self.rows, self.free_rows, self.forward_key, self.spare)
+
+    @property
+    def takes_a_batch(self) -> bool:
+        """For dispatch batching: idle, or running no more batches than it may hold besides."""
+        return len(self.running) <= self.prefetch
+
+    def batch_slot(self) -> WorkerSlot:
+        """For dispatch batching: a whole batch, run after what it runs now (forward_key: None when idle)."""
+        return WorkerSlot(self.worker_id, self.rows, self.rows, self.forward_key)
 
 
 @dataclass(frozen=True)
@@ -95,6 +110,7 @@ class PlanningSnapshot:
     queue: PendingIndex
     group: Callable[[str], GroupView | None]
     elastic: AbstractSet[str] = frozenset()  # queued groups whose count may still shrink (read through)
+    prefetch: int = 0  # batches' worth a worker may hold beyond what it runs
 
     @property
     def planned_cost(self) -> Scaled:
@@ -116,8 +132,14 @@ class PlanningSnapshot:
             if only is not None and w.worker_id != only:
                 continue
             sim = SimWorker(w.worker_id, w.rows, conditions_aside=w.conditions_aside)
-            total_rows = sum(a.cost_rows for a in w.running)
+            # what runs: the assignments that fit its rows, in the order sent; the rest waits on the worker
+            rows, running, held = 0, [], []
             for a in w.running:
+                (running if rows + a.rows <= w.rows or not running else held).append(a)
+                rows += a.rows
+            total_rows = sum(a.cost_rows for a in running)
+            wait = 0.0
+            for a in running:
                 tau = self.cost.forward_s(w.worker_id, a.label, total_rows)
                 fixed = self.cost.overhead_s(w.worker_id, a.label) * len(a.keys)
                 done = (self.now - a.sent_at - fixed) / tau if tau > 0 else 0.0
@@ -126,5 +148,8 @@ class PlanningSnapshot:
                 delay = max(0.0, fixed - (self.now - a.sent_at)) if w.conditions_aside else 0.0
                 sim.preparing = max(sim.preparing, delay)
                 sim.items.append(SimItem(a.keys, a.rows, a.cost_rows, left, a.label, a.forward_key, delay))
+                wait = max(wait, delay + left * tau)
+            for a in held:  # it starts once what runs before it is done (the longest of it, to be safe)
+                sim.items.append(SimItem(a.keys, a.rows, a.cost_rows, float(a.steps), a.label, a.forward_key, wait))
             sims.append(sim)
         return sims

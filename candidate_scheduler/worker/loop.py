@@ -3,7 +3,8 @@
 Two threads, so heartbeats and cancels keep flowing while the model computes:
 
 - the I/O thread owns the ZMQ DEALER: it registers, sends heartbeats (listing every assignment it holds
-  and the forwards run since the last one), receives BATCH and JOIN (handed to the compute thread) and
+  and the forwards run since the last one), receives BATCH and JOIN (decoded there and handed to the
+  compute thread, which admits them as its rows allow: running.py) and
   CANCEL_ROWS (recorded in a lock-guarded map the compute thread reads at each step boundary), and
   forwards results that the compute thread pushes through an inproc PAIR (so a result leaves at once,
   not at the next poll tick);
@@ -33,7 +34,7 @@ import zmq
 
 from candidate_scheduler import convert, protocol
 from candidate_scheduler.worker.preparing import Prepared, Preparer, supports_concurrent_start
-from candidate_scheduler.worker.running import RunningBatch
+from candidate_scheduler.worker.running import Arrival, RunningBatch, arrival_from_wire
 from candidate_scheduler.worker.stepping import StepAdapter
 
 log = logging.getLogger("candidate_scheduler.worker")
@@ -95,7 +96,7 @@ class Worker:
         out = self.ctx.socket(zmq.PAIR)
         out.connect(self._wake_addr)
         preparer = Preparer(self.adapter.start, self._inbox.put) if self.conditioning == "thread" else None
-        batch = RunningBatch(self.adapter, self.step_delay_s, preparer)
+        batch = RunningBatch(self.adapter, self.capacity, self.step_delay_s, preparer)
         try:
             while not self._stop.is_set():
                 # nothing to run or answer: wait for an assignment, or a group the preparer is starting
@@ -153,9 +154,8 @@ class Worker:
                 return False
             if isinstance(item, Prepared):
                 batch.prepared(item)
-            else:
-                msg, received_at = item
-                batch.admit(msg, received_at)
+            elif isinstance(item, Arrival):
+                batch.arrive(item)
             # an assignment joins only once all its groups are ready: until then there may be nothing to do
             block = batch.waiting
 
@@ -248,8 +248,10 @@ class Worker:
             self.registered.set()
             log.info("registered with %s as %s", self.endpoint, self.worker_id)
         elif kind in (protocol.Kind.BATCH, protocol.Kind.JOIN):
+            received_at = time.perf_counter()
             self._held.append(msg.batch_id)
-            self._inbox.put((msg, time.perf_counter()))
+            # decoded here, on the IO thread: the compute thread only steps
+            self._inbox.put(arrival_from_wire(msg, kind, received_at))
         elif kind is protocol.Kind.CANCEL_ROWS:
             if msg.batch_id in self._held:  # a cancel that crossed the answer would be kept forever
                 with self._lock:

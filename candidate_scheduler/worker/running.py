@@ -1,25 +1,38 @@
 """A worker's running batch: the assignments it holds, advanced one denoise step at a time.
 
 The compute thread owns one `RunningBatch`. Each assignment (one BATCH or JOIN from the scheduler)
-brings groups; they join at the next step boundary (`admit`), every step advances all running groups
-together (`step`: the adapter shares forwards between the groups that can share them), a group that is
-done leaves at once, and an assignment whose groups all have an output is handed back (`take_done`) to
-be answered with one BATCH_RESULT. Cancelled groups leave at the next boundary (`drop`).
+brings groups, decoded on the IO thread (`arrival`); each group is a *slot* with one explicit state and
+one transition method (`Slot.to`, checked against `ALLOWED`, as core/group_state.py does for groups):
 
-With a `Preparer` (preparing.py) the starts of an assignment that arrives while groups are running run
-on the conditioning thread instead, and the running groups keep stepping; each started group comes back
-through `prepared`. An assignment's groups join together, at the first boundary after the last of them
-is ready, so the groups of one BATCH (and the slices of one JOIN) stay in lockstep and can share solver
-steps. With nothing running there is nothing to overlap, and the compute thread starts the groups itself:
-a compute thread that waited idle for the conditioning thread ran its first step 5-10 ms slower at
-64x64 on these CPUs (bench/README.md, "Conditioning off the step loop").
+    QUEUED -> PREPARING -> READY -> RUNNING -> DONE        (CANCELLED from any live state;
+          \\_________________/^                              UNREADABLE: it never decoded)
+
+Admission follows arrival order and the worker's rows. An assignment is admitted when its rows fit
+beside the rows admitted before it, and a BATCH only once nothing runs (a dispatch batch runs from its
+first step to its last on its own); nothing overtakes an assignment that waits. So the scheduler may
+send a worker its next assignment before the current one ends -- it waits here, not on the network, and
+starts at the first step boundary with room, never a round trip later.
+
+Admitted groups are started (conditioning, noise, their own solvers) on the compute thread when
+nothing runs, and on the conditioning thread (`Preparer`, preparing.py) when others run, so those keep
+stepping: a compute thread that waited idle for the conditioning thread ran its first step 5-10 ms
+slower at 64x64 on these CPUs (bench/README.md, "Conditioning off the step loop"). An assignment's groups
+join together, at the first boundary after the last of them is ready, and assignments join in arrival
+order: the groups of one BATCH (and the slices of one JOIN) stay in lockstep and can share solver steps.
+Every step advances all running groups (`step`: the adapter shares forwards between the groups that can
+share them); a group that is done leaves at once and frees its rows, and an assignment whose groups all
+have an output is handed back (`take_done`) to be answered with one BATCH_RESULT. Cancelled groups
+leave at the next boundary (`drop`).
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 from candidate_scheduler import convert, protocol
 from candidate_scheduler.core.work import BatchReport, GroupOutput, GroupWork
@@ -29,23 +42,116 @@ from candidate_scheduler.worker.preparing import Prepared, Preparer
 log = logging.getLogger("candidate_scheduler.worker")
 
 
+class SlotState(enum.IntEnum):
+    QUEUED = 0  # decoded; its assignment waits for rows
+    PREPARING = 1  # being started on the conditioning thread
+    READY = 2  # started; waits for the rest of its assignment (and the assignments before it) to join
+    RUNNING = 3  # in the running batch
+    # Terminal region: it has its output.
+    DONE = 4  # finished, or failed to start, step or finish (the output says which)
+    CANCELLED = 5
+    UNREADABLE = 6  # the group could not be decoded
+
+
+_LIVE = (SlotState.QUEUED, SlotState.PREPARING, SlotState.READY, SlotState.RUNNING)
+ALLOWED = {
+    SlotState.QUEUED: {SlotState.PREPARING, SlotState.READY, SlotState.DONE, SlotState.CANCELLED},
+    SlotState.PREPARING: {SlotState.READY, SlotState.DONE, SlotState.CANCELLED},
+    SlotState.READY: {SlotState.RUNNING, SlotState.CANCELLED},
+    SlotState.RUNNING: {SlotState.DONE, SlotState.CANCELLED},
+    SlotState.DONE: set(),
+    SlotState.CANCELLED: set(),
+    SlotState.UNREADABLE: set(),
+}
+
+
+class IllegalSlotTransition(RuntimeError):
+    """A slot state change `ALLOWED` does not have: a worker bug."""
+
+
+@dataclass
+class Slot:
+    index: int
+    request_id: str
+    item: GroupWork | None  # None: unreadable
+    state: SlotState
+    group: Any = None  # the adapter's running group once started (stepping.RunningGroup)
+    output: GroupOutput | None = None
+
+    @property
+    def rows(self) -> int:
+        """Candidate rows, as the scheduler counts a worker's capacity."""
+        return 0 if self.item is None else len(self.item.candidates)
+
+    @property
+    def finished(self) -> bool:
+        return self.state >= SlotState.DONE
+
+    def to(self, state: SlotState, *, group: Any = None, output: GroupOutput | None = None) -> None:
+        if state not in ALLOWED[self.state]:
+            raise IllegalSlotTransition(f"group {self.request_id!r}: {self.state.name} -> {state.name}")
+        self.state = state
+        if group is not None:
+            self.group = group
+        if output is not None:
+            self.output = output
+        if state >= SlotState.DONE:
+            self.group = None
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """An assignment as the IO thread decoded it: each group's work, or why it could not be read."""
+
+    batch_id: int
+    batch: bool  # True: a BATCH (runs on its own); False: a JOIN of the running batch
+    items: tuple[GroupWork | GroupOutput, ...]  # a GroupOutput: the group could not be decoded
+    received_at: float  # perf_counter() when the IO thread read it
+
+
+def arrival_from_wire(msg: protocol.BatchMsg, kind: protocol.Kind, received_at: float) -> Arrival:
+    """Decode an assignment (on the IO thread); a group that cannot be read is answered bad_request."""
+    items: list[GroupWork | GroupOutput] = []
+    for g in msg.groups:
+        try:
+            items.append(convert.work_from_wire(g))
+        except (ValueError, TypeError) as exc:  # ProtocolError is a ValueError
+            items.append(GroupOutput(g.request_id, "error", error=str(exc), error_code="bad_request"))
+    return Arrival(msg.batch_id, kind is protocol.Kind.BATCH, tuple(items), received_at)
+
+
 @dataclass
 class Assignment:
     batch_id: int
+    batch: bool
     received_at: float  # perf_counter() when the IO thread read it
-    items: list[GroupWork | None]  # None: the group could not be decoded (its output says why)
-    outputs: dict[int, GroupOutput] = field(default_factory=dict)
-    running: dict[int, stepping.RunningGroup] = field(default_factory=dict)
+    slots: list[Slot]
     report: BatchReport = field(default_factory=BatchReport)
+    admitted: bool = False
+    joined: bool = False
     first_step_at: float | None = None
-    preparing: set[int] = field(default_factory=set)  # given to the preparer, not back yet
-    prepared: dict[int, stepping.RunningGroup] = field(default_factory=dict)  # back, waiting for the rest
     steps_at_receipt: int = 0  # the running batch's step count when it arrived
-    steps_while_conditioned: int = 0  # steps the running batch took before this assignment joined
+    steps_while_conditioned: int = 0  # steps the running batch took between its arrival and its join
+
+    @property
+    def rows(self) -> int:
+        return sum(s.rows for s in self.slots if not s.finished)
 
     @property
     def complete(self) -> bool:
-        return len(self.outputs) == len(self.items)
+        return all(s.finished for s in self.slots)
+
+    @property
+    def items(self) -> list[GroupWork | None]:
+        return [s.item for s in self.slots]
+
+    @property
+    def outputs(self) -> dict[int, GroupOutput]:
+        return {s.index: s.output for s in self.slots if s.finished}
+
+    @property
+    def running(self) -> dict[int, Any]:
+        return {s.index: s.group for s in self.slots if s.state is SlotState.RUNNING}
 
     def wire_report(self) -> dict:
         wait = None if self.first_step_at is None else max(0.0, self.first_step_at - self.received_at)
@@ -54,104 +160,144 @@ class Assignment:
 
 
 class RunningBatch:
-    def __init__(self, adapter: stepping.StepAdapter, step_delay_s: float = 0.0, preparer: Preparer | None = None):
+    def __init__(self, adapter: stepping.StepAdapter, capacity: int | None = None, step_delay_s: float = 0.0,
+                 preparer: Preparer | None = None):
         self.adapter = adapter
+        self.capacity = capacity  # rows it admits at once; None: whatever the scheduler sends
         self.preparer = preparer
         # test/benchmark knob: every step takes this much longer, as a slower model's would (and is timed so)
         self.step_delay_s = step_delay_s
-        self.assignments: dict[int, Assignment] = {}
+        self.assignments: OrderedDict[int, Assignment] = OrderedDict()  # in arrival order
+        self.rows_admitted = 0  # rows of admitted groups that have no output yet
         self.steps_run = 0
 
-    @property
-    def idle(self) -> bool:
-        return not any(a.running for a in self.assignments.values())
+    # ---- arrivals and admission ------------------------------------------------------------------------
 
-    def admit(self, batch: protocol.BatchMsg, received_at: float) -> None:
-        """Start every group of a new assignment (conditioning, noise, its own solvers), here or on the
-        preparer's thread."""
-        a = Assignment(batch.batch_id, received_at, [], steps_at_receipt=self.steps_run)
+    def arrive(self, arrival: Arrival) -> None:
+        slots = []
+        for i, item in enumerate(arrival.items):
+            if isinstance(item, GroupOutput):
+                slots.append(Slot(i, item.request_id, None, SlotState.UNREADABLE, output=item))
+            else:
+                slots.append(Slot(i, item.request_id, item, SlotState.QUEUED))
+        self.assignments[arrival.batch_id] = Assignment(arrival.batch_id, arrival.batch, arrival.received_at, slots,
+                                                        steps_at_receipt=self.steps_run)
+        self._advance()
+
+    def admit(self, msg: protocol.BatchMsg, received_at: float, kind: protocol.Kind = protocol.Kind.JOIN) -> None:
+        """Decode and take an assignment here (tests; the worker decodes on its IO thread)."""
+        self.arrive(arrival_from_wire(msg, kind, received_at))
+
+    def _fits(self, a: Assignment) -> bool:
+        if a.batch and self.rows_admitted:
+            return False  # a BATCH runs on its own
+        # an assignment larger than the worker still runs alone: the scheduler sized it
+        return self.capacity is None or not self.rows_admitted or self.rows_admitted + a.rows <= self.capacity
+
+    def _advance(self) -> None:
+        """Admit what waits while it fits (arrival order: nothing overtakes), then join what is ready."""
+        for a in self.assignments.values():
+            if a.admitted:
+                continue
+            if not self._fits(a):
+                break
+            self._admit(a)
+        for a in self.assignments.values():
+            if not a.admitted:
+                break
+            if a.joined:
+                continue
+            if any(s.state in (SlotState.QUEUED, SlotState.PREPARING) for s in a.slots):
+                break  # assignments join in arrival order
+            for s in a.slots:
+                if s.state is SlotState.READY:
+                    s.to(SlotState.RUNNING)
+            a.joined = True
+            a.steps_while_conditioned = self.steps_run - a.steps_at_receipt
+
+    def _admit(self, a: Assignment) -> None:
+        a.admitted = True
+        self.rows_admitted += a.rows
         aside = self.preparer is not None and not self.idle
-        for i, g in enumerate(batch.groups):
-            try:
-                item = convert.work_from_wire(g)
-            except (ValueError, TypeError) as exc:  # ProtocolError is a ValueError
-                a.items.append(None)
-                a.outputs[i] = GroupOutput(g.request_id, "error", error=str(exc), error_code="bad_request")
+        for s in a.slots:
+            if s.state is not SlotState.QUEUED:
                 continue
-            a.items.append(item)
             if aside:
-                a.preparing.add(i)
+                s.to(SlotState.PREPARING)
+                self.preparer.submit(a.batch_id, s.index, s.item)
                 continue
             try:
-                a.running[i] = self.adapter.start(item)
+                s.to(SlotState.READY, group=self.adapter.start(s.item))
             except Exception as exc:  # noqa: BLE001 - one bad group never fails the others
-                self._failed_start(a, i, exc)
-        self.assignments[a.batch_id] = a
-        for i in sorted(a.preparing):
-            self.preparer.submit(a.batch_id, i, a.items[i])
+                self._failed(a, s, exc)
 
     def prepared(self, done: Prepared) -> None:
         """A group the preparer started (or failed to start); its assignment joins once all are back."""
         a = self.assignments.get(done.batch_id)
-        if a is None or done.index not in a.preparing:  # cancelled while it was being prepared
+        s = None if a is None else a.slots[done.index]
+        if s is None or s.state is not SlotState.PREPARING:  # cancelled while it was being prepared
             if done.group is not None:
                 self.adapter.release(done.group)
                 if a is not None:
                     self._account(a, done.group)
             return
-        a.preparing.discard(done.index)
         if done.error is not None:
-            self._failed_start(a, done.index, done.error)
+            self._failed(a, s, done.error)
         else:
-            a.prepared[done.index] = done.group
-        self._join_when_ready(a)
+            s.to(SlotState.READY, group=done.group)
+        self._advance()
+
+    def _failed(self, a: Assignment, s: Slot, exc: BaseException) -> None:
+        if not isinstance(exc, stepping.BadRequest):
+            log.error("group %s could not start", s.request_id, exc_info=exc)
+        self._finish(a, s, SlotState.DONE, stepping.error_output(s.request_id, exc))
+
+    def _finish(self, a: Assignment, s: Slot, state: SlotState, output: GroupOutput) -> None:
+        """Give a live slot its output; its rows are free from now on."""
+        if a.admitted:
+            self.rows_admitted -= s.rows
+        s.to(state, output=output)
+
+    # ---- queries -------------------------------------------------------------------------------------------
+
+    @property
+    def idle(self) -> bool:
+        return not any(s.state is SlotState.RUNNING for a in self.assignments.values() for s in a.slots)
 
     @property
     def waiting(self) -> bool:
         """Nothing to step and nothing to answer: only groups being prepared, or nothing at all."""
         return self.idle and not any(a.complete for a in self.assignments.values())
 
-    def _join_when_ready(self, a: Assignment) -> None:
-        if not a.preparing and a.prepared:
-            a.running.update(a.prepared)
-            a.prepared.clear()
-            a.steps_while_conditioned = self.steps_run - a.steps_at_receipt
-
-    @staticmethod
-    def _failed_start(a: Assignment, i: int, exc: BaseException) -> None:
-        item = a.items[i]
-        if not isinstance(exc, stepping.BadRequest):
-            log.error("group %s could not start", item.request_id, exc_info=exc)
-        a.outputs[i] = stepping.error_output(item.request_id, exc)
+    # ---- cancels, steps, answers -----------------------------------------------------------------------------
 
     def drop(self, cancelled: dict[int, set[str]]) -> None:
-        """Release the groups the scheduler cancelled (by assignment id)."""
+        """Let go of the groups the scheduler cancelled (by assignment id), wherever they are."""
         for batch_id, request_ids in cancelled.items():
             a = self.assignments.get(batch_id)
             if a is None:
                 continue
-            for groups in (a.running, a.prepared):
-                for i, g in list(groups.items()):
-                    if g.request_id in request_ids:
-                        self.adapter.release(groups.pop(i))
-                        a.outputs[i] = GroupOutput(g.request_id, "cancelled")
-                        self._account(a, g)  # the conditioning and steps it did ran on this worker all the same
-            for i in [i for i in a.preparing if a.items[i].request_id in request_ids]:
-                a.preparing.discard(i)  # the preparer's group is released when it comes back
-                a.outputs[i] = GroupOutput(a.items[i].request_id, "cancelled")
-            self._join_when_ready(a)
+            for s in a.slots:
+                if s.request_id not in request_ids or s.state not in _LIVE:
+                    continue
+                group = s.group
+                if group is not None:  # READY or RUNNING: the adapter holds it; a PREPARING one is released later
+                    self.adapter.release(group)
+                    self._account(a, group)  # the conditioning and steps it did ran on this worker all the same
+                self._finish(a, s, SlotState.CANCELLED, GroupOutput(s.request_id, "cancelled"))
+        self._advance()
 
     def step(self) -> tuple[int, int, float, str]:
         """One denoise step of every running group: (forwards, rows, seconds, forward label); the label
         is empty when groups of several labels shared the step (the cost model then skips it)."""
-        members = [(a, i, g) for a in self.assignments.values() for i, g in a.running.items()]
+        members = [(a, s) for a in self.assignments.values() for s in a.slots if s.state is SlotState.RUNNING]
         if not members:
             return 0, 0, 0.0, ""
-        labels = {a.items[i].sampling.forward_label() for a, i, _g in members}
+        labels = {s.item.sampling.forward_label() for _a, s in members}
         label = labels.pop() if len(labels) == 1 else ""
-        groups = [g for _a, _i, g in members]
+        groups = [s.group for _a, s in members]
         started = time.perf_counter()
-        for a, _i, _g in members:
+        for a, _s in members:
             if a.first_step_at is None:
                 a.first_step_at = started
         try:
@@ -160,23 +306,28 @@ class RunningBatch:
             forwards = self.adapter.step(groups)
         except Exception as exc:  # noqa: BLE001 - a failed forward fails the groups that shared it
             log.exception("a denoise step failed")
-            for a, i, g in members:
-                self.adapter.release(a.running.pop(i))
-                a.outputs[i] = stepping.error_output(g.request_id, exc)
-                self._account(a, g)
+            for a, s in members:
+                group = s.group
+                self.adapter.release(group)
+                self._account(a, group)
+                self._finish(a, s, SlotState.DONE, stepping.error_output(s.request_id, exc))
+            self._advance()
             return 0, 0, time.perf_counter() - started, ""
         elapsed = time.perf_counter() - started
         stepping.charge_step(groups, elapsed)
         self.steps_run += 1
-        for a, i, g in members:
-            if g.done:
-                a.running.pop(i)
-                try:
-                    a.outputs[i] = self.adapter.finish(g)
-                except Exception as exc:  # noqa: BLE001
-                    log.exception("group %s could not finish", g.request_id)
-                    a.outputs[i] = stepping.error_output(g.request_id, exc)
-                self._account(a, g)
+        for a, s in members:
+            group = s.group
+            if not group.done:
+                continue
+            try:
+                output = self.adapter.finish(group)
+            except Exception as exc:  # noqa: BLE001
+                log.exception("group %s could not finish", s.request_id)
+                output = stepping.error_output(s.request_id, exc)
+            self._account(a, group)
+            self._finish(a, s, SlotState.DONE, output)
+        self._advance()
         return forwards, sum(g.rows for g in groups), elapsed, label
 
     @staticmethod
@@ -192,4 +343,6 @@ class RunningBatch:
         done = [a for a in self.assignments.values() if a.complete]
         for a in done:
             del self.assignments[a.batch_id]
+        if done:
+            self._advance()
         return done

@@ -53,7 +53,8 @@ class Harness:
     """An engine, a clock, fake workers, and every message the engine sent."""
 
     def __init__(self, **config):
-        self.engine = Engine(EngineConfig(**config))
+        # the rules below are stated for work sent only when it can start: prefetch has tests of its own
+        self.engine = Engine(EngineConfig(**{"prefetch": 0, **config}))
         self.now = 100.0
         self.replies: dict[str, list] = {}
         self.work: list[SendWork] = []

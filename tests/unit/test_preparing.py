@@ -219,3 +219,83 @@ def test_a_worker_conditions_inline_for_an_adapter_that_does_not_allow_a_concurr
     assert mode(HeldAdapter(), conditioning="inline") == "inline"
     with pytest.raises(ValueError, match="conditioning must be one of"):
         mode(HeldAdapter(), conditioning="gpu")
+
+
+# ---- admission by rows and arrival order (running.py's slot states) -----------------------------------------
+
+
+def _capped(adapter, capacity: int, preparer=None) -> RunningBatch:
+    return RunningBatch(adapter, capacity, preparer=preparer)
+
+
+def test_a_join_beyond_the_workers_rows_waits_and_starts_at_the_first_step_with_room():
+    adapter = HeldAdapter()
+    batch = _capped(adapter, 2)
+    batch.admit(_assignment(1, "a", steps=2), 0.0)
+    batch.admit(_assignment(2, "b", steps=5), 0.0)  # two rows in use: the worker is full
+    batch.admit(_assignment(3, "c", steps=2), 0.0)  # sent ahead of time: it waits here, not on the network
+    assert _running(batch) == {"a": 0, "b": 0} and "c" not in adapter.started_on
+    batch.step()
+    batch.step()  # "a" is done: its row frees at this boundary and "c" joins at once
+    assert _running(batch) == {"b": 2, "c": 0}
+    assert [a.batch_id for a in batch.take_done()] == [1]
+
+
+def test_nothing_overtakes_an_assignment_that_waits_for_rows():
+    adapter = HeldAdapter()
+    batch = _capped(adapter, 3)
+    batch.admit(_assignment(1, "a", "b", steps=3), 0.0)
+    batch.admit(_assignment(2, "big1", "big2", steps=3), 0.0)  # 2 rows do not fit beside 2
+    batch.admit(_assignment(3, "small", steps=3), 0.0)  # 1 row would fit, but it came later
+    assert _running(batch) == {"a": 0, "b": 0}
+    for _ in range(3):
+        batch.step()
+    assert _running(batch) == {"big1": 0, "big2": 0, "small": 0}
+
+
+def test_a_batch_sent_to_a_busy_worker_runs_on_its_own_after_the_running_one():
+    adapter = HeldAdapter()
+    batch = _capped(adapter, 8)
+    batch.admit(_assignment(1, "first", steps=2), 0.0, protocol.Kind.BATCH)
+    batch.admit(_assignment(2, "next", steps=2), 0.0, protocol.Kind.BATCH)  # rows to spare, but a BATCH waits
+    batch.step()
+    assert _running(batch) == {"first": 1}
+    batch.step()
+    assert _running(batch) == {"next": 0}  # started at the boundary where the first one ended
+
+
+def test_a_waiting_assignment_that_is_cancelled_is_answered_without_ever_starting():
+    adapter = HeldAdapter()
+    batch = _capped(adapter, 1)
+    batch.admit(_assignment(1, "running", steps=4), 0.0)
+    batch.admit(_assignment(2, "waiting"), 0.0)
+    batch.drop({2: {"waiting"}})
+    [done] = batch.take_done()
+    assert done.batch_id == 2 and done.outputs[0].status == "cancelled" and "waiting" not in adapter.started_on
+
+
+def test_assignments_join_in_arrival_order(prepared_batch):
+    adapter, batch, back = prepared_batch
+    _with_a_running_group(adapter, batch, steps=1)
+    gate = adapter.hold("early")
+    batch.admit(_assignment(1, "early"), 0.0)  # conditioned aside (the long group runs), held there
+    batch.step()
+    batch.take_done()  # the long group is done: nothing runs now
+    batch.admit(_assignment(2, "late"), 0.0)  # started at once on the compute thread, ready before "early"
+    assert adapter.started_on["late"] == threading.current_thread().name
+    assert _running(batch) == {}  # but it does not overtake the assignment that came first
+    gate.set()
+    back()
+    assert _running(batch) == {"early": 0, "late": 0}  # together, in order
+
+
+def test_a_slot_moves_only_along_its_table():
+    from candidate_scheduler.worker.running import IllegalSlotTransition, Slot, SlotState
+
+    s = Slot(0, "g", None, SlotState.QUEUED)
+    s.to(SlotState.PREPARING)
+    with pytest.raises(IllegalSlotTransition):
+        s.to(SlotState.RUNNING)  # not before it is ready
+    s.to(SlotState.CANCELLED)
+    with pytest.raises(IllegalSlotTransition):
+        s.to(SlotState.READY)  # a cancelled group stays cancelled

@@ -1,0 +1,267 @@
+"""`candidate-scheduler bench --fleet`: the scheduler against K emulated GPU workers, over ZMQ.
+
+The scheduler (`serve`, metrics on, as deployed) and K null workers (`worker --adapter null
+--step-delay S --capacity 8`: a denoise step is a sleep of S seconds, a stand-in for a GPU whose step
+takes S whatever its rows) run as real processes; this process is the client, on one DEALER socket,
+with every request encoded before the clock starts. Per fleet size and batching mode:
+
+- `burst`: N one-candidate groups sent at once (an RL step's rollouts);
+- `burst_mixed`: N/2 groups of 1, 2, 4 and 8 candidates in turn;
+- `poisson`: one-candidate groups at Poisson times, at 70% of the fleet's ideal rate, for about 2 s;
+- `burst_deadline`: N one-candidate groups, each with a deadline of twice the burst's ideal drain
+  time (the deadline code runs for every group: refusal at receipt, the forecast at each send).
+
+Reported: groups/s answered `done`; utilisation = the time the workers would need if every batch were
+full (candidates x steps x step time / capacity / K) over the wall time from the first send to the
+last reply; p50/p99 of receipt to reply (measured by the scheduler) and of send to reply (by the
+client); and whether anything was starved of CPU on this machine's 2 cores -- each process's own CPU
+seconds over the wall time (the scheduler's, the workers' together, the client's) and the client's
+send rate. Every reply is checked: one per group, and every `done` action equal to the null model's
+answer for its seeds (parity), so a fast wrong scheduler cannot pass.
+
+The engine's own time per event against queue depth (in process, no IO) is `fleet_engine.py`; the
+report puts both together (fleet_report.py).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from candidate_scheduler.bench.common import PROMPT
+from candidate_scheduler.service.launcher import Launcher
+
+CAPACITY = 8  # rows per worker
+STEPS = 4  # denoise steps per group
+SIDE = 64  # observation side (pixels)
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class FleetSize:
+    workers: int
+    step_s: float
+    burst: int
+
+    @property
+    def ideal_groups_per_s(self) -> float:
+        """One-candidate groups per second with every batch full."""
+        return self.workers * CAPACITY / (STEPS * self.step_s)
+
+
+# K = 16 at 10 ms and K = 32 at 20 ms both have an ideal of 3,200 one-candidate groups/s (the targets).
+FULL = (FleetSize(1, 0.01, 500), FleetSize(4, 0.01, 2000), FleetSize(16, 0.01, 4000), FleetSize(32, 0.02, 8000))
+SMOKE = (FleetSize(1, 0.01, 60), FleetSize(4, 0.01, 120))
+MODES = ("dispatch", "step")
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    counts: tuple[int, ...]
+    groups: int
+    rate: float | None = None  # Poisson arrivals per second; None: all at once
+    deadline_s: float | None = None
+
+
+def workloads(size: FleetSize, smoke: bool) -> list[Workload]:
+    drain_s = size.burst / size.ideal_groups_per_s
+    out = [Workload("burst", (1,), size.burst), Workload("burst_mixed", (1, 2, 4, 8), size.burst // 2)]
+    rate = 0.7 * size.ideal_groups_per_s
+    out.append(Workload("poisson", (1,), max(20, int(rate * (0.5 if smoke else 2.0))), rate=rate))
+    out.append(Workload("burst_deadline", (1,), size.burst, deadline_s=max(1.0, 2 * drain_s)))
+    return out
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a live process (and its threads), from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of the whole machine since boot."""
+    with open("/proc/stat") as f:
+        values = [int(x) for x in f.readline().split()[1:]]
+    idle = values[3] + values[4]
+    return sum(values) - idle, sum(values)
+
+
+def _requests(workload: Workload, tag: str) -> tuple[list, list[int], np.ndarray]:
+    from candidate_scheduler import protocol
+    from candidate_scheduler.service.client import make_request, synthetic_image
+
+    image = synthetic_image(SIDE, SIDE, seed=11)
+    frames, counts = [], []
+    for i in range(workload.groups):
+        count = workload.counts[i % len(workload.counts)]
+        counts.append(count)
+        req = make_request(image, PROMPT, request_id=f"{tag}-{i}", count=count, seed=1000 + i, reducer="mean",
+                           deadline_s=workload.deadline_s, height=SIDE, width=SIDE, steps=STEPS)
+        frames.append(protocol.encode(protocol.Kind.SUBMIT, req))
+    return frames, counts, image
+
+
+def drive(endpoint: str, frames: list, send_at: list[float] | None, timeout_s: float) -> dict:
+    """Send every request (at its time, or at once) on one DEALER socket while reading replies; returns
+    the timings and every reply, by request index."""
+    import zmq
+
+    from candidate_scheduler import protocol
+
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    for opt, value in ((zmq.LINGER, 0), (zmq.SNDHWM, 0), (zmq.RCVHWM, 0), (zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)):
+        sock.setsockopt(opt, value)
+    sock.connect(endpoint)
+    allowed = {protocol.Kind.RESULT, protocol.Kind.ERROR, protocol.Kind.PONG}
+    sock.send_multipart(protocol.encode(protocol.Kind.PING, protocol.Ping(1)))
+    if not sock.poll(10_000):
+        raise TimeoutError("the scheduler did not answer a PING")
+    sock.recv_multipart()
+    n = len(frames)
+    sent = [0.0] * n
+    got: dict[int, tuple[float, object]] = {}
+    t0 = time.perf_counter()
+    i = 0
+    last_sent = t0
+    try:
+        while len(got) < n:
+            now = time.perf_counter()
+            if now - t0 > timeout_s:
+                raise TimeoutError(f"{len(got)}/{n} replies after {timeout_s:.0f} s")
+            # send what is due, a chunk at a time so replies are read meanwhile
+            chunk = 0
+            while i < n and chunk < 256 and (send_at is None or send_at[i] <= now - t0):
+                sock.send_multipart(frames[i], copy=False)
+                sent[i] = time.perf_counter()
+                last_sent = sent[i]
+                i += 1
+                chunk += 1
+            if i < n and send_at is None:
+                wait_ms = 0
+            elif i < n:
+                wait_ms = max(0, int((send_at[i] - (time.perf_counter() - t0)) * 1000))
+            else:
+                wait_ms = 1000
+            if sock.poll(wait_ms):
+                while True:
+                    try:
+                        msg = sock.recv_multipart(flags=zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    at = time.perf_counter()
+                    kind, body = protocol.decode_frames(msg, allowed)
+                    if kind is protocol.Kind.RESULT:
+                        index = int(body.request_id.rsplit("-", 1)[1])
+                        if index in got:
+                            raise AssertionError(f"two replies for {body.request_id}")
+                        got[index] = (at, body)
+                    elif kind is protocol.Kind.ERROR:
+                        raise RuntimeError(f"{body.error_code}: {body.error}")
+    finally:
+        sock.close(0)
+    return {"t0": t0, "sent": sent, "last_sent": last_sent, "replies": got}
+
+
+def check(workload: Workload, counts: list[int], image: np.ndarray, replies: dict) -> dict:
+    """One reply per group; every `done` action is the null model's answer for its seeds."""
+    from candidate_scheduler.core import reducers
+    from candidate_scheduler.core.work import SamplingSpec
+    from candidate_scheduler.worker.null_adapter import NullAdapter
+
+    sampling = SamplingSpec(height=SIDE, width=SIDE, steps=STEPS)
+    mean = float(np.asarray(image, dtype=np.float64).mean())
+    statuses: dict[str, int] = {}
+    wrong = 0
+    for index in range(workload.groups):
+        _at, r = replies[index]
+        statuses[r.status] = statuses.get(r.status, 0) + 1
+        if r.status != "done":
+            continue
+        from candidate_scheduler import protocol
+
+        seeds = list(r.candidate_seeds)
+        stacked = np.stack([NullAdapter.expected(s, mean, sampling)[None] for s in seeds])
+        want = reducers.reduce("mean", stacked)[0]  # [1, H, D]: the one observation's action
+        if len(seeds) != counts[index] or not np.array_equal(protocol.array_from_wire(r.action), want):
+            wrong += 1
+    return {"statuses": statuses, "wrong_results": wrong, "replies": len(replies), "groups": workload.groups}
+
+
+def run_workload(handle, size: FleetSize, workload: Workload, tag: str, seed: int) -> dict:
+    frames, counts, image = _requests(workload, tag)
+    send_at = None
+    if workload.rate is not None:
+        from candidate_scheduler.bench.open_loop import poisson_schedule
+
+        send_at = poisson_schedule(workload.rate, workload.groups / workload.rate, seed)
+    pids = {"scheduler": [handle.proc.pid], "workers": [w.pid for w in handle.workers]}
+    before = {k: sum(cpu_s(p) for p in v) for k, v in pids.items()}
+    client_before = resource.getrusage(resource.RUSAGE_SELF)
+    busy_before = machine_busy()
+    run = drive(handle.request, frames, send_at, timeout_s=120 + 10 * workload.groups / size.ideal_groups_per_s)
+    busy_after = machine_busy()
+    client_after = resource.getrusage(resource.RUSAGE_SELF)
+    after = {k: sum(cpu_s(p) for p in v) for k, v in pids.items()}
+    replies = run["replies"]
+    wall = max(at for at, _r in replies.values()) - run["t0"]
+    done = [i for i, (_at, r) in replies.items() if r.status == "done"]
+    ideal = sum(counts[i] for i in done) * STEPS * size.step_s / CAPACITY / size.workers
+    receipt = [float(r.metrics["receipt_to_reply_s"]) for _at, r in replies.values() if "receipt_to_reply_s" in r.metrics]
+    client_lat = [at - run["sent"][i] for i, (at, _r) in replies.items()]
+    cores = {k: (after[k] - before[k]) / wall for k in after}
+    cores["client"] = (client_after.ru_utime + client_after.ru_stime - client_before.ru_utime
+                       - client_before.ru_stime) / wall
+    d_busy, d_total = busy_after[0] - busy_before[0], busy_after[1] - busy_before[1]
+    send_s = run["last_sent"] - run["t0"]
+    return {
+        "workload": asdict(workload),
+        "wall_s": wall,
+        "groups_per_s": len(done) / wall,
+        "ideal_groups_per_s": size.ideal_groups_per_s,
+        "utilisation": ideal / wall,
+        "receipt_to_reply_ms": _percentiles(receipt),
+        "client_latency_ms": _percentiles(client_lat),
+        "client_send_s": send_s,
+        "client_send_per_s": workload.groups / send_s if send_s > 0 else None,
+        "cores": cores,  # CPU seconds per wall second of each process class
+        "machine_busy": d_busy / d_total if d_total else None,  # of all cores together (1.0 = every core busy)
+        "check": check(workload, counts, image, replies),
+    }
+
+
+def _percentiles(values: list[float]) -> dict:
+    if not values:
+        return {"p50": None, "p99": None}
+    arr = np.asarray(values) * 1e3
+    return {"p50": float(np.percentile(arr, 50)), "p99": float(np.percentile(arr, 99)), "max": float(arr.max())}
+
+
+def run_fleet(smoke: bool, progress=None) -> dict:
+    """Every fleet size x batching mode x workload (SMOKE: two small fleets); the raw figures."""
+    sizes = SMOKE if smoke else FULL
+    runs = []
+    log_dir = tempfile.mkdtemp(prefix="cs-fleet-")
+    for size in sizes:
+        for mode in MODES:
+            with Launcher(log_dir) as launcher:
+                handle = launcher.scheduler("--batching", mode, "--max-queued-groups", "50000", metrics=True,
+                                            name=f"scheduler-{mode}-{size.workers}")
+                for _ in range(size.workers):
+                    launcher.worker(handle, "null", CAPACITY, step_delay=size.step_s)
+                handle.wait_workers(size.workers, timeout_s=300)
+                for k, workload in enumerate(workloads(size, smoke)):
+                    tag = f"{mode}{size.workers}{workload.name}"
+                    result = run_workload(handle, size, workload, tag, seed=k)
+                    result.update(workers=size.workers, step_s=size.step_s, batching=mode)
+                    runs.append(result)
+                    if progress is not None:
+                        progress(result)
+    return {"runs": runs, "capacity": CAPACITY, "steps": STEPS, "side": SIDE, "log_dir": log_dir}
