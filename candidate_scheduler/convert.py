@@ -8,6 +8,7 @@ initial noise cut once, so a dispatch or a retry encodes nothing again.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -22,7 +23,9 @@ from candidate_scheduler.core.work import BatchReport, CandidateWork, GroupOutpu
 # ---- sampling ---------------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=4096)
 def sampling_to_wire(spec: SamplingSpec) -> protocol.SamplingMsg:
+    # groups of one client share a few specs; both types are frozen, so one message serves them all
     return protocol.SamplingMsg(**spec.to_dict())
 
 

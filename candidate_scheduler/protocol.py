@@ -73,28 +73,42 @@ class Array(msgspec.Struct, frozen=True):
 
 
 ALLOWED_DTYPES = ("uint8", "float32", "float64", "int64", "int32", "float16")
+# numpy's dtype.name is computed on every access and np.dtype(name) parses its argument: both on the
+# path of every array that travels, so the mappings are made once.
+_NAME_OF = {np.dtype(n): n for n in ALLOWED_DTYPES}
+_LITTLE = {n: np.dtype(n).newbyteorder("<") for n in ALLOWED_DTYPES}
+_NATIVE_IS_LITTLE = np.dtype("<f4") == np.dtype("f4")
 
 
 def array_to_wire(arr: np.ndarray) -> Array:
     arr = np.ascontiguousarray(arr)
-    if arr.dtype.name not in ALLOWED_DTYPES:
+    name = _NAME_OF.get(arr.dtype)
+    if name is None:
         raise ProtocolError("bad_type", f"dtype {arr.dtype} cannot travel; allowed: {ALLOWED_DTYPES}")
-    return Array(arr.dtype.name, list(arr.shape), arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes())
+    if not _NATIVE_IS_LITTLE:
+        arr = arr.astype(_LITTLE[name], copy=False)
+    # An array decoded from the wire is a view of the message's bytes: send those bytes again, uncopied.
+    base = arr.base
+    while isinstance(base, np.ndarray):
+        base = base.base
+    data = base if isinstance(base, bytes) and len(base) == arr.nbytes else arr.tobytes()
+    return Array(name, list(arr.shape), data)
 
 
 def array_from_wire(a: Array, *, max_bytes: int = MAX_MESSAGE_BYTES) -> np.ndarray:
-    if a.dtype not in ALLOWED_DTYPES:
+    dtype = _LITTLE.get(a.dtype)
+    if dtype is None:
         raise ProtocolError("bad_type", f"dtype {a.dtype!r} not allowed; allowed: {ALLOWED_DTYPES}")
     if len(a.shape) > 8 or any((not isinstance(d, int)) or d < 0 for d in a.shape):
         raise ProtocolError("bad_type", f"bad array shape {a.shape!r}")
-    dtype = np.dtype(a.dtype).newbyteorder("<")
     # Python ints: an int64 product of hostile dims would wrap around and slip past the size check
     expected = math.prod(a.shape) * dtype.itemsize
     if expected > max_bytes:
         raise ProtocolError("oversize", f"array of {expected} bytes is over the {max_bytes}-byte limit")
     if expected != len(a.data):
         raise ProtocolError("bad_type", f"array data has {len(a.data)} bytes, shape {a.shape} needs {expected}")
-    return np.frombuffer(a.data, dtype=dtype).reshape(a.shape).astype(dtype.newbyteorder("="), copy=False)
+    arr = np.frombuffer(a.data, dtype=dtype).reshape(a.shape)
+    return arr if _NATIVE_IS_LITTLE else arr.astype(dtype.newbyteorder("="), copy=False)
 
 
 # ---- client <-> scheduler -------------------------------------------------------------------------

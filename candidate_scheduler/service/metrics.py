@@ -220,20 +220,22 @@ class SchedulerMetrics:
             registry=registry,
         )
         self.build_info.labels(__version__, platform.python_version()).set(1)
+        self._children: dict[str, dict[tuple[str, ...], Any]] = {}
         for kind, name, documentation, buckets, labels in METRICS:
             extra = {} if buckets is None else {"buckets": buckets}
             metric = kind(PREFIX + name, documentation, list(labels), registry=registry, **extra)
             # Create every labelled child at 0 so each series exists from the first scrape: rate() and
             # dashboards then show 0 rather than "no data", and a counter's first increment is not lost.
+            # They are kept, too: `.labels()` looks a child up under a lock, on the path of every group.
             if labels:
-                for values in itertools.product(*labels.values()):
-                    metric.labels(*values)
+                self._children[name] = {values: metric.labels(*values)
+                                        for values in itertools.product(*labels.values())}
             setattr(self, name, metric)
 
     # --- Recording methods (the calls server.py makes). ----------------------------------------------
 
     def group_received(self, api: object = "native") -> None:
-        self.groups_received_total.labels(clip_label(api, APIS)).inc()
+        self._children["groups_received_total"][(clip_label(api, APIS),)].inc()
 
     def candidates_per_group(self, count: int) -> None:
         self.group_candidates.observe(count)
@@ -241,18 +243,18 @@ class SchedulerMetrics:
     def admission(self, mode: object, reason: object) -> None:
         """One admission decision; anything but a rejection also counts as an admitted group."""
         mode_label = clip_label(mode, ADMISSION_MODES)
-        self.admission_decisions_total.labels(mode_label, clip_label(reason, ADMISSION_REASONS)).inc()
+        self._children["admission_decisions_total"][(mode_label, clip_label(reason, ADMISSION_REASONS))].inc()
         if mode_label != "rejected":
-            self.groups_admitted_total.labels(clip_label(mode_label, ADMITTED_MODES)).inc()
+            self._children["groups_admitted_total"][(clip_label(mode_label, ADMITTED_MODES),)].inc()
 
     def microbatches_per_group(self, count: int) -> None:
         self.group_microbatches.observe(count)
 
     def group_completed(self, outcome: object, latency_seconds: float | None = None) -> None:
         label = clip_label(outcome, OUTCOMES)
-        self.groups_completed_total.labels(label).inc()
+        self._children["groups_completed_total"][(label,)].inc()
         if latency_seconds is not None:
-            self.group_latency_seconds.labels(label).observe(latency_seconds)
+            self._children["group_latency_seconds"][(label,)].observe(latency_seconds)
 
     def queue_depth(self, groups: int, candidates: int) -> None:
         self.queued_groups.set(groups)
@@ -292,7 +294,7 @@ class SchedulerMetrics:
         self.cancellations_total.labels("done" if label in _FINISHED_STATES else label).inc()
 
     def retry(self, reason: object) -> None:
-        self.retries_total.labels(clip_label(reason, RETRY_REASONS)).inc()
+        self._children["retries_total"][(clip_label(reason, RETRY_REASONS),)].inc()
 
     def worker_failure(self, kind: object) -> None:
         self.worker_failures_total.labels(clip_label(kind, WORKER_FAILURE_KINDS)).inc()
@@ -354,7 +356,7 @@ class SchedulerMetrics:
     def forward(self, rows: int, seconds: float) -> None:
         """One transformer forward a worker ran: its rows and its latency."""
         self.forward_rows.observe(rows)
-        self.forward_seconds.labels(row_label(rows)).observe(seconds)
+        self._children["forward_seconds"][(row_label(rows),)].observe(seconds)
 
 
 def render(metrics: SchedulerMetrics) -> bytes:

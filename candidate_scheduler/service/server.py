@@ -198,7 +198,9 @@ class Scheduler:
             self.request_sock.send_multipart(frames)
         elif isinstance(msg, messages.SendWork):
             kind, payload = convert.work_to_wire(msg)
-            self.worker_sock.send_multipart([msg.identity, *protocol.encode(kind, payload)], copy=False)
+            # copied: a zero-copy frame costs a trip through pyzmq's garbage-collector thread, which took
+            # more of the scheduler's CPU under load than copying a batch of small observations does
+            self.worker_sock.send_multipart([msg.identity, *protocol.encode(kind, payload)])
         elif isinstance(msg, messages.CancelRows):
             payload = protocol.CancelRowsMsg(msg.batch_id, list(msg.request_ids))
             self.worker_sock.send_multipart([msg.identity, *protocol.encode(protocol.Kind.CANCEL_ROWS, payload)])
