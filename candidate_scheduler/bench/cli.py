@@ -1,8 +1,9 @@
-"""`candidate-scheduler bench` / `python -m candidate_scheduler.bench`: the method, load and deadline benchmarks.
+"""`candidate-scheduler bench` / `python -m candidate_scheduler.bench`: the method, load, deadline and fleet
+benchmarks.
 
-The default run (`make bench`) does all three, one after the other. `--load` runs the load benchmark only,
-`--deadline` the deadline benchmark only, `--no-load` the method benchmark only; the smoke run
-(`--smoke`) is the method benchmark's unless `--load` or `--deadline` is given."""
+The default run (`make bench`) does all four, one after the other. `--load` runs the load benchmark only,
+`--deadline` the deadline benchmark only, `--fleet` the fleet benchmark only, `--no-load` the method
+benchmark only; the smoke run (`--smoke`) is the method benchmark's unless one of those is given."""
 
 from __future__ import annotations
 
@@ -12,20 +13,22 @@ import sys
 from candidate_scheduler.bench.common import DEFAULT_MODEL, DEFAULT_OUT
 
 
-def parts(args) -> tuple[bool, bool, bool]:
-    """(run the method, the load, the deadline benchmark) for these arguments."""
+def parts(args) -> tuple[bool, bool, bool, bool]:
+    """(run the method, the load, the deadline, the fleet benchmark) for these arguments."""
     if getattr(args, "load", False):
-        return False, True, False
+        return False, True, False, False
     if getattr(args, "deadline", False):
-        return False, False, True
+        return False, False, True, False
+    if getattr(args, "fleet", False):
+        return False, False, False, True
     if getattr(args, "no_load", False):
-        return True, False, False
+        return True, False, False, False
     full = not getattr(args, "smoke", False)
-    return True, full, full
+    return True, full, full, full
 
 
 def main(args) -> int:
-    run_methods, run_load, run_deadline = parts(args)
+    run_methods, run_load, run_deadline, run_fleet = parts(args)
     if run_methods:
         from candidate_scheduler.bench.report import summary, write_outputs
         from candidate_scheduler.bench.run import run
@@ -48,6 +51,10 @@ def main(args) -> int:
 
         run_deadline_bench(Path(args.out), model=args.model, smoke=args.smoke, plot=not args.no_plots,
                            device=args.device, margin_quantile=args.deadline_margin_quantile)
+    if run_fleet:
+        from candidate_scheduler.bench.fleet import run_fleet_bench
+
+        run_fleet_bench(args.out, smoke=args.smoke, plot=not args.no_plots)
     return 0
 
 
@@ -66,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     which = p.add_mutually_exclusive_group()
     which.add_argument("--load", action="store_true", help="run only the load benchmark")
     which.add_argument("--deadline", action="store_true", help="run only the deadline benchmark")
+    which.add_argument("--fleet", action="store_true",
+                       help="run only the fleet benchmark: the engine against queue depth, and the scheduler against "
+                            "1-32 null workers over ZMQ (--smoke: 1 and 4 workers, small bursts)")
     which.add_argument("--no-load", action="store_true", help="run only the method benchmark")
 
     m = p.add_argument_group("method benchmark")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import resource
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -265,3 +266,50 @@ def run_fleet(smoke: bool, progress=None) -> dict:
                     if progress is not None:
                         progress(result)
     return {"runs": runs, "capacity": CAPACITY, "steps": STEPS, "side": SIDE, "log_dir": log_dir}
+
+
+def run_fleet_bench(out_dir, *, smoke: bool = False, plot: bool = True) -> dict:
+    """`bench --fleet`: the engine in process against queue depth, then the fleet over ZMQ; writes
+    fleet.json (fleet_smoke.json with --smoke), the report and the plots. Returns the result."""
+    import datetime
+    from pathlib import Path
+
+    from tqdm import tqdm
+
+    from candidate_scheduler.bench import fleet_engine, fleet_report
+    from candidate_scheduler.bench.common import git_rev, loadavg
+
+    started, load_before = time.perf_counter(), loadavg()
+    depths = (100, 1000) if smoke else (100, 1000, 5000, 10_000)
+    events = 60 if smoke else 300
+    sizes = SMOKE if smoke else FULL
+    total = 2 * 2 * len(depths) + sum(len(workloads(s, smoke)) for s in sizes) * len(MODES)
+    progress = tqdm(total=total, desc="fleet: engine in process", unit="run", file=sys.stderr, dynamic_ncols=True,
+                    mininterval=0.5)
+    try:
+        engine = fleet_engine.sweep(depths, events=events, progress=lambda _r: progress.update(1))
+        # every group with a deadline: refusal at receipt, and the forecast at each send
+        deadline = fleet_engine.sweep(depths, events=events, deadline_every=1, progress=lambda _r: progress.update(1))
+        progress.set_description("fleet: scheduler + null workers over ZMQ")
+
+        def step(run: dict) -> None:
+            progress.set_description(f"fleet: K={run['workers']} {run['batching']} {run['workload']['name']}")
+            progress.update(1)
+
+        fleet = run_fleet(smoke, step)
+    finally:
+        progress.close()
+    meta = {
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "git": git_rev(), "smoke": smoke, "cpu_count": os.cpu_count(),
+        "engine_workers": engine[0]["workers"], "engine_rows": engine[0]["rows"],
+        "loadavg_start": load_before, "loadavg_end": loadavg(), "wall_s": time.perf_counter() - started,
+    }
+    result = {"meta": meta, "engine": engine, "engine_deadlines": deadline, "fleet": fleet}
+    out = Path(out_dir)
+    if smoke:
+        out = out / "fleet_smoke"
+    files = fleet_report.write_outputs(result, out, plot=plot)
+    print(f"fleet bench: {meta['wall_s']:.0f} s; wrote {files['json']}, {files['report']}"
+          + (f", {len(files['plots'])} plots" if files["plots"] else ""))
+    return result

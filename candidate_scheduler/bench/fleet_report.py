@@ -1,0 +1,174 @@
+"""The fleet benchmark's outputs: `fleet.json`, `fleet_report.md` and two plots (utilisation against
+the number of workers; the engine's time per event against queue depth)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from candidate_scheduler.bench.common import fmt
+
+MODES = ("dispatch", "step")
+
+
+def _engine_table(rows: list[dict], title: str) -> list[str]:
+    out = [f"#### {title}", "", "| mode | queued | event p50 ms | event mean ms | submit us | groups/s |",
+           "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        out.append(f"| {r['batching']} | {r['depth']:,} | {fmt(r['event_ms']['median'], 3)} | "
+                   f"{fmt(r['event_mean_ms'], 3)} | {fmt(r['submit_us'], 0)} | {fmt(r['groups_per_s'], 0)} |")
+    for mode in MODES:
+        by = {r["depth"]: r for r in rows if r["batching"] == mode}
+        if by:
+            lo, hi = by[min(by)], by[max(by)]
+            ratio = hi["event_mean_ms"] / lo["event_mean_ms"] if lo["event_mean_ms"] else None
+            out.append(f"\n{mode}: time per event at {max(by):,} queued is {fmt(ratio, 2)}x its time at "
+                       f"{min(by):,} (target <= 1.5x).")
+    return out + [""]
+
+
+def _fleet_table(runs: list[dict]) -> list[str]:
+    out = ["| K | step ms | mode | workload | groups | done/s | ideal/s | utilisation | receipt->reply p50 / p99 ms | "
+           "client p50 / p99 ms | CPU cores: scheduler / workers / client | machine busy | checks |",
+           "|---:|---:|---|---|---:|---:|---:|---:|---|---|---|---:|---|"]
+    for r in runs:
+        c, rr, cl = r["cores"], r["receipt_to_reply_ms"], r["client_latency_ms"]
+        check = r["check"]
+        statuses = ", ".join(f"{n} {s}" for s, n in sorted(check["statuses"].items()))
+        ok = "ok" if check["replies"] == check["groups"] and check["wrong_results"] == 0 else "FAILED"
+        out.append(
+            f"| {r['workers']} | {r['step_s'] * 1e3:.0f} | {r['batching']} | {r['workload']['name']} | "
+            f"{r['workload']['groups']:,} | {r['groups_per_s']:.0f} | {r['ideal_groups_per_s']:.0f} | "
+            f"{r['utilisation']:.2f} | {fmt(rr['p50'], 0)} / {fmt(rr['p99'], 0)} | {fmt(cl['p50'], 0)} / "
+            f"{fmt(cl['p99'], 0)} | {c['scheduler']:.2f} / {c['workers']:.2f} / {c['client']:.2f} | "
+            f"{fmt(r['machine_busy'], 2)} | {ok}: {statuses} |")
+    return out
+
+
+def _cpu_budget(runs: list[dict], cores: int) -> list[str]:
+    """Per burst run: each process class's CPU per group answered, and the rate the machine's cores would
+    allow if every one of them did nothing else (the ceiling a 2-core machine puts on the figure)."""
+    out = ["| K | mode | workload | scheduler us/group | workers us/group | client us/group | ceiling groups/s "
+           "(cores / CPU per group) | measured groups/s |", "|---:|---|---|---:|---:|---:|---:|---:|"]
+    for r in runs:
+        if r["workload"]["name"] != "burst":
+            continue
+        done = r["groups_per_s"] * r["wall_s"]
+        per = {k: v * r["wall_s"] / done * 1e6 for k, v in r["cores"].items()} if done else {}
+        total = sum(per.values())
+        out.append(f"| {r['workers']} | {r['batching']} | {r['workload']['name']} | {per.get('scheduler', 0):.0f} | "
+                   f"{per.get('workers', 0):.0f} | {per.get('client', 0):.0f} | "
+                   f"{cores / total * 1e6 if total else 0:.0f} | {r['groups_per_s']:.0f} |")
+    return out
+
+
+def _targets(runs: list[dict]) -> list[str]:
+    def pick(k: int, mode: str) -> dict | None:
+        return next((r for r in runs if r["workers"] == k and r["batching"] == mode
+                     and r["workload"]["name"] == "burst"), None)
+
+    out = []
+    for k, target in ((16, 0.9), (32, 0.8)):
+        for mode in MODES:
+            r = pick(k, mode)
+            if r is not None:
+                out.append(f"- K={k}, {mode}, burst of {r['workload']['groups']:,}: utilisation {r['utilisation']:.2f} "
+                           f"(target >= {target}).")
+        d, s = pick(k, "dispatch"), pick(k, "step")
+        if d and s:
+            out.append(f"- K={k}: step/dispatch groups/s {s['groups_per_s'] / d['groups_per_s']:.2f} (target >= 0.9).")
+    return out
+
+
+def write_outputs(result: dict, out_dir: Path, plot: bool = True) -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / "fleet.json"
+    json_path.write_text(json.dumps(result, indent=1, default=float) + "\n")
+    meta = result["meta"]
+    lines = [
+        "# Fleet benchmark: the scheduler against K emulated GPU workers",
+        "",
+        f"{meta['created']}, git {meta['git']}, {meta['cpu_count']} CPU cores, load average {meta['loadavg_start']} "
+        f"-> {meta['loadavg_end']}; {meta['wall_s']:.0f} s. Written by `candidate-scheduler bench --fleet`"
+        f"{' --smoke' if meta['smoke'] else ''} (bench/fleet.py, bench/fleet_engine.py).",
+        "",
+        "## The engine alone, in process (no IO)",
+        "",
+        f"{meta['engine_workers']} fake workers of {meta['engine_rows']} rows, one-candidate groups, the queue held "
+        "at a fixed depth; an event is one worker result (fold, reduce, answer, plan). The workers register "
+        "with a warm-up profile, so the deadline code runs as in production.",
+        "",
+    ]
+    lines += _engine_table(result["engine"], "Without deadlines")
+    if result.get("engine_deadlines"):
+        lines += _engine_table(result["engine_deadlines"], "Every group with a deadline (refusal at receipt on each)")
+    lines += [
+        "## The scheduler over ZMQ against K null workers",
+        "",
+        f"Null workers: capacity {result['fleet']['capacity']} rows, {result['fleet']['steps']} steps, a step is a "
+        f"sleep of the step time; {result['fleet']['side']}x{result['fleet']['side']} observations. Utilisation: "
+        "the time the workers would need if every batch were full, over the wall time from the first send to the "
+        "last reply. CPU cores: each process class's CPU seconds over that wall time (the machine has "
+        f"{meta['cpu_count']}). Checks: one reply per group, every `done` action the null model's answer for its "
+        "seeds.",
+        "",
+    ]
+    lines += _fleet_table(result["fleet"]["runs"])
+    lines += ["", "### Targets", ""] + _targets(result["fleet"]["runs"])
+    lines += ["", "### Where the CPU goes (burst runs)", "",
+              "Every process of the benchmark shares this machine's cores: the scheduler, the K workers (a null "
+              "worker's own CPU stands in for nothing a GPU worker would not also spend on the host: decoding, "
+              "threads, its answer) and the client. The ceiling is the rate at which the cores, doing nothing "
+              "else, would run every process's CPU per group.", ""]
+    lines += _cpu_budget(result["fleet"]["runs"], meta["cpu_count"])
+    plots = _plots(result, out_dir) if plot else []
+    lines += [""] + [f"![{name}]({name})" for name in plots]
+    report = out_dir / "fleet_report.md"
+    report.write_text("\n".join(lines) + "\n")
+    return {"json": str(json_path), "report": str(report), "plots": plots}
+
+
+def _plots(result: dict, out_dir: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = []
+    runs = [r for r in result["fleet"]["runs"] if r["workload"]["name"] == "burst"]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
+    for mode, color in zip(MODES, ("#0072b2", "#009e73")):
+        pts = sorted((r["workers"], r["utilisation"]) for r in runs if r["batching"] == mode)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=color, label=mode)
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("null workers K (10 ms steps; 20 ms at K=32)")
+    ax.set_ylabel("utilisation")
+    ax.set_title("Fleet utilisation, burst of one-candidate groups")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "fleet_utilisation.png")
+    plt.close(fig)
+    names.append("fleet_utilisation.png")
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
+    for key, style in (("engine", "-"), ("engine_deadlines", "--")):
+        for mode, color in zip(MODES, ("#0072b2", "#009e73")):
+            pts = sorted((r["depth"], r["event_mean_ms"]) for r in result.get(key) or () if r["batching"] == mode)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", color=color,
+                        label=f"{mode}{' (deadlines)' if key != 'engine' else ''}")
+    ax.set_xscale("log")
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("queued groups")
+    ax.set_ylabel("engine time per result event, ms (mean)")
+    ax.set_title("Engine cost against queue depth (in process)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "fleet_engine.png")
+    plt.close(fig)
+    names.append("fleet_engine.png")
+    return names

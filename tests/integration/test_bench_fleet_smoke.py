@@ -1,0 +1,50 @@
+"""`python -m candidate_scheduler.bench --fleet --smoke` keeps working: the engine in process against queue
+depth (both batching modes, with and without deadlines), then `serve` against 1 and 4 null worker
+processes over ZMQ, every workload; it writes the JSON, the report and both plots.
+
+Numbers are not asserted (a shared CI machine is too noisy). Completeness and parity are: every group
+was answered exactly once, every `done` action is the null model's answer for its seeds, and only a
+group with a deadline may be refused (at receipt)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from candidate_scheduler.service.launcher import child_env
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(400)
+def test_fleet_bench_smoke_answers_every_group_once_and_correctly(tmp_path):
+    out = tmp_path / "results"
+    proc = subprocess.run([sys.executable, "-m", "candidate_scheduler.bench", "--fleet", "--smoke", "--out", str(out)],
+                          cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=380)
+    assert proc.returncode == 0, f"fleet bench failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    folder = out / "fleet_smoke"
+    result = json.loads((folder / "fleet.json").read_text())
+    assert result["meta"]["smoke"] is True
+    for key in ("engine", "engine_deadlines"):
+        rows = result[key]
+        assert {(r["batching"], r["depth"]) for r in rows} == {(m, d) for m in ("dispatch", "step") for d in (100, 1000)}
+        for r in rows:
+            assert r["events"] > 0 and r["event_ms"]["median"] > 0 and r["groups_per_s"] > 0
+    runs = result["fleet"]["runs"]
+    assert {(r["workers"], r["batching"]) for r in runs} == {(k, m) for k in (1, 4) for m in ("dispatch", "step")}
+    assert {r["workload"]["name"] for r in runs} == {"burst", "burst_mixed", "poisson", "burst_deadline"}
+    for r in runs:
+        check = r["check"]
+        assert check["replies"] == check["groups"] == r["workload"]["groups"], r["workload"]
+        assert check["wrong_results"] == 0, r["workload"]
+        allowed = {"done", "rejected"} if r["workload"]["deadline_s"] else {"done"}
+        assert set(check["statuses"]) <= allowed and check["statuses"].get("done", 0) > 0, (r["workload"], check)
+        assert 0 < r["utilisation"] <= 1.05 and r["groups_per_s"] > 0
+        assert r["cores"]["scheduler"] > 0 and r["cores"]["workers"] > 0
+    report = (folder / "fleet_report.md").read_text()
+    assert "The scheduler over ZMQ" in report and "Where the CPU goes" in report
+    assert (folder / "fleet_utilisation.png").stat().st_size > 0 and (folder / "fleet_engine.png").stat().st_size > 0
