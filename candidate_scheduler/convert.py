@@ -113,7 +113,7 @@ def work_to_wire(send: messages.SendWork) -> tuple[protocol.Kind, protocol.Batch
                         for cid, seed, snap in zip(d.candidate_ids, d.seeds, d.snapshots)],
         ))
     kind = protocol.Kind.JOIN if send.join else protocol.Kind.BATCH
-    return kind, protocol.BatchMsg(send.batch_id, groups)
+    return kind, protocol.BatchMsg(send.batch_id, groups, send.rows)
 
 
 def work_from_wire(g: protocol.GroupWorkMsg) -> GroupWork:

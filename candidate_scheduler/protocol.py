@@ -274,9 +274,13 @@ class GroupWorkMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     candidates: list[CandidateMsg]
 
 
-class BatchMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+class BatchMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
     batch_id: int
     groups: list[GroupWorkMsg]
+    # The rows the worker may run at once, as the scheduler counts them now, when that is fewer than the
+    # worker registered with (it ran out of memory, or its memory budget caps it); 0: its own capacity.
+    # Left out when 0, so a worker of the release before reads every assignment it could before.
+    rows: int = 0
 
 
 class GroupOutputMsg(msgspec.Struct, frozen=True):

@@ -96,7 +96,8 @@ def refuse_at_receipt(snap: PlanningSnapshot, view: GroupView) -> float | None:
         return finish if finish > view.deadline else None
     units = _forecast_units(snap, lambda g: g.min_count if g.elastic else None, (view, view.min_count))
     finish = forecast(snap.now, snap.sim_workers(), units, snap.planned_cost, snap.batching,
-                      want=(view.request_id,), horizon=view.deadline)[view.request_id]
+                      want=(view.request_id,), orders={view.request_id: view.order},
+                      horizon=view.deadline)[view.request_id]
     return finish if finish > view.deadline else None
 
 
@@ -125,7 +126,8 @@ def choose_count(snap: PlanningSnapshot, view: GroupView) -> int:
     def finishes(n: int, groups: list[GroupView]) -> dict[str, float]:
         horizon = max(g.deadline for g in groups)
         return forecast(snap.now, snap.sim_workers(), _forecast_units(snap, count_of(n)), snap.planned_cost,
-                        snap.batching, want=[g.request_id for g in groups], horizon=horizon)
+                        snap.batching, want=[g.request_id for g in groups],
+                        orders={g.request_id: g.order for g in groups}, horizon=horizon)
 
     # Watched too: the running groups ahead of it that can still make their deadlines (its rows slow
     # their forwards); one already late whatever happens constrains nothing.

@@ -35,6 +35,7 @@ from typing import Any
 
 from candidate_scheduler.core import deadlines, schedule
 from candidate_scheduler.core.admission import AdmissionPolicy, decide
+from candidate_scheduler.core.control import Control
 from candidate_scheduler.core.cost_model import CostModel, check_margin_quantile
 from candidate_scheduler.core.errors import CandidateContractError
 from candidate_scheduler.core.group import Group, refusal
@@ -48,13 +49,12 @@ from candidate_scheduler.core.messages import (
     Reply,
     SendWork,
     SliceWork,
-    StopWorker,
     WorkerResult,
 )
 from candidate_scheduler.core.pending import PendingIndex
 from candidate_scheduler.core.planning import Unit, dispatch_class, step_class
 from candidate_scheduler.core.request import Submission, check_request_id, validate
-from candidate_scheduler.core.snapshot import GroupView, PlanningSnapshot, RunningWork, WorkerView
+from candidate_scheduler.core.snapshot import GroupView, PlanningSnapshot, WorkerView
 from candidate_scheduler.core.spec import ModelCapability
 from candidate_scheduler.core.worker_link import WorkerLink
 from candidate_scheduler.core.workers import Assignment, WorkerState
@@ -116,16 +116,20 @@ class Engine:
         self._largest_fitted = 0  # the largest worker's rows when pending slices were last fitted to it
         self.cache_bytes: dict[str, int] = {}  # worker id -> its conditioning cache's bytes in use
         self.elastic: set[str] = set()  # queued groups with a deadline whose count may still shrink
-        self._unstarted: set[str] = set()  # admitted groups none of whose slices has started
+        self.unstarted: set[str] = set()  # admitted groups none of whose slices has started
         self._known_cost: set[str] = set()  # workers whose cost model is calibrated
         self._slicing: tuple[ModelCapability, int] | None = None  # (capability, smallest rows); None: stale
+        self._room: bool | None = None  # some worker may take work now (None: stale); planning's first question
         self.held: dict[str, set[int]] = {}  # request id -> the assignments running its slices
-        self._expiries: list[tuple[float, int, Group]] = []  # (deadline, tiebreak, group): a heap
+        # (deadline, serial, request id): a heap; the serial tells a group from a later one with its id
+        self._expiries: list[tuple[float, int, str]] = []
+        self._serial = 0
         self._admitted = 0  # admission order: the tiebreak of equal effective deadlines
         # A real stopwatch the shell injects for work inside an event (the reducer); the core reads no clock.
         self._stopwatch = stopwatch
         self.outbox: list = []  # the messages of the event being handled
         self.link = WorkerLink(self)
+        self.control = Control(self)
         self.now = 0.0
 
     def _clock(self) -> float:
@@ -235,9 +239,11 @@ class Engine:
             return
         self.groups[rid] = group
         stored.append(group)
+        self._serial += 1
+        group.serial = self._serial
         self.metrics.candidates_per_group(request.spec.count)
         if group.deadline is not None:
-            heapq.heappush(self._expiries, (group.deadline, id(group), group))
+            heapq.heappush(self._expiries, (group.deadline, group.serial, rid))
         if not self.workers:
             self.waiting[rid] = None  # admitted as soon as a worker registers
             return
@@ -271,6 +277,11 @@ class Engine:
     def rows_changed(self) -> None:
         """A worker came or went, or the rows one may hold changed (capacity, memory): sizes are stale."""
         self._slicing = None
+        self._room = None
+
+    def load_changed(self) -> None:
+        """A worker took or gave back work: whether any has room is stale."""
+        self._room = None
 
     def _order(self, g: Group) -> tuple:
         return (deadlines.effective_deadline(g.deadline, g.received_at, self.config.best_effort_s), self._admitted)
@@ -283,7 +294,7 @@ class Engine:
         if group.admit(decision):
             group.order = self._order(group)
             self._admitted += 1
-            self._unstarted.add(group.request_id)
+            self.unstarted.add(group.request_id)
             if group.deadline is not None and group.spec.min_count < group.served_count:
                 self.elastic.add(group.request_id)
             self._enqueue(group)
@@ -304,8 +315,28 @@ class Engine:
             self.pending.add(self._unit(g, i, ids))
 
     def requeue(self, g: Group, slice_index: int) -> None:
-        """A slice that went back to pending (a retry)."""
-        self.pending.add(self._unit(g, slice_index, g.slices[slice_index]))
+        """A slice that went back to pending (a retry); halved first if no live worker can hold it any
+        more (it was running when the largest one shrank)."""
+        if self.workers and len(g.slices[slice_index]) > self._largest():
+            self._split(g, self._largest())
+            self._enqueue(g)
+        else:
+            self.pending.add(self._unit(g, slice_index, g.slices[slice_index]))
+
+    def _largest(self) -> int:
+        self._capability()  # brings every worker's rows up to date
+        return max(w.rows for w in self.workers.values())
+
+    @staticmethod
+    def _split(g: Group, largest: int) -> bool:
+        """Halve the group's pending slices until each fits `largest` rows; whether any was split."""
+        todo = [i for i, ids in g.pending_slices() if len(ids) > largest]
+        split = bool(todo)
+        while todo:
+            i = todo.pop()
+            if len(g.slices[i]) > largest:
+                todo += [i, g.split_slice(i)]
+        return split
 
     # ---- planning ------------------------------------------------------------------------------------------
 
@@ -328,13 +359,14 @@ class Engine:
                 self._known_cost.add(wid)
         return True
 
-    def schedule(self, now: float, *, elastic: bool = True, trace: schedule.Trace | None = None) -> schedule.SchedulePlan:
+    def schedule(self, now: float, *, elastic: bool = True,
+                 trace: schedule.Trace | None = None) -> schedule.SchedulePlan:
         """The next planning pass as a value (core/schedule.py); nothing changes until `apply`."""
         return schedule.plan(self.snapshot(now), elastic=elastic, trace=trace)
 
     def apply(self, plan: schedule.SchedulePlan, now: float | None = None) -> list:
         """Carry out a plan: fix the counts it resizes, start the slices it places; the messages to send."""
-        return self._event("schedule", self.now if now is None else now, self._apply, plan)
+        return self._event("schedule", self.now if now is None else now, self._apply, plan, plan=False)
 
     def _apply(self, plan: schedule.SchedulePlan) -> None:
         for r in plan.resizes:
@@ -366,35 +398,29 @@ class Engine:
                     return
 
     def _can_place(self) -> bool:
-        prefetch = self.config.prefetch
-        if self.config.batching == "dispatch":
-            return any(len(w.assignments) <= prefetch for w in self.workers.values())
-        self._capability()  # brings every worker's rows up to date
-        return any(w.rows * (1 + prefetch) > w.rows_in_use for w in self.workers.values())
+        if self._room is None:
+            prefetch = self.config.prefetch
+            if self.config.batching == "dispatch":
+                self._room = any(len(w.assignments) <= prefetch for w in self.workers.values())
+            else:
+                self._capability()  # brings every worker's rows up to date
+                self._room = any(w.rows * (1 + prefetch) > w.rows_in_use for w in self.workers.values())
+        return self._room
 
     def _fit_slices(self) -> None:
         """Halve pending slices no live worker can hold (the largest shrank after running out of memory,
         or the workers big enough left), so nothing waits forever for rows that will not come. Admission
         sizes new slices for the smallest worker, so only a shrink of the largest calls for a pass."""
-        self._capability()
-        largest = max(w.rows for w in self.workers.values())
-        if largest >= self._largest_fitted:
-            self._largest_fitted = largest
-            return
+        largest = self._largest()
+        if largest < self._largest_fitted:
+            for g in list(self.groups.values()):
+                if self._split(g, largest):
+                    self._enqueue(g)
         self._largest_fitted = largest
-        for g in list(self.groups.values()):
-            todo = [i for i, ids in g.pending_slices() if len(ids) > largest]
-            if not todo:
-                continue
-            while todo:
-                i = todo.pop()
-                if len(g.slices[i]) > largest:
-                    todo += [i, g.split_slice(i)]
-            self._enqueue(g)
 
     def _resize(self, r: schedule.Resize) -> None:
         g = self.groups.get(r.request_id)
-        if g is None or g.status is not GroupStatus.ADMITTED or r.request_id not in self._unstarted:
+        if g is None or g.status is not GroupStatus.ADMITTED or r.request_id not in self.unstarted:
             return
         capability, capacity = self._capability()
         decision = decide(deadlines.served_spec(g.spec, r.count), capability, action_mode=g.sampling.action_mode,
@@ -407,7 +433,12 @@ class Engine:
             self.elastic.discard(g.request_id)
 
     def _start(self, p: schedule.Placement) -> None:
-        worker = self.workers[p.worker_id]
+        worker = self.workers.get(p.worker_id)
+        units = [u for u in p.units if self._pending_now(u)]
+        if worker is None or not units:
+            return  # a plan made before the engine changed: what it no longer fits is planned again
+        if len(units) < len(p.units):
+            p = schedule.Placement(p.worker_id, tuple(units), p.join, p.predicted_s)
         batch_id = self._next_batch
         self._next_batch += 1
         # a dispatch batch sent to a busy worker (prefetch) is a BATCH: it runs after the current one
@@ -418,7 +449,7 @@ class Engine:
             g = self.groups[u.request_id]
             dispatch = g.start_slice(u.slice_index, worker.worker_id)
             self.pending.discard(u.request_id, u.slice_index)
-            self._unstarted.discard(u.request_id)
+            self.unstarted.discard(u.request_id)
             self.elastic.discard(u.request_id)  # started: its count is fixed
             self.held.setdefault(u.request_id, set()).add(batch_id)
             if g.physical_batches == 0:
@@ -432,11 +463,18 @@ class Engine:
                        first.label, predicted_s=p.predicted_s, steps=max(u.steps for u in p.units),
                        cost_rows=sum(u.cost_rows for u in p.units))
         worker.hold(a)
+        self.load_changed()
         self.assignments[batch_id] = a
+        told = worker.rows if worker.rows < worker.registered_rows else 0
+        self.outbox.append(SendWork(worker.identity, batch_id, tuple(slices), join, told))
         self.metrics.physical_batch(a.rows, worker.capacity)
         if join:
             self.metrics.group_joined()
-        self.outbox.append(SendWork(worker.identity, batch_id, tuple(slices), join))
+
+    def _pending_now(self, u) -> bool:
+        g = self.groups.get(u.request_id)
+        return g is not None and u.request_id in self.pending and any(
+            i == u.slice_index and ids == u.candidate_ids for i, ids in g.pending_slices())
 
     def rows_of(self, w: WorkerState) -> int:
         """The rows a worker may hold: its capacity, capped by its predicted peak memory (CUDA)."""
@@ -445,12 +483,8 @@ class Engine:
 
     def _worker_view(self, w: WorkerState) -> WorkerView:
         self._capability()
-        rows = w.rows
-        if w.view is None or w.view.rows != rows:
-            w.view = WorkerView(w.worker_id, rows, w.conditions_aside, tuple(
-                RunningWork(a.batch_id, tuple((e.request_id, e.slice_index) for e in a.entries), a.rows, a.cost_rows,
-                            a.steps, a.label, a.forward_key, a.sent_at, a.predicted_s) for a in w.assignments.values()),
-                self.config.prefetch)
+        if w.view is None or w.view.rows != w.rows:  # kept until its work or its rows change
+            w.view = WorkerView.of(w, w.rows, self.config.prefetch)
         return w.view
 
     def _group_view(self, rid: str) -> GroupView | None:
@@ -458,10 +492,7 @@ class Engine:
         return None if g is None else self._view(g)
 
     def _view(self, g: Group, order: tuple | None = None) -> GroupView:
-        return GroupView(g.request_id, order or g.order, g.deadline, g.spec.min_count, g.served_count,
-                         g.request_id in self._unstarted or g.status is GroupStatus.QUEUED,
-                         g.status is GroupStatus.RUNNING, g.sampling.steps, g.request.observations, g.label,
-                         g.forward_key, g.batch_key)
+        return GroupView.of(g, g.request_id in self.unstarted or g.status is GroupStatus.QUEUED, order)
 
     # ---- the worker link (core/worker_link.py) ----------------------------------------------------------
 
@@ -492,7 +523,8 @@ class Engine:
                 result = g.result(reply)
             except Exception as exc:  # noqa: BLE001 - the reply could not be built: still one answer
                 self.counters["internal_errors"] += 1
-                result = refusal(rid, "failed", INTERNAL_ERROR, f"the reply could not be built: {type(exc).__name__}: {exc}")
+                result = refusal(rid, "failed", INTERNAL_ERROR,
+                                 f"the reply could not be built: {type(exc).__name__}: {exc}")
             self.outbox.append(Reply(g.client, result))
         self._forget(g)
         # STATUS must say what the reply said ("rejected" is a FAILED group to the state machine)
@@ -515,7 +547,8 @@ class Engine:
         self.waiting.pop(rid, None)
         self.pending.discard_group(rid)
         self.elastic.discard(rid)
-        self._unstarted.discard(rid)
+        self.unstarted.discard(rid)
+        self.held.pop(rid, None)  # its workers were told to stop (end); their answers are matched by batch id
 
     def tick(self, now: float) -> list:
         """Deadlines, heartbeat timeouts, gauges, and planning: called by the shell a few times a second."""
@@ -524,94 +557,43 @@ class Engine:
     def _tick(self) -> None:
         now = self.now
         while self._expiries and self._expiries[0][0] <= now:
-            _deadline, _tie, g = heapq.heappop(self._expiries)
-            if self.groups.get(g.request_id) is g:
-                with self.guard("tick", g.request_id):
+            _deadline, serial, rid = heapq.heappop(self._expiries)
+            g = self.groups.get(rid)
+            if g is not None and g.serial == serial:
+                with self.guard("tick", rid):
                     if g.expire(now):
                         self.end(g)
         for w in list(self.workers.values()):
             if now - w.last_seen > self.config.heartbeat_timeout_s:
-                self.link.lost(w, "heartbeat_timeout")
+                self.link.lost(w, "heartbeat_timeout", "tick")
         self.metrics.queue_depth(self.queued_groups(), self.queued_candidates())
         self.metrics.live_workers(len(self.workers))
+
+    # ---- control (core/control.py) ---------------------------------------------------------------------
 
     def shutdown(self, now: float) -> list:
         """Answer every group in flight (`shutting_down`) and ask every worker to register again: the
         scheduler may come back on the same port."""
-        return self._event("shutdown", now, self._shutdown, plan=False)
-
-    def _shutdown(self) -> None:
-        self.draining = True
-        for g in list(self.groups.values()):
-            with self.guard("shutdown", g.request_id):
-                g.fail("shutting_down", "the scheduler is shutting down")
-                self.end(g)
-        self.outbox.extend(StopWorker(w.identity, "reregister") for w in self.workers.values())
-
-    # ---- control ------------------------------------------------------------------------------------------
+        return self._event("shutdown", now, self.control.shutdown, plan=False)
 
     def cancel(self, request_id: str, now: float) -> tuple[ControlAnswer, list]:
         """Idempotent; says what it changed and in which state it found the group."""
         answer: list[ControlAnswer] = []
-        out = self._event("cancel", now, self._cancel, request_id, answer)
+        out = self._event("cancel", now, self.control.cancel, request_id, answer)
         return (answer[0] if answer else ControlAnswer(ok=False, error="internal error; see the scheduler log")), out
 
-    def _cancel(self, request_id: str, answer: list) -> None:
-        g = self.groups.get(request_id)
-        if g is None:
-            state = self.finished.get(request_id, "unknown")
-            self.metrics.cancellation("done" if state != "unknown" else "unknown")
-            answer.append(ControlAnswer(ok=True, changed=False, state=state))
-            return
-        hit = g.status.name.lower()
-        with self.guard("cancel", request_id):
-            changed = g.cancel()
-            if changed:
-                self.metrics.cancellation(hit)
-                self.end(g)
-        answer.append(ControlAnswer(ok=True, changed=changed, state=hit))
-
     def status(self, request_id: str) -> ControlAnswer:
-        g = self.groups.get(request_id)
-        if g is None:
-            return ControlAnswer(ok=True, state=self.finished.get(request_id, "unknown"))
-        return ControlAnswer(ok=True, state=g.status.name.lower(), detail={
-            "count": g.spec.count,
-            "slices": len(g.slices),
-            "pending_slices": len(g.pending_slices()),
-            "running_slices": len(g.running_slices()),
-            "candidates_done": len(g.partial.done()),
-        })
+        return self.control.status(request_id)
 
     def drain(self) -> ControlAnswer:
-        changed = not self.draining
-        self.draining = True
-        return ControlAnswer(ok=True, changed=changed, state="draining", detail={"in_flight": len(self.groups)})
+        return self.control.drain()
+
+    def stats(self) -> dict:
+        return self.control.stats()
 
     def queued_groups(self) -> int:
         # queued = admitted or waiting for a worker, not yet started; running groups are not queued
-        return len(self.waiting) + len(self._unstarted)
+        return len(self.waiting) + len(self.unstarted)
 
     def queued_candidates(self) -> int:
         return self.pending.candidates
-
-    def stats(self) -> dict:
-        return {
-            "groups_in_flight": len(self.groups),
-            "queued_groups": self.queued_groups(),
-            "queued_candidates": self.queued_candidates(),
-            "batching": self.config.batching,
-            "workers": {
-                w.worker_id: {"capacity": w.capacity, "device": w.device, "busy": not w.idle, "step": w.step,
-                              "rows_in_use": w.rows_in_use, "assignments": len(w.assignments)}
-                for w in self.workers.values()
-            },
-            # what the model can do (the first live worker's; a fleet serves one model), for fronts' metadata
-            "capability": next(iter(self.workers.values())).capability.to_dict() if self.workers else None,
-            "batches_in_flight": len(self.assignments),
-            "draining": self.draining,
-            "late_results_discarded": self.counters["late_results_discarded"],
-            "batches_lost": self.counters["batches_lost"],
-            "handler_errors": self.counters["handler_errors"],
-            "internal_errors": self.counters["internal_errors"],
-        }

@@ -15,7 +15,8 @@ fleet is a pipe of known throughput instead:
   queue (core/pending.py), a binary search each, never one by one;
 - the group starts once that has drained, then runs its own steps at a full forward.
 
-So a group's predicted finish costs O(workers + buckets), whatever the queue holds. The pipe is the law
+So a group's predicted finish costs O(workers + buckets + elastic groups queued), whatever the queue
+holds (the startable elastic groups ahead give back their excess at their minimum counts). The pipe is the law
 of large numbers' view of the planner: close when many workers share the queue, pessimistic by up to
 one group's own run (it waits for everything ahead to finish, not just to start), and optimistic when
 batches run half empty. core/deadlines.py uses it once the exact simulation would have to place more
@@ -45,6 +46,7 @@ class Pipe:
         self.snap = snap
         self.cost = snap.planned_cost
         self._rates: dict[str, float] = {}
+        self._fixed: dict[str, float] = {}
 
     def rate(self, label: str) -> float:
         """Row-steps per second of the whole fleet at full occupancy, for forwards of `label`."""
@@ -56,11 +58,17 @@ class Pipe:
             self._rates[label] = total
         return self._rates[label]
 
+    def fixed_s(self, label: str) -> float:
+        """A slice's fixed cost (conditioning, postprocess) spread over the fleet: the workers' mean, over
+        their number (they condition side by side)."""
+        if label not in self._fixed:
+            workers = self.snap.workers
+            self._fixed[label] = sum(self.cost.overhead_s(w.worker_id, label) for w in workers) / len(workers) ** 2
+        return self._fixed[label]
+
     def work_s(self, units) -> float:
         """Seconds of the pipe's time that these slices take (their rows x steps, and their fixed cost)."""
-        n = len(self.snap.workers)
-        return sum(u.cost_rows * u.steps / self.rate(u.label)
-                   + self.cost.overhead_s(self.snap.workers[0].worker_id, u.label) / n for u in units)
+        return sum(u.cost_rows * u.steps / self.rate(u.label) + self.fixed_s(u.label) for u in units)
 
     def busy_s(self, label: str) -> float:
         """Until what runs now has drained: each worker's predicted remaining time, weighted by its share
@@ -75,12 +83,9 @@ class Pipe:
 
     def ahead_s(self, order: tuple) -> float:
         """Seconds of the pipe's time that the queued slices ahead of `order` take, as they stand."""
-        n = len(self.snap.workers)
         total = 0.0
         for bucket, count in self.snap.queue.ahead(order):
-            per = bucket.cost_rows * bucket.steps / self.rate(bucket.label) \
-                + self.cost.overhead_s(self.snap.workers[0].worker_id, bucket.label) / n
-            total += count * per
+            total += count * (bucket.cost_rows * bucket.steps / self.rate(bucket.label) + self.fixed_s(bucket.label))
         return total
 
     def run_s(self, unit: Unit, busy: bool) -> float:

@@ -55,8 +55,9 @@ class SimWorker:
     preparing: float = 0.0  # seconds of conditioning queued on that thread
 
     def slot(self) -> WorkerSlot:
-        used = sum(i.rows for i in self.items)
-        return WorkerSlot(self.worker_id, self.capacity, self.capacity - used, self.items[0].key if self.items else None)
+        used = sum(i.rows for i in self.items)  # may pass its capacity: work it holds waits there (prefetch)
+        return WorkerSlot(self.worker_id, self.capacity, max(0, self.capacity - used),
+                          self.items[0].key if self.items else None)
 
     def stepping(self) -> list[SimItem]:
         return [i for i in self.items if i.delay <= 0.0]
@@ -129,35 +130,44 @@ def _advance(cost, w: SimWorker, dt: float) -> list[SimItem]:
 
 
 def forecast(now: float, workers: list[SimWorker], units: Iterable[Unit], cost, mode: str, *,
-             want: Iterable[str] | None = None, horizon: float = math.inf) -> dict[str, float]:
+             want: Iterable[str] | None = None, orders: dict[str, tuple] | None = None,
+             horizon: float = math.inf) -> dict[str, float]:
     """Predicted finish time of groups: when its last slice ends, counting its slices already running;
     inf when no worker can ever hold one, or when it ends after `horizon`.
 
     `units` are the queued slices in queue order; they are read lazily, a chunk at a time, as far as the
-    simulated workers have rows for them. `want`: the request ids to answer (default: every one in
-    `units` and every one running on `workers`); the simulation stops once they have all ended."""
+    simulated workers have rows for them (and past every group asked about). `want`: the request ids to
+    answer, with their queue positions in `orders` ((effective deadline, admission order): a group's end
+    counts only once the queue has been read past it, so none of its slices is still unread); default:
+    every one in `units` and every one running on `workers`, the whole queue read at once. The
+    simulation stops once they have all ended."""
     queue = PendingIndex(dispatch_class if mode == "dispatch" else step_class)
-    source = iter(units)
     sims = {w.worker_id: w for w in workers}
     chunk = 64 + 2 * sum(w.capacity for w in workers)
     left: dict[str, int] = {}  # slices not ended yet of each group asked about that has shown up
     running = [k for w in workers for i in w.items for k in i.keys]
+    orders = dict(orders or {})
     if want is None:
-        pending = list(source)
+        pending = list(units)
         source = iter(pending)
+        chunk = max(chunk, len(pending) + 1)  # read it all at once: every group's slices are known
         wanted = {u.request_id for u in pending} | {k[0] for k in running}
     else:
+        source = iter(units)
         wanted = set(want)
-    unseen = set(wanted)  # asked about, neither running nor read from `units` yet
     for rid, _slice in running:
         if rid in wanted:
             left[rid] = left.get(rid, 0) + 1
-            unseen.discard(rid)
     exhausted = False
     loaded = 0
+    read_to: tuple = ()  # the queue position of the last unit read
+
+    def unread(rid: str) -> bool:
+        """Some of the group's slices may still be in the part of the queue not read yet."""
+        return not exhausted and (rid not in orders or not read_to[:2] > orders[rid])
 
     def load() -> None:
-        nonlocal exhausted, loaded
+        nonlocal exhausted, loaded, read_to
         for _ in range(chunk):
             u = next(source, None)
             if u is None:
@@ -165,9 +175,10 @@ def forecast(now: float, workers: list[SimWorker], units: Iterable[Unit], cost, 
                 return
             queue.add(u)
             loaded += 1
+            read_to = u.order
             if u.request_id in wanted:
                 left[u.request_id] = left.get(u.request_id, 0) + 1
-                unseen.discard(u.request_id)
+                ended.pop(u.request_id, None)
 
     ended: dict[str, float] = {}
     clock = dict.fromkeys(sims, now)  # the time each worker's state is at
@@ -192,8 +203,13 @@ def forecast(now: float, workers: list[SimWorker], units: Iterable[Unit], cost, 
                         del left[rid]
                         ended[rid] = t
 
+    def open_groups() -> bool:
+        """Some group asked about has slices that have not ended, or may still have some not read."""
+        return bool(left) or any(unread(rid) for rid in wanted)
+
     def plan() -> list[tuple[str, tuple[Unit, ...]]]:
-        """The planner's placements now, reading more of the queue while workers keep rows to spare."""
+        """The planner's placements now; more of the queue is read when all that is read is placed and
+        rows are left, or while a group asked about may still be unread."""
         while True:
             if mode == "dispatch":
                 idle = [w.slot() for w in sims.values() if not w.items]
@@ -203,7 +219,8 @@ def forecast(now: float, workers: list[SimWorker], units: Iterable[Unit], cost, 
                 slots = [w.slot() for w in sims.values()]
                 placed = [(wid, (u,)) for wid, u in plan_step(queue, slots)]
                 room = any(s.free_rows > 0 for s in slots)
-            if exhausted or not room:
+            dry = sum(len(units) for _wid, units in placed) == len(queue)
+            if exhausted or not ((room and dry) or any(unread(rid) for rid in wanted)):
                 return placed
             load()
 
@@ -213,7 +230,7 @@ def forecast(now: float, workers: list[SimWorker], units: Iterable[Unit], cost, 
     t = now
     replan = True
     guard = 0
-    while left or unseen:
+    while open_groups():
         guard += 1
         if guard > 8 * (loaded + len(running)) + 64:
             break  # each pass ends or starts something: never reached, but a broken cost model cannot spin here
@@ -230,6 +247,10 @@ def forecast(now: float, workers: list[SimWorker], units: Iterable[Unit], cost, 
         while events and events[0][3] != version[events[0][2]]:
             heapq.heappop(events)  # stale: the worker changed since
         if not events or events[0][0] > horizon:
+            if not exhausted and any(unread(rid) for rid in wanted):
+                load()  # nothing runs now: read on, so that no group asked about is judged unread
+                replan = True
+                continue
             break  # nothing runs (what is left can never be placed), or the rest ends too late to matter
         t = events[0][0]
         while events and events[0][0] == t:  # every event at this instant before planning again

@@ -38,6 +38,7 @@ class Group(GroupState):
         self.forward_key = request.sampling.forward_key()
         self.label = request.sampling.forward_label()
         self.order: tuple = ()  # its place in the queue once admitted: (effective deadline, admission order)
+        self.serial = 0  # the engine's count of groups received when it came: tells it from a later namesake
         self.wire: Any = None  # the shell's encoded arrays of this group, made once (convert.GroupWire)
         self.forwards = 0
         self.physical_batches = 0

@@ -113,6 +113,7 @@ class SendWork:
     batch_id: int
     slices: tuple[SliceWork, ...]
     join: bool = False
+    rows: int = 0  # the rows the worker may run at once, when fewer than it registered with; 0: its own
 
 
 @dataclass(frozen=True)

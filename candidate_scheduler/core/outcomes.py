@@ -10,8 +10,10 @@ applies it (core/engine.py). The failure taxonomy it encodes:
 - FAIL: an error no retry can fix -- an exception inside the model (`model_error`), a request the model
   cannot run (its own codes): the group is answered at once.
 - OUT_OF_MEMORY: the rows did not fit; the worker holds fewer and the slice is planned again smaller.
-- IGNORE: nothing to do -- the group already ended (a late answer), or the slice was cancelled at our
-  request.
+- IGNORE: nothing to do -- the group already ended (a late answer), or the scheduler cancelled the slice
+  (whatever comes back for it then concerns an ended group, even if a new group has taken its id).
+
+A "cancelled" outcome the scheduler did not ask for is the worker's fault: retried.
 """
 
 from __future__ import annotations
@@ -38,9 +40,10 @@ class Classified:
     detail: str = ""  # why, for a retry or a failure (the worker's own message when it sent one)
 
 
-def classify(group_live: bool, expected_request_id: str, outcome) -> Classified:
-    """`outcome` is a core.messages.SliceOutcome for the slice of `expected_request_id`."""
-    if not group_live:
+def classify(group_live: bool, expected_request_id: str, outcome, cancelled_here: bool = False) -> Classified:
+    """`outcome` is a core.messages.SliceOutcome for the slice of `expected_request_id`; `cancelled_here`:
+    the scheduler told the worker to drop that slice."""
+    if not group_live or cancelled_here:
         return Classified(Verdict.IGNORE, "the group already ended")
     if outcome.request_id != expected_request_id:
         return Classified(Verdict.RETRY, "batch result answers another request")
@@ -49,7 +52,7 @@ def classify(group_live: bool, expected_request_id: str, outcome) -> Classified:
             return Classified(Verdict.RETRY, f"malformed result: {outcome.malformed}")
         return Classified(Verdict.FOLD)
     if outcome.status == "cancelled":
-        return Classified(Verdict.IGNORE, "cancelled at the scheduler's request")
+        return Classified(Verdict.RETRY, "the worker dropped a slice the scheduler did not cancel")
     if outcome.status == "error" and outcome.error_code == OUT_OF_MEMORY_CODE:
         return Classified(Verdict.OUT_OF_MEMORY, outcome.error or "out of memory")
     if outcome.status == "error" and outcome.error_code and outcome.error_code not in RETRYABLE_ERRORS:

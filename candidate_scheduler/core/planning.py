@@ -8,9 +8,9 @@ as far as it can place (each rule below says when it stops).
 
 Dispatch-level batching (`plan_dispatch`): only idle workers get work -- or, with prefetch, a worker
 running one batch gets the next, which it starts when the current one ends; truly idle workers come
-first. Each of them, largest first, gets one physical batch: the earliest unit it can hold (the head of line always goes into the next
-batch), then, first-fit in queue order, later units of the same batch key that still fit
-(core/microbatch.py states the rule and its consequences). The batch runs from its first step to its
+first. Each of them, largest first, gets one physical batch: the earliest unit it can hold (the head
+of line always goes into the next batch), then, first-fit in queue order, later units of the same
+batch key that still fit (core/microbatch.py states the rule and its consequences). The batch runs from its first step to its
 last before that worker gets more. A pass stops when no idle worker is left.
 
 Step-level batching (`plan_step`): a worker takes units while it has free rows; a unit joins the
@@ -87,7 +87,8 @@ class WorkerSlot:
     spare: int = 0  # rows it may hold beyond its capacity, waiting there for rows to free (prefetch)
 
     def accepts(self, unit: Unit) -> bool:
-        return self.free_rows + self.spare >= unit.size and self.forward_key in (None, unit.forward_key)
+        return (unit.size <= self.capacity and self.free_rows + self.spare >= unit.size
+                and self.forward_key in (None, unit.forward_key))
 
     def fit(self, unit: Unit) -> tuple:
         """Best fit first: a unit that runs now (in free rows) before one that would wait there (spare
@@ -123,7 +124,7 @@ def plan_dispatch(queue: PendingIndex, idle: list[WorkerSlot],
         capacity = worker.capacity
         found = walk.first(lambda b, cap=capacity: b.size <= cap)
         if found is None:
-            break
+            continue  # a larger worker further on (a busy one that may hold its next batch) may take some
         bucket, head = found
         if on_unit is not None:
             on_unit(head.request_id)

@@ -76,6 +76,7 @@ def plan(snap: PlanningSnapshot, *, elastic: bool = True, trace: Trace | None = 
     if not snap.workers or not len(snap.queue):
         return SchedulePlan()
     placed = _place(snap, trace)
+    trace.at(None)  # what follows is about no group until it names one
     if elastic and snap.elastic:
         resizes = _resizes(snap, placed, trace)
         if resizes:
@@ -122,6 +123,7 @@ def _assignments(snap: PlanningSnapshot, placed, trace: Trace) -> tuple[Placemen
         by_worker.setdefault(wid, []).append(units)
     out = []
     for wid, groups in by_worker.items():
+        trace.at(None)
         view = snap.worker(wid)
         sim = snap.sim_workers(only=wid)[0] if snap.calibrated else None
         busy = bool(view.running)

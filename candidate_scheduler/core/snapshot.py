@@ -56,6 +56,14 @@ class WorkerView:
         object.__setattr__(self, "forward_key", self.running[0].forward_key if self.running else None)
         object.__setattr__(self, "busy_until", max((a.sent_at + a.predicted_s for a in self.running), default=0.0))
 
+    @classmethod
+    def of(cls, w, rows: int, prefetch: int) -> WorkerView:
+        """The view of a core.workers.WorkerState that may run `rows` rows at once now."""
+        return cls(w.worker_id, rows, w.conditions_aside, tuple(
+            RunningWork(a.batch_id, tuple((e.request_id, e.slice_index) for e in a.entries), a.rows, a.cost_rows,
+                        a.steps, a.label, a.forward_key, a.sent_at, a.predicted_s) for a in w.assignments.values()),
+            prefetch)
+
     def slot(self) -> WorkerSlot:
         """For step batching: its free rows, and the spare rows it may hold for later."""
         return WorkerSlot(self.worker_id, self.rows, self.free_rows, self.forward_key, self.spare)
@@ -86,6 +94,13 @@ class GroupView:
     label: str
     forward_key: tuple
     batch_key: tuple
+
+    @classmethod
+    def of(cls, g, startable: bool, order: tuple | None = None) -> GroupView:
+        """The view of a core.group.Group (at `order`: one not queued yet)."""
+        running = g.status.name == "RUNNING"
+        return cls(g.request_id, order or g.order, g.deadline, g.spec.min_count, g.served_count, startable, running,
+                   g.sampling.steps, g.request.observations, g.label, g.forward_key, g.batch_key)
 
     @property
     def elastic(self) -> bool:
@@ -132,10 +147,12 @@ class PlanningSnapshot:
             if only is not None and w.worker_id != only:
                 continue
             sim = SimWorker(w.worker_id, w.rows, conditions_aside=w.conditions_aside)
-            # what runs: the assignments that fit its rows, in the order sent; the rest waits on the worker
+            # what runs: the assignments that fit its rows, in the order sent (under dispatch batching the
+            # first one alone: a batch runs on its own); the rest waits on the worker
             rows, running, held = 0, [], []
             for a in w.running:
-                (running if rows + a.rows <= w.rows or not running else held).append(a)
+                runs = not running or (self.batching == "step" and not held and rows + a.rows <= w.rows)
+                (running if runs else held).append(a)
                 rows += a.rows
             total_rows = sum(a.cost_rows for a in running)
             wait = 0.0

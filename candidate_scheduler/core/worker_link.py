@@ -45,11 +45,11 @@ class WorkerLink:
             return
         old = e.workers.get(reg.worker_id)
         if old is not None:
-            self.lost(old, "reregistered")
+            self.lost(old, "reregistered", "register")
         e.workers[reg.worker_id] = WorkerState(
             reg.worker_id, identity, capability, min(reg.capacity, capability.max_candidates_per_batch), reg.device,
             e.now, memory_budget_bytes=max(0, int(reg.memory_budget_bytes)),
-            conditions_aside=reg.conditioning == "thread")
+            conditions_aside=reg.conditioning == "thread", registered_rows=reg.capacity)
         e.cost.forget(reg.worker_id)
         e.forget_cost(reg.worker_id)
         for label, rows, seconds in reg.profile:
@@ -96,7 +96,8 @@ class WorkerLink:
                 # message over MAXMSGSIZE is dropped with the connection): retry instead of waiting forever.
                 self.drop(a)
                 e.counters["batches_lost"] += 1
-                e.metrics.worker_failure("worker_error")
+                with e.guard("heartbeat"):
+                    e.metrics.worker_failure("worker_error")
                 for entry in a.entries:
                     with e.guard("heartbeat", entry.request_id):
                         self.slice_failed(entry, worker, "worker_error",
@@ -112,16 +113,20 @@ class WorkerLink:
             e.counters["late_results_discarded"] += 1
             e.metrics.late_result()
             return
-        rows_in_use = worker.rows_in_use  # what ran there when this answer was made (out-of-memory blame)
+        # what could have run there when this answer was made: the out-of-memory blame when the worker
+        # does not say (a prefetched assignment waits on the worker: it ran nothing)
+        rows_in_use = min(worker.rows_in_use, worker.rows) if e.config.batching == "step" else a.rows
         self.drop(a)
         report = dict(result.report or {})
-        e.metrics.worker_report(report)
-        e.cost.observe_group(worker.worker_id, a.label, {**report, "groups": len(a.entries), "device": worker.device})
-        if report.get("peak_memory_bytes") and worker.device != "cpu":
-            e.rows_changed()  # a memory observation may change the rows it may hold
-        if a.predicted_s > 0:
-            e.metrics.prediction(a.predicted_s, e.now - a.sent_at)
-            e.cost.observe_error(a.predicted_s, e.now - a.sent_at)
+        with e.guard("result"):  # bookkeeping: whatever raises here, the slices below are still answered
+            e.metrics.worker_report(report)
+            e.cost.observe_group(worker.worker_id, a.label, {**report, "groups": len(a.entries),
+                                                             "device": worker.device})
+            if report.get("peak_memory_bytes") and worker.device != "cpu":
+                e.rows_changed()  # a memory observation may change the rows it may hold
+            if a.predicted_s > 0:
+                e.metrics.prediction(a.predicted_s, e.now - a.sent_at)
+                e.cost.observe_error(a.predicted_s, e.now - a.sent_at)
         if len(result.outputs) != len(a.entries):
             # A wrong-shaped answer is the worker's fault: retry every member elsewhere.
             for entry in a.entries:
@@ -138,13 +143,14 @@ class WorkerLink:
         """Apply one slice's outcome, as `classify` judges it."""
         e = self.engine
         g = e.groups.get(entry.request_id)
-        live = g is not None and not g.finished
+        cancelled_here = entry.request_id in a.cancelled
+        live = g is not None and not g.finished and not cancelled_here
         if live:
             g.account(report, share)
             if g.first_step_s is None and report.get("wait_s") is not None:
                 g.first_step_s = max(0.0, (a.sent_at - g.received_at) + float(report["wait_s"]))
                 e.metrics.first_step(g.first_step_s)
-        judged = classify(live, entry.request_id, outcome)
+        judged = classify(live, entry.request_id, outcome, cancelled_here)
         if judged.verdict is Verdict.FOLD:
             try:
                 g.fold(entry.slice_index, worker.worker_id, outcome)
@@ -161,18 +167,21 @@ class WorkerLink:
             g.fail(outcome.error_code, judged.detail)
             e.end(g)
         elif judged.verdict is Verdict.OUT_OF_MEMORY:
-            self._out_of_memory(g, entry, worker, a, judged.detail, rows_in_use)
+            self._out_of_memory(g, entry, worker, a, judged.detail, report, rows_in_use)
 
-    def _out_of_memory(self, g, entry, worker: WorkerState, a: Assignment, detail: str, rows_in_use: int) -> None:
-        """The rows the worker ran when the forward ran out of memory did not fit. Every assignment that
-        shared the failing step answers out_of_memory, so the first answer of the incident blames the
-        rows in use then and lowers the worker's rows once, below them; each slice is planned again
-        (split when no worker can hold it) and fails only when it was one row running alone."""
+    def _out_of_memory(self, g, entry, worker: WorkerState, a: Assignment, detail: str, report: dict,
+                       rows_in_use: int) -> None:
+        """The rows the worker ran when it ran out of memory did not fit. The worker says which: the rows
+        of the forward that failed and the step it failed at (`oom_rows`, `oom_step`); every assignment
+        that shared that step answers out_of_memory with the same step, so the incident lowers the
+        worker's rows once, below them. Each slice is planned again (split when no worker can hold it)
+        and fails only when it was one row running alone."""
         e = self.engine
-        if a.batch_id not in worker.oom_incident:
-            worker.oom_incident = {*worker.assignments, a.batch_id}
-            worker.oom_rows = rows_in_use
-            worker.capacity = max(1, min(worker.capacity, rows_in_use - 1))
+        rows = int(report.get("oom_rows") or 0) or rows_in_use
+        key = ("step", report["oom_step"]) if "oom_step" in report else ("batch", a.batch_id)
+        if key != worker.oom_key:
+            worker.oom_key, worker.oom_rows = key, rows
+            worker.capacity = max(1, min(worker.capacity, rows - 1))
             e.rows_changed()
         if worker.oom_rows <= 1:
             g.fail("out_of_memory", f"one candidate does not fit the worker's memory: {detail}", field="count")
@@ -202,6 +211,7 @@ class WorkerLink:
         worker = e.workers.get(a.worker_id)
         if worker is not None:
             worker.release(a.batch_id)
+            e.load_changed()
         for entry in a.entries:
             held = e.held.get(entry.request_id)
             if held is not None:
@@ -209,7 +219,7 @@ class WorkerLink:
                 if not held:
                     del e.held[entry.request_id]
 
-    def lost(self, worker: WorkerState, reason: str) -> None:
+    def lost(self, worker: WorkerState, reason: str, event: str) -> None:
         """The worker is gone (or presumed so): every slice it held goes back to pending, to be retried
         from its snapshots; a result it sends later is discarded."""
         e = self.engine
@@ -217,14 +227,15 @@ class WorkerLink:
         e.cost.forget(worker.worker_id)  # ids carry host, pid and a uuid: a restart never reuses one
         e.forget_cost(worker.worker_id)
         e.rows_changed()
-        if e.cache_bytes.pop(worker.worker_id, None) is not None:
-            e.metrics.conditioning_cache_bytes_in_use(sum(e.cache_bytes.values()))
-        e.metrics.worker_failure(reason)
         held = list(worker.assignments.values())
         for a in held:
             self.drop(a)
             worker.release(a.batch_id)
+        with e.guard(event):  # bookkeeping: whatever raises here, the slices below are still retried
+            if e.cache_bytes.pop(worker.worker_id, None) is not None:
+                e.metrics.conditioning_cache_bytes_in_use(sum(e.cache_bytes.values()))
+            e.metrics.worker_failure(reason)
         for a in held:
             for entry in a.entries:
-                with e.guard("heartbeat", entry.request_id):
+                with e.guard(event, entry.request_id):
                     self.slice_failed(entry, worker, reason, "worker lost")

@@ -48,12 +48,12 @@ class WorkerState:
     conditions_aside: bool = False
     step: int | None = None
     assignments: dict[int, Assignment] = field(default_factory=dict)
-    # the last out-of-memory incident: the assignments that shared the failing step, the rows they held
-    oom_incident: set[int] = field(default_factory=set)
-    oom_rows: int = 0
+    oom_rows: int = 0  # the rows of the forward that ran out of memory in its last incident
     view: Any = None  # the engine's cached snapshot view of it (core/snapshot.WorkerView); None: stale
     rows_in_use: int = 0  # the rows of its assignments (kept by hold and release)
     rows: int = 0  # the rows it may hold: capacity capped by predicted memory (the engine keeps it)
+    registered_rows: int = 0  # the rows it registered with: it runs that many unless told fewer
+    oom_key: Any = None  # the last out-of-memory incident (see worker_link._out_of_memory)
 
     def hold(self, a: Assignment) -> None:
         self.assignments[a.batch_id] = a

@@ -107,6 +107,7 @@ class Arrival:
     batch: bool  # True: a BATCH (runs on its own); False: a JOIN of the running batch
     items: tuple[GroupWork | GroupOutput, ...]  # a GroupOutput: the group could not be decoded
     received_at: float  # perf_counter() when the IO thread read it
+    rows: int = 0  # the rows the scheduler lets it run at once now (0: its own capacity)
 
 
 def arrival_from_wire(msg: protocol.BatchMsg, kind: protocol.Kind, received_at: float) -> Arrival:
@@ -117,7 +118,7 @@ def arrival_from_wire(msg: protocol.BatchMsg, kind: protocol.Kind, received_at: 
             items.append(convert.work_from_wire(g))
         except (ValueError, TypeError) as exc:  # ProtocolError is a ValueError
             items.append(GroupOutput(g.request_id, "error", error=str(exc), error_code="bad_request"))
-    return Arrival(msg.batch_id, kind is protocol.Kind.BATCH, tuple(items), received_at)
+    return Arrival(msg.batch_id, kind is protocol.Kind.BATCH, tuple(items), received_at, msg.rows)
 
 
 @dataclass
@@ -132,6 +133,9 @@ class Assignment:
     first_step_at: float | None = None
     steps_at_receipt: int = 0  # the running batch's step count when it arrived
     steps_while_conditioned: int = 0  # steps the running batch took between its arrival and its join
+    # a forward it shared ran out of memory: the rows that forward carried and the step (the scheduler
+    # blames those rows, once for every assignment that shared the step)
+    out_of_memory: tuple[int, int] | None = None
 
     @property
     def rows(self) -> int:
@@ -155,15 +159,17 @@ class Assignment:
 
     def wire_report(self) -> dict:
         wait = None if self.first_step_at is None else max(0.0, self.first_step_at - self.received_at)
+        extra = {} if self.out_of_memory is None else dict(zip(("oom_rows", "oom_step"), self.out_of_memory))
         return convert.report_to_wire(self.report, wait_s=wait, wall_s=time.perf_counter() - self.received_at,
-                                      steps_while_conditioned=self.steps_while_conditioned)
+                                      steps_while_conditioned=self.steps_while_conditioned, **extra)
 
 
 class RunningBatch:
     def __init__(self, adapter: stepping.StepAdapter, capacity: int | None = None, step_delay_s: float = 0.0,
                  preparer: Preparer | None = None):
         self.adapter = adapter
-        self.capacity = capacity  # rows it admits at once; None: whatever the scheduler sends
+        self.registered = capacity  # the rows it registered with; None: whatever the scheduler sends
+        self.capacity = capacity  # rows it admits at once: fewer when the scheduler says so
         self.preparer = preparer
         # test/benchmark knob: every step takes this much longer, as a slower model's would (and is timed so)
         self.step_delay_s = step_delay_s
@@ -174,6 +180,10 @@ class RunningBatch:
     # ---- arrivals and admission ------------------------------------------------------------------------
 
     def arrive(self, arrival: Arrival) -> None:
+        # the scheduler lowers a worker's rows (it ran out of memory, its memory budget caps it) and says
+        # so with every assignment; what it sends ahead of time must wait for those rows, not these
+        if self.registered is not None:
+            self.capacity = min(self.registered, arrival.rows) if arrival.rows else self.registered
         slots = []
         for i, item in enumerate(arrival.items):
             if isinstance(item, GroupOutput):
@@ -306,6 +316,10 @@ class RunningBatch:
             forwards = self.adapter.step(groups)
         except Exception as exc:  # noqa: BLE001 - a failed forward fails the groups that shared it
             log.exception("a denoise step failed")
+            if stepping.is_out_of_memory(exc):
+                blame = (sum(s.rows for _a, s in members), self.steps_run)
+                for a, _s in members:
+                    a.out_of_memory = blame
             for a, s in members:
                 group = s.group
                 self.adapter.release(group)

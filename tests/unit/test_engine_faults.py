@@ -12,7 +12,7 @@ from candidate_scheduler.core import engine as engine_module
 from candidate_scheduler.core.messages import InternalFault, SliceOutcome
 from candidate_scheduler.core.outcomes import Verdict, classify
 from candidate_scheduler.core.planning import WorkerSlot
-from tests.unit.test_engine import Harness, reduced
+from tests.unit.test_engine import Harness, reduced, submission
 from tests.unit.test_engine_deadlines import calibrated
 
 
@@ -183,10 +183,12 @@ def test_a_reply_that_cannot_be_built_is_still_answered_once(monkeypatch):
 CASES = [
     # (group live, outcome request id, status, error code, malformed) -> verdict
     (False, "g", "ok", None, None, Verdict.IGNORE),
+    ("cancelled here", "g", "ok", None, None, Verdict.IGNORE),
+    ("cancelled here", "g", "cancelled", None, None, Verdict.IGNORE),
     (True, "other", "ok", None, None, Verdict.RETRY),
     (True, "g", "ok", None, None, Verdict.FOLD),
     (True, "g", "ok", None, "bad array", Verdict.RETRY),
-    (True, "g", "cancelled", None, None, Verdict.IGNORE),
+    (True, "g", "cancelled", None, None, Verdict.RETRY),  # not asked for: the worker's fault
     (True, "g", "error", "out_of_memory", None, Verdict.OUT_OF_MEMORY),
     (True, "g", "error", "model_error", None, Verdict.FAIL),
     (True, "g", "error", "bad_request", None, Verdict.FAIL),
@@ -199,7 +201,7 @@ CASES = [
 @pytest.mark.parametrize("live, rid, status, code, malformed, verdict", CASES)
 def test_each_outcome_is_classified_once_by_the_table(live, rid, status, code, malformed, verdict):
     outcome = SliceOutcome(rid, status, (0,), error="boom" if code else None, error_code=code, malformed=malformed)
-    judged = classify(live, "g", outcome)
+    judged = classify(bool(live), "g", outcome, cancelled_here=live == "cancelled here")
     assert judged.verdict is verdict
     if verdict is Verdict.FAIL:
         assert judged.detail == "boom"
@@ -215,14 +217,30 @@ def test_out_of_memory_in_a_shared_step_lowers_the_worker_once_and_retries_every
         h.submit(f"g{i}", count=1, seed=i)
     sends = list(h.work)
     assert len(sends) == 3
-    for send in sends:  # the shared forward ran out of memory: every assignment answers so
-        h.answer(send, status="error", error_code="out_of_memory")
+    for send in sends:  # the shared forward ran out of memory: every assignment answers so, and says which
+        h.answer(send, status="error", error_code="out_of_memory", report={"oom_rows": 3, "oom_step": 5})
         assert h.engine.workers["w1"].capacity == 2  # 3 rows did not fit: lowered once, not per answer
     assert not h.replies
     h.run_all()
     for i in range(3):
         r = h.reply(f"g{i}")
         assert r.status == "done" and r.metrics["retries"] == 1
+
+
+def test_out_of_memory_of_a_dispatch_batch_blames_its_rows_not_the_batch_waiting_behind_it():
+    h = Harness(prefetch=1)
+    h.register("w1", capacity=8)
+    for i in range(16):  # a burst: the shell plans once after it
+        rid = f"{'ab'[i // 8]}{i % 8}"
+        h.take(h.engine.submit(("client", rid), submission(rid, count=1, seed=i), h.now, plan=False))
+    h.take(h.engine.plan(h.now))  # the first batch, 8 rows
+    h.take(h.engine.plan(h.now))  # the next one, held by the worker behind it
+    first, second = h.work
+    assert len(first.slices) == len(second.slices) == 8
+    h.answer(first, status="error", error_code="out_of_memory")  # an older worker: no rows said
+    assert h.engine.workers["w1"].capacity == 7  # the batch that ran had 8 rows; the held one ran nothing
+    h.run_all()
+    assert all(h.reply(f"{x}{i}").status == "done" for x in "ab" for i in range(8))
 
 
 def test_out_of_memory_of_one_row_running_alone_fails_that_group():
@@ -253,3 +271,23 @@ def test_reducer_time_comes_from_the_injected_stopwatch_not_the_frozen_clock():
     assert r.metrics["reducer_s"] == pytest.approx(0.5)  # the fold and the finalize, 0.25 each
     assert registry.get_sample_value("candidate_scheduler_reducer_seconds_count") == 1
     assert registry.get_sample_value("candidate_scheduler_reducer_seconds_sum") == pytest.approx(0.5)
+
+
+def test_a_late_answer_for_a_cancelled_slice_is_never_folded_into_a_new_group_with_its_id():
+    h = Harness(batching="step")
+    h.register("w1", capacity=8)
+    h.submit("r", count=2, seed=1)
+    old = h.work[0]
+    h.take(h.engine.cancel("r", h.now)[1])
+    assert h.reply("r").status == "cancelled"
+    h.replies.clear()
+    h.submit("r", count=2, seed=2)  # the client reuses the id; it joins the same worker's free rows
+    new = h.work[-1]
+    assert new.batch_id != old.batch_id and new.identity == old.identity
+    assert new.slices[0].dispatch.seeds != old.slices[0].dispatch.seeds
+    h.answer(old)  # the old slice finished before the cancel reached the worker: its answer comes late
+    assert "r" not in h.replies  # not taken for the new group, whose slice 0 runs on that worker too
+    h.answer(new)
+    r = h.reply("r")
+    assert r.status == "done" and tuple(r.candidate_seeds) == tuple(new.slices[0].dispatch.seeds)
+    np.testing.assert_allclose(r.action, reduced(r.candidate_seeds))

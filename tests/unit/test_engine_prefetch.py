@@ -64,3 +64,22 @@ def test_a_burst_placed_in_one_pass_never_hands_a_worker_more_rows_than_it_runs_
     assert [(sum(len(s.dispatch.candidate_ids) for s in w.slices), w.join) for w in h.work] == [(8, False), (8, True)]
     h.run_all()
     assert all(h.reply(f"g{i}").status == "done" for i in range(20))
+
+
+def test_spare_rows_never_take_a_slice_larger_than_the_worker_runs():
+    # a worker whose rows shrank (out of memory, a memory cap) after a slice was sized for a larger one
+    from candidate_scheduler.core.planning import Unit, WorkerSlot
+
+    shrunk = WorkerSlot("w", capacity=4, free_rows=4, forward_key=None, spare=4)
+    wide = Unit("g", 0, tuple(range(6)), ("bk",), ("fk",))
+    assert not shrunk.accepts(wide)  # 4 + 4 rows to hold, but it runs 4 at once: it would run out again
+    assert shrunk.accepts(Unit("h", 0, tuple(range(4)), ("bk",), ("fk",)))
+
+
+def test_a_worker_told_fewer_rows_gets_them_in_every_assignment():
+    h = Harness(batching="step", prefetch=1)
+    h.register("w1", capacity=8)
+    h.engine.workers["w1"].capacity = 5  # as an out-of-memory incident leaves it
+    h.engine.rows_changed()
+    h.submit("g", count=2)
+    assert h.work[-1].rows == 5

@@ -110,3 +110,12 @@ def test_a_margin_quantile_outside_half_to_one_is_refused(q):
         CostModel(q)
     with pytest.raises(ValueError, match="margin_quantile"):
         EngineConfig(margin_quantile=q)
+
+
+def test_a_group_asked_about_ends_only_with_its_last_slice_even_across_the_queue_read_in_chunks():
+    # one 8-row worker reads the queue 80 slices at a time; the group asked about has slices 80, 81, 82
+    fillers = [job(f"f{i}", 8, 1) for i in range(79)]
+    ours = [job("x", 8, 1, slice_index=i) for i in range(3)]
+    orders = {"x": ours[0].order[:2]}
+    f = forecast(0.0, [SimWorker("w", 8)], fillers + ours, cost(), "dispatch", want=["x"], orders=orders)
+    assert f["x"] == pytest.approx(82 * 0.08)  # every slice before it, then its three, one at a time

@@ -16,7 +16,7 @@ from candidate_scheduler.core.work import BatchReport, GroupOutput, GroupWork, S
 from candidate_scheduler.worker import stepping
 from candidate_scheduler.worker.loop import Worker
 from candidate_scheduler.worker.preparing import Prepared, Preparer
-from candidate_scheduler.worker.running import RunningBatch
+from candidate_scheduler.worker.running import RunningBatch, arrival_from_wire
 
 
 @dataclass
@@ -299,3 +299,16 @@ def test_a_slot_moves_only_along_its_table():
     s.to(SlotState.CANCELLED)
     with pytest.raises(IllegalSlotTransition):
         s.to(SlotState.READY)  # a cancelled group stays cancelled
+
+
+def test_the_rows_the_scheduler_allows_now_bound_what_the_worker_admits():
+    adapter = HeldAdapter()
+    batch = _capped(adapter, 4)
+    lowered = protocol.BatchMsg(1, _assignment(1, "a", "b", steps=2).groups, rows=2)  # it ran out of memory
+    batch.arrive(arrival_from_wire(lowered, protocol.Kind.BATCH, 0.0))
+    batch.arrive(arrival_from_wire(protocol.BatchMsg(2, _assignment(2, "c", steps=2).groups, rows=2),
+                                   protocol.Kind.JOIN, 0.0))
+    assert _running(batch) == {"a": 0, "b": 0} and batch.capacity == 2  # "c" would fit 4 rows, not 2
+    batch.step()
+    batch.step()
+    assert _running(batch) == {"c": 0}

@@ -1,0 +1,86 @@
+"""The engine's answers to the control socket: cancel, status, drain, shutdown, stats.
+
+`Control` holds no state of its own: it is the part of the engine (core/engine.py) that answers control
+requests, kept in its own file as core/worker_link.py keeps the worker link's. Cancel and shutdown run
+inside the engine's atomic events; the rest only read.
+
+Cancel follows vLLM v1's two-pass `finish_requests`: it says what it changed, and in which state it
+found the group; cancelling a group that already ended changes nothing and says so.
+"""
+
+from __future__ import annotations
+
+from candidate_scheduler.core.messages import ControlAnswer, StopWorker
+
+
+class Control:
+    def __init__(self, engine):
+        self.engine = engine
+
+    def cancel(self, request_id: str, answer: list) -> None:
+        e = self.engine
+        g = e.groups.get(request_id)
+        if g is None:
+            state = e.finished.get(request_id, "unknown")
+            e.metrics.cancellation("done" if state != "unknown" else "unknown")
+            answer.append(ControlAnswer(ok=True, changed=False, state=state))
+            return
+        hit = g.status.name.lower()
+        with e.guard("cancel", request_id):
+            changed = g.cancel()
+            if changed:
+                e.metrics.cancellation(hit)
+                e.end(g)
+        answer.append(ControlAnswer(ok=True, changed=changed, state=hit))
+
+    def shutdown(self) -> None:
+        """Every group in flight answered `shutting_down`; every worker asked to register again (the
+        scheduler may come back on the same port)."""
+        e = self.engine
+        e.draining = True
+        for g in list(e.groups.values()):
+            with e.guard("shutdown", g.request_id):
+                g.fail("shutting_down", "the scheduler is shutting down")
+                e.end(g)
+        e.outbox.extend(StopWorker(w.identity, "reregister") for w in e.workers.values())
+
+    def status(self, request_id: str) -> ControlAnswer:
+        e = self.engine
+        g = e.groups.get(request_id)
+        if g is None:
+            return ControlAnswer(ok=True, state=e.finished.get(request_id, "unknown"))
+        return ControlAnswer(ok=True, state=g.status.name.lower(), detail={
+            "count": g.spec.count,
+            "slices": len(g.slices),
+            "pending_slices": len(g.pending_slices()),
+            "running_slices": len(g.running_slices()),
+            "candidates_done": len(g.partial.done()),
+        })
+
+    def drain(self) -> ControlAnswer:
+        e = self.engine
+        changed = not e.draining
+        e.draining = True
+        return ControlAnswer(ok=True, changed=changed, state="draining", detail={"in_flight": len(e.groups)})
+
+    def stats(self) -> dict:
+        e = self.engine
+        return {
+            "groups_in_flight": len(e.groups),
+            "queued_groups": e.queued_groups(),
+            "queued_candidates": e.queued_candidates(),
+            "batching": e.config.batching,
+            "workers": {
+                w.worker_id: {"capacity": w.capacity, "device": w.device, "busy": not w.idle, "step": w.step,
+                              "rows_in_use": w.rows_in_use, "assignments": len(w.assignments)}
+                for w in e.workers.values()
+            },
+            # what the model can do (the first live worker's; a fleet serves one model), for fronts' metadata
+            "capability": next(iter(e.workers.values())).capability.to_dict() if e.workers else None,
+            "batches_in_flight": len(e.assignments),
+            "draining": e.draining,
+            "late_results_discarded": e.counters["late_results_discarded"],
+            "batches_lost": e.counters["batches_lost"],
+            "handler_errors": e.counters["handler_errors"],
+            "internal_errors": e.counters["internal_errors"],
+        }
