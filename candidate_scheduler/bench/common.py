@@ -29,6 +29,25 @@ def summary_stats(values: list[float]) -> dict:
     }
 
 
+def forecast_errors(metrics_list) -> dict | None:
+    """The cost model's error over these replies' assignments (each reply's `forecasts`), per forward
+    label: measured / predicted at p10, p50 and p90, the share within 10% of the prediction, and how
+    many. None when no reply carries a calibrated prediction."""
+    by_label: dict[str, list[float]] = {}
+    for metrics in metrics_list:
+        for f in (metrics or {}).get("forecasts") or ():
+            if f.get("predicted_s", 0) > 0:
+                by_label.setdefault(f["label"], []).append(f["measured_s"] / f["predicted_s"])
+    if not by_label:
+        return None
+    out = {}
+    for label, ratios in sorted(by_label.items()):
+        arr = np.asarray(ratios)
+        out[label] = {"n": int(arr.size), "p10": float(np.percentile(arr, 10)), "p50": float(np.median(arr)),
+                      "p90": float(np.percentile(arr, 90)), "within_10pct": float(np.mean(np.abs(arr - 1) <= 0.1))}
+    return out
+
+
 def ratio(num: float | None, den: float | None) -> float | None:
     if num is None or den is None or den == 0:
         return None

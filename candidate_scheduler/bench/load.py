@@ -90,7 +90,8 @@ def run_load(opts: dict) -> dict:
     load_before = loadavg()
     ok = False
     try:
-        arms, skipped, reference = start_arms(launcher, opts["arms"], opts["arm_flags"], opts["model"], opts["device"])
+        arms, skipped, reference = start_arms(launcher, opts["arms"], opts["arm_flags"], opts["model"], opts["device"],
+                                              sides=tuple(s.side for s in plan.shapes))
         progress.update(1)
         start_s = time.perf_counter() - t_start
         progress.total = _units(plan, len(arms))

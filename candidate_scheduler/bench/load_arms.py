@@ -51,7 +51,8 @@ def _rejected_flags(log_path) -> bool:
     return any(e in text for e in _FLAG_ERRORS)
 
 
-def _start_service(launcher: Launcher, name: str, flags: tuple[str, ...], model: str, device: str) -> Arm:
+def _start_service(launcher: Launcher, name: str, flags: tuple[str, ...], model: str, device: str,
+                   worker_flags: tuple[str, ...] = ()) -> Arm:
     arm = Arm(name, flags=flags)
     try:
         arm.handle = launcher.scheduler(*flags, metrics=True, name=f"{name}-scheduler")
@@ -69,14 +70,17 @@ def _start_service(launcher: Launcher, name: str, flags: tuple[str, ...], model:
             arm.notes.append(f"skipped: `serve` does not accept `{' '.join(flags)}` (log {log_path})")
             return arm
     arm.endpoint = arm.handle.request
-    launcher.worker(arm.handle, "cosmos3", WORKER_CAPACITY, *WORKER_FLAGS.get(name, ()), model=model, device=device,
-                    name=f"{name}-worker")
+    launcher.worker(arm.handle, "cosmos3", WORKER_CAPACITY, *worker_flags, *WORKER_FLAGS.get(name, ()), model=model,
+                    device=device, name=f"{name}-worker")
     return arm
 
 
 def start_arms(launcher: Launcher, names: list[str], flags: dict[str, tuple[str, ...]], model: str,
-               device: str, ready_timeout_s: float = 300.0) -> tuple[dict[str, Arm], dict[str, list[str]], Arm]:
-    """Start the arms; returns (the arms that run, {skipped arm: notes}, the sglang reference arm)."""
+               device: str, ready_timeout_s: float = 300.0,
+               sides: tuple[int, ...] = ()) -> tuple[dict[str, Arm], dict[str, list[str]], Arm]:
+    """Start the arms; returns (the arms that run, {skipped arm: notes}, the sglang reference arm). The
+    workers warm up at every shape of the run (`sides`), so each shape's cost model is its own measure."""
+    worker_flags = ("--warmup-shapes", ",".join(f"{s}x{s}" for s in sides)) if sides else ()
     fcfs = launcher.start([sys.executable, "-m", "candidate_scheduler.bench.sglang_fcfs", "--model", model,
                            "--device", device], "sglang-fcfs")
     reference = Arm("sglang_sequential", proc=fcfs)
@@ -84,7 +88,7 @@ def start_arms(launcher: Launcher, names: list[str], flags: dict[str, tuple[str,
     skipped: dict[str, list[str]] = {}
     for name in names:
         if name in SERVICE_ARMS:
-            arm = _start_service(launcher, name, flags[name], model, device)
+            arm = _start_service(launcher, name, flags[name], model, device, worker_flags)
             if arm.handle is None:
                 skipped[name] = arm.notes
             else:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from candidate_scheduler import protocol
+from candidate_scheduler.bench.common import forecast_errors
 
 
 @dataclass
@@ -152,6 +153,7 @@ def summarise(run: PointRun, slo_s: float) -> dict:
         "rows_per_forward_source": "reply rows_per_forward (mean over groups)" if rows else None,
         "rows_per_forward_reply_mean": float(np.mean(rows)) if rows else None,
         "statuses": statuses,
+        "forecast_error": forecast_errors([o.metrics for o in sent]),
         "stopped_early": run.stopped_early,
         "max_send_lag_s": max((o.send_lag_s for o in sent if o.send_lag_s is not None), default=None),
         "wall_s": run.wall_s,

@@ -188,6 +188,7 @@ def write_report(result: dict, out_dir: Path, json_name: str, plot: str | None) 
                     f"| {fmt(r['p99_s'] * 1e3 if r['p99_s'] is not None else None)} | {fmt(r['goodput_groups_per_s'], 2)} "
                     f"| {fmt(r['first_step_p50_s'] * 1e3 if r['first_step_p50_s'] is not None else None)} "
                     f"| {fmt(r['rows_per_forward'], 2)} | {statuses} |")
+        lines += _forecast_lines(info, result["arms"], shape)
         lines += ["", "Parity: done replies re-sent alone to sglang's own pipeline (one request per candidate seed):", "",
                   "| arm | groups | counts | bitwise equal |", "|---|---|---|---|"]
         for arm in arms:
@@ -243,3 +244,25 @@ if __name__ == "__main__":
 
     for path in sys.argv[1:] or ["bench/results/load_cpu.json"]:
         print(summary(json.loads(Path(rebuild(Path(path))["json"]).read_text())))
+
+
+def _forecast_lines(info: dict, arms: dict, shape: str) -> list[str]:
+    """The cost model's predictions against what each assignment took (send to result): on an idle
+    worker (the unloaded groups, one at a time) and under each load point, per forward label."""
+    rows = []
+    for arm, u in info["unloaded"].items():
+        for label, e in (u.get("forecast_error") or {}).items():
+            rows.append((arm, "unloaded (idle worker)", label, e))
+        for r in (r for r in arms[arm] if r["shape"] == shape):
+            for label, e in (r.get("forecast_error") or {}).items():
+                rows.append((arm, r["phase"], label, e))
+    if not rows:
+        return []
+    out = ["", "Forecasts: each assignment's measured time (send to result) over the cost model's prediction "
+           "when it was sent (the reply's `forecasts`):", "",
+           "| arm | phase | forward | assignments | p10 | p50 | p90 | within 10% |", "|---|---|---|---|---|---|---|---|"]
+    for arm, phase, label, e in rows:
+        out.append(f"| {arm} | {phase} | {label} | {e['n']} | {e['p10']:.2f} | {e['p50']:.2f} | {e['p90']:.2f} "
+                   f"| {e['within_10pct'] * 100:.0f}% |")
+    return out
+

@@ -17,7 +17,7 @@ from dataclasses import replace
 import msgspec
 import numpy as np
 
-from candidate_scheduler.bench.common import PROMPT
+from candidate_scheduler.bench.common import PROMPT, forecast_errors
 from candidate_scheduler.bench.load_arms import Arm, rows_per_forward
 from candidate_scheduler.bench.load_plan import (
     COMPARE_AT,
@@ -114,6 +114,8 @@ class ShapeBench:
             "unloaded_mean_s": float(np.mean(list(per_count.values()))),
             "unloaded_p99_s": float(np.percentile([lat for _n, lat, _m in samples], 99)),
             "first_step_median_s": float(np.median(first)) if first else None,
+            # one group at a time on an idle worker: how well the cost model predicts each assignment
+            "forecast_error": forecast_errors([m for _n, _lat, m in samples]),
             "slo_s": SLO_FACTOR * unloaded_s,
             "samples": [{"count": n, "latency_s": lat} for n, lat, _m in samples],
         }

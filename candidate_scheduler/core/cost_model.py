@@ -8,7 +8,8 @@ Per worker and per forward label (SamplingSpec.forward_label: shape, horizon, CF
   seen yet on a worker borrows the line of the nearest label it has, scaled by the ratio of video
   tokens (height x width x frames), until forwards of its own arrive.
 - a group's fixed cost outside the forwards (conditioning + postprocess), an exponentially weighted
-  mean per group, from the reports that come back with every result.
+  mean per group, seeded by the fixed cost the warm-up measures at each profiled shape (a fresh
+  observation's), then from the reports that come back with every result.
 - peak memory: bytes(rows) = m0 + m1 * rows from the peaks reported (CUDA; 0 elsewhere), which caps the
   rows a worker may hold under its memory budget.
 
@@ -170,6 +171,12 @@ class CostModel:
             self._w(worker_id).forward.setdefault(label, LinearFit()).observe(rows, seconds)
             self._memo.clear()
 
+    def observe_fixed(self, worker_id: str, label: str, seconds: float) -> None:
+        """A group's fixed cost at this label, measured apart from any result (the warm-up profile)."""
+        if 0 <= seconds < math.inf and label:
+            self._w(worker_id).overhead.setdefault(label, Ewma()).observe(seconds)
+            self._memo.clear()
+
     def observe_group(self, worker_id: str, label: str, report: dict) -> None:
         """One finished assignment's report: its fixed cost per group, its memory peak per row."""
         groups = max(1, int(report.get("groups", 1) or 1))
@@ -197,6 +204,12 @@ class CostModel:
             w = self.workers.get(worker_id)
             value = self._memo[key] = 0.0 if w is None else w.overhead_s(label)
         return value
+
+    def knows(self, worker_id: str, label: str) -> bool:
+        """Forwards of this label measured on this worker (not borrowed from another label's line)."""
+        w = self.workers.get(worker_id)
+        fit = None if w is None else w.forward.get(label)
+        return fit is not None and fit.known
 
     def calibrated(self, worker_id: str) -> bool:
         w = self.workers.get(worker_id)

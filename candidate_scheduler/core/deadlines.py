@@ -23,7 +23,9 @@ are forecast to finish in time, behind the groups queued ahead of it (at their c
 with no such n, min_count. A waiting group may so start now with the rows that are free instead of
 later with all it asked for; once chosen, a count only ever shrinks. The served candidates are
 0..n-1, bitwise those of the full group. Without a calibrated cost model there is no forecast and
-nothing is refused or shrunk.
+nothing is refused or shrunk. At a shape no worker has measured yet (neither its warm-up profile nor
+its results), a forecast borrows another shape's line scaled by the tokens, and a conv net's cost is not
+linear in them: no promise rests on it, and an elastic group there is served at its minimum.
 
 What a forecast costs. It simulates only until the groups it is asked about have finished, never past
 the latest of their deadlines, and loads the queue as far as the simulated workers have rows for it.
@@ -106,6 +108,8 @@ def choose_count(snap: PlanningSnapshot, view: GroupView) -> int:
     search, since a smaller count never finishes later."""
     if not view.elastic or not snap.workers or not snap.calibrated:
         return view.served_count
+    if not all(snap.cost.knows(w.worker_id, view.label) for w in snap.workers):
+        return view.min_count
     # The deadline groups right behind it are watched, at their minimum counts; the groups ahead are
     # forecast too (at their counts as they stand): a group second in the queue that was forecast alone
     # would keep a count it cannot have once the first one starts.

@@ -48,6 +48,8 @@ class Group(GroupState):
         self.condition_s = self.denoise_s = self.postprocess_s = 0.0
         self.worker_s = 0.0  # the workers' own receipt -> result time of its assignments (its share)
         self.steps_while_conditioned = 0  # steps the running batches took while its slices were conditioned
+        # each assignment it took part in: (forward label, rows, predicted seconds, measured seconds)
+        self.forecasts: list[tuple[str, int, float, float]] = []
         self.rollout_parts: dict[int, dict[str, np.ndarray]] = {}
         self.rollout_meta: dict[str, np.ndarray] | None = None
 
@@ -122,6 +124,10 @@ class Group(GroupState):
             postprocess_s=self.postprocess_s,
             worker_s=self.worker_s,
             steps_while_conditioned=self.steps_while_conditioned,
+            # the cost model's prediction of each of its assignments when it was sent, beside the time the
+            # assignment took from send to result (0.0 predicted: the cost model was not calibrated yet)
+            forecasts=[{"label": label, "rows": rows, "predicted_s": p, "measured_s": m}
+                       for label, rows, p, m in self.forecasts] or None,
         )
         status = reply.reason
         if reply.status is GroupStatus.FAILED and reply.error_code in REJECT_CODES:

@@ -52,8 +52,11 @@ class WorkerLink:
             conditions_aside=reg.conditioning == "thread", registered_rows=reg.capacity)
         e.cost.forget(reg.worker_id)
         e.forget_cost(reg.worker_id)
-        for label, rows, seconds in reg.profile:
-            e.cost.observe_forward(reg.worker_id, label, rows, seconds)
+        for label, rows, seconds in reg.profile:  # rows 0: a group's fixed cost at that shape (worker/profile.py)
+            if rows == 0:
+                e.cost.observe_fixed(reg.worker_id, label, seconds)
+            else:
+                e.cost.observe_forward(reg.worker_id, label, rows, seconds)
         e.rows_changed()
         e.outbox.append(AckRegistration(identity, reg.worker_id, e.config.heartbeat_interval_s))
         for rid in list(e.waiting):
@@ -147,6 +150,7 @@ class WorkerLink:
         live = g is not None and not g.finished and not cancelled_here
         if live:
             g.account(report, share)
+            g.forecasts.append((a.label, a.rows, a.predicted_s, e.now - a.sent_at))
             if g.first_step_s is None and report.get("wait_s") is not None:
                 g.first_step_s = max(0.0, (a.sent_at - g.received_at) + float(report["wait_s"]))
                 e.metrics.first_step(g.first_step_s)

@@ -205,12 +205,17 @@ class RunningBatch:
         return self.capacity is None or not self.rows_admitted or self.rows_admitted + a.rows <= self.capacity
 
     def _advance(self) -> None:
-        """Admit what waits while it fits (arrival order: nothing overtakes), then join what is ready."""
+        """Admit what waits while it fits (arrival order: nothing overtakes), then join what is ready.
+        What still waits for rows is conditioned meanwhile on the conditioning thread, while others run:
+        it joins as soon as rows free, instead of holding them idle through its conditioning."""
+        waiting = False
         for a in self.assignments.values():
             if a.admitted:
                 continue
-            if not self._fits(a):
-                break
+            if waiting or not self._fits(a):
+                waiting = True
+                self._prepare_early(a)
+                continue
             self._admit(a)
         for a in self.assignments.values():
             if not a.admitted:
@@ -224,6 +229,14 @@ class RunningBatch:
                     s.to(SlotState.RUNNING)
             a.joined = True
             a.steps_while_conditioned = self.steps_run - a.steps_at_receipt
+
+    def _prepare_early(self, a: Assignment) -> None:
+        if self.preparer is None or self.idle:
+            return  # nothing runs: its groups start on the compute thread once admitted
+        for s in a.slots:
+            if s.state is SlotState.QUEUED:
+                s.to(SlotState.PREPARING)
+                self.preparer.submit(a.batch_id, s.index, s.item)
 
     def _admit(self, a: Assignment) -> None:
         a.admitted = True

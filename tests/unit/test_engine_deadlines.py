@@ -133,3 +133,36 @@ def test_engine_backfills_a_reserved_worker_only_with_work_done_before_the_head_
     h.run_all()
     order = [w.slices[0].dispatch.request_id for w in h.work]
     assert order.index("large") < order.index("slow")  # the head was not delayed by a backfill
+
+
+def test_the_warm_up_profiles_each_shapes_fixed_cost_and_every_reply_shows_its_forecasts():
+    from candidate_scheduler.worker.null_adapter import NullAdapter
+    from candidate_scheduler.worker.profile import warm_up
+
+    records = warm_up(NullAdapter(8), 8, [(64, 64), (128, 128)])
+    fixed = {label: s for label, rows, s in records if rows == 0}
+    assert set(fixed) == {"64x64h16f5", "128x128h16f5"}  # one fixed cost per shape, not borrowed
+    assert {rows for _label, rows, _s in records} == {0, 1, 4, 8}
+
+    h = Harness()
+    profile = ((LABEL, 1, 0.02), (LABEL, 8, 0.09), (LABEL, 0, 0.5), ("256x256h16f5", 0, 4.0))
+    h.take(h.engine.register(b"w1", Registration("w1", capability(), 8, profile=profile), h.now))
+    assert h.engine.cost.overhead_s("w1", "256x256h16f5") == pytest.approx(4.0)  # its own, not 64x64's x16
+    h.submit("g", count=8, steps=10)
+    predicted = h.engine.assignments[h.work[0].batch_id].predicted_s
+    assert predicted == pytest.approx(0.5 + 10 * 0.09)  # the fixed cost, then 10 steps of 8 rows
+    h.advance(1.25)
+    h.answer(h.work[0])
+    [f] = h.reply("g").metrics["forecasts"]
+    assert f == {"label": LABEL, "rows": 8, "predicted_s": pytest.approx(predicted), "measured_s": pytest.approx(1.25)}
+
+
+def test_an_elastic_group_at_a_shape_no_worker_has_measured_is_served_at_its_minimum():
+    h = Harness(batching="step")
+    calibrated(h, "w1")  # profiled at 64x64 only
+    h.submit("unmeasured", count=8, steps=4, deadline_s=60.0, candidates_min=2, sampling={"height": 128, "width": 128})
+    h.run_all()
+    assert h.reply("unmeasured").metrics["served_count"] == 2  # a borrowed forecast promises nothing
+    h.submit("measured", count=8, steps=4, deadline_s=60.0, candidates_min=2)
+    h.run_all()
+    assert h.reply("measured").metrics["served_count"] == 8  # plenty of time, at a shape it knows

@@ -312,3 +312,20 @@ def test_the_rows_the_scheduler_allows_now_bound_what_the_worker_admits():
     batch.step()
     batch.step()
     assert _running(batch) == {"c": 0}
+
+
+def test_an_assignment_waiting_for_rows_is_conditioned_meanwhile_and_joins_as_soon_as_they_free():
+    adapter = HeldAdapter()
+    inbox: queue.Queue = queue.Queue()
+    preparer = Preparer(adapter.start, inbox.put)
+    try:
+        batch = _capped(adapter, 1, preparer)
+        batch.admit(_assignment(1, "running", steps=3), 0.0)
+        batch.admit(_assignment(2, "next", steps=2), 0.0)  # no row for it yet: it waits on the worker
+        batch.prepared(inbox.get(timeout=10))  # ... conditioned on the other thread while "running" steps
+        assert adapter.started_on["next"] == "conditioning" and _running(batch) == {"running": 0}
+        for _ in range(3):
+            batch.step()
+        assert _running(batch) == {"next": 0}  # it joins at the very boundary its row frees
+    finally:
+        preparer.close()
