@@ -54,7 +54,7 @@ def main(args) -> int:
     if run_fleet:
         from candidate_scheduler.bench.fleet import run_fleet_bench
 
-        run_fleet_bench(args.out, smoke=args.smoke, plot=not args.no_plots)
+        run_fleet_bench(args.out, smoke=args.smoke, plot=not args.no_plots, baseline=args.fleet_baseline)
     return 0
 
 
@@ -101,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--load-seed", type=int, default=None, help="seed of the arrival schedules (default 20240613)")
     g.add_argument("--load-scale", type=float, default=1.0,
                    help="multiply every load window and group minimum by this (default 1; e.g. 3 for steadier figures)")
+
+    f = p.add_argument_group("fleet benchmark")
+    f.add_argument("--fleet-baseline", default=None, metavar="REV",
+                   help="also run the in-process engine points against this git revision's engine, each right "
+                        "before the current one (a before/after measured side by side; e.g. 768553e)")
 
     d = p.add_argument_group("deadline benchmark")
     d.add_argument("--deadline-margin-quantile", type=margin_quantile, default=None,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +38,7 @@ import numpy as np
 from candidate_scheduler.bench.common import PROMPT
 from candidate_scheduler.service.launcher import Launcher
 
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CAPACITY = 8  # rows per worker
 STEPS = 4  # denoise steps per group
 SIDE = 64  # observation side (pixels)
@@ -268,9 +270,10 @@ def run_fleet(smoke: bool, progress=None) -> dict:
     return {"runs": runs, "capacity": CAPACITY, "steps": STEPS, "side": SIDE, "log_dir": log_dir}
 
 
-def run_fleet_bench(out_dir, *, smoke: bool = False, plot: bool = True) -> dict:
+def run_fleet_bench(out_dir, *, smoke: bool = False, plot: bool = True, baseline: str | None = None) -> dict:
     """`bench --fleet`: the engine in process against queue depth, then the fleet over ZMQ; writes
-    fleet.json (fleet_smoke.json with --smoke), the report and the plots. Returns the result."""
+    fleet.json (fleet_smoke.json with --smoke), the report and the plots. With `baseline` (a git
+    revision), the engine points run against that revision's engine too, side by side."""
     import datetime
     from pathlib import Path
 
@@ -284,10 +287,13 @@ def run_fleet_bench(out_dir, *, smoke: bool = False, plot: bool = True) -> dict:
     events = 60 if smoke else 300
     sizes = SMOKE if smoke else FULL
     total = 2 * 2 * len(depths) + sum(len(workloads(s, smoke)) for s in sizes) * len(MODES)
+    if baseline is not None:
+        total += 2 * len(depths)
     progress = tqdm(total=total, desc="fleet: engine in process", unit="run", file=sys.stderr, dynamic_ncols=True,
                     mininterval=0.5)
+    root = _worktree(baseline) if baseline is not None else None
     try:
-        engine = fleet_engine.sweep(depths, events=events, progress=lambda _r: progress.update(1))
+        engine = fleet_engine.sweep(depths, events=events, baseline=root, progress=lambda _r: progress.update(1))
         # every group with a deadline: refusal at receipt, and the forecast at each send
         deadline = fleet_engine.sweep(depths, events=events, deadline_every=1, progress=lambda _r: progress.update(1))
         progress.set_description("fleet: scheduler + null workers over ZMQ")
@@ -299,10 +305,13 @@ def run_fleet_bench(out_dir, *, smoke: bool = False, plot: bool = True) -> dict:
         fleet = run_fleet(smoke, step)
     finally:
         progress.close()
+        if root is not None:
+            subprocess.run(["git", "worktree", "remove", "--force", root], cwd=_ROOT, capture_output=True)
     meta = {
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "git": git_rev(), "smoke": smoke, "cpu_count": os.cpu_count(),
         "engine_workers": engine[0]["workers"], "engine_rows": engine[0]["rows"],
+        "baseline": None if baseline is None else _rev(baseline),
         "loadavg_start": load_before, "loadavg_end": loadavg(), "wall_s": time.perf_counter() - started,
     }
     result = {"meta": meta, "engine": engine, "engine_deadlines": deadline, "fleet": fleet}
@@ -313,3 +322,17 @@ def run_fleet_bench(out_dir, *, smoke: bool = False, plot: bool = True) -> dict:
     print(f"fleet bench: {meta['wall_s']:.0f} s; wrote {files['json']}, {files['report']}"
           + (f", {len(files['plots'])} plots" if files["plots"] else ""))
     return result
+
+
+def _rev(revision: str) -> str:
+    return subprocess.run(["git", "rev-parse", "--short", revision], cwd=_ROOT, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def _worktree(revision: str) -> str:
+    """A checkout of `revision` in a temporary folder (removed after the run)."""
+    path = tempfile.mkdtemp(prefix="cs-baseline-")
+    os.rmdir(path)
+    subprocess.run(["git", "worktree", "add", "--detach", path, revision], cwd=_ROOT, capture_output=True, check=True)
+    return path
+

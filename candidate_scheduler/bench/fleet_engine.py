@@ -15,6 +15,10 @@ deadline code (refusal at receipt, backfill in step mode) runs as it does in pro
 from __future__ import annotations
 
 import collections
+import json
+import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -103,7 +107,9 @@ def time_per_event(batching: str, depth: int, *, workers: int = 32, rows: int = 
                    warmup: int = 50, deadline_every: int = 0, counts: tuple[int, ...] = (1,)) -> dict:
     """The engine's time per worker-result event with `depth` groups queued (see the module docstring)."""
     fleet = FakeFleet(batching, workers, rows, deadline_every=deadline_every, counts=counts)
-    fleet.submit(depth + workers * rows)  # the workers' rows full, `depth` waiting behind them
+    # the workers' rows full (and what they may hold besides: prefetch), `depth` waiting behind them
+    held = workers * rows * (1 + getattr(fleet.engine.config, "prefetch", 0))
+    fleet.submit(depth + held)
     event_s: list[float] = []
     submit_s = 0.0
     submitted = 0
@@ -135,20 +141,36 @@ def time_per_event(batching: str, depth: int, *, workers: int = 32, rows: int = 
 
 
 def sweep(depths=(100, 1000, 5000, 10_000), modes=("dispatch", "step"), *, events: int = 400,
-          deadline_every: int = 0, progress=None) -> list[dict]:
+          deadline_every: int = 0, progress=None, baseline: str | None = None) -> list[dict]:
+    """Every (mode, depth) point, each in a fresh process (no heap or caches carried over). With
+    `baseline` (a checkout of an older revision), each point runs there too, right before this one: the
+    two engines measured side by side on the same machine state (rows with "revision": "baseline")."""
     rows = []
     for mode in modes:
         for depth in depths:
-            rows.append(time_per_event(mode, depth, events=events, deadline_every=deadline_every))
+            if baseline is not None:
+                # an old engine is O(queue) per event: fewer events keep its deep points within a minute
+                rows.append({**_point(baseline, mode, depth, min(events, max(40, 400_000 // depth)), deadline_every),
+                             "revision": "baseline"})
+                if progress is not None:
+                    progress(rows[-1])
+            rows.append({**_point(None, mode, depth, events, deadline_every), "revision": "current"})
             if progress is not None:
                 progress(rows[-1])
     return rows
 
 
-if __name__ == "__main__":  # a quick look: python -m candidate_scheduler.bench.fleet_engine [deadline_every]
-    import sys
+def _point(root: str | None, mode: str, depth: int, events: int, deadline_every: int) -> dict:
+    """One point in a child process; with `root`, against the engine of the checkout there (this file
+    drives only the engine's public API, which older revisions have too)."""
+    env = dict(os.environ)
+    if root is not None:
+        env["PYTHONPATH"] = root
+    cmd = [sys.executable, os.path.abspath(__file__), mode, str(depth), str(events), str(deadline_every)]
+    out = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=900, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
-    sweep(events=200, deadline_every=int(sys.argv[1]) if len(sys.argv) > 1 else 0, progress=lambda r: print(
-        f"{r['batching']:8s} depth {r['depth']:6d}: event p50 {r['event_ms']['median']:.3f} ms, "
-        f"mean {r['event_mean_ms']:.3f} ms, submit {r['submit_us']:.0f} us, {r['groups_per_s']:.0f} groups/s",
-        flush=True))
+
+if __name__ == "__main__":  # one point, as JSON: python fleet_engine.py MODE DEPTH EVENTS DEADLINE_EVERY
+    mode, depth, events, every = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    print(json.dumps(time_per_event(mode, depth, events=events, deadline_every=every)))

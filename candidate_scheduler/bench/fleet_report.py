@@ -11,19 +11,22 @@ from candidate_scheduler.bench.common import fmt
 MODES = ("dispatch", "step")
 
 
-def _engine_table(rows: list[dict], title: str) -> list[str]:
-    out = [f"#### {title}", "", "| mode | queued | event p50 ms | event mean ms | submit us | groups/s |",
-           "|---|---:|---:|---:|---:|---:|"]
+def _engine_table(rows: list[dict], title: str, baseline: str | None = None) -> list[str]:
+    out = [f"#### {title}", "", "| engine | mode | queued | events | event p50 ms | event mean ms | submit us | groups/s |",
+           "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        out.append(f"| {r['batching']} | {r['depth']:,} | {fmt(r['event_ms']['median'], 3)} | "
+        name = f"before ({baseline})" if r.get("revision") == "baseline" else "this revision"
+        out.append(f"| {name} | {r['batching']} | {r['depth']:,} | {r['events']} | {fmt(r['event_ms']['median'], 3)} | "
                    f"{fmt(r['event_mean_ms'], 3)} | {fmt(r['submit_us'], 0)} | {fmt(r['groups_per_s'], 0)} |")
-    for mode in MODES:
-        by = {r["depth"]: r for r in rows if r["batching"] == mode}
-        if by:
-            lo, hi = by[min(by)], by[max(by)]
-            ratio = hi["event_mean_ms"] / lo["event_mean_ms"] if lo["event_mean_ms"] else None
-            out.append(f"\n{mode}: time per event at {max(by):,} queued is {fmt(ratio, 2)}x its time at "
-                       f"{min(by):,} (target <= 1.5x).")
+    for revision in ("current", "baseline"):
+        for mode in MODES:
+            by = {r["depth"]: r for r in rows if r["batching"] == mode and r.get("revision", "current") == revision}
+            if by:
+                lo, hi = by[min(by)], by[max(by)]
+                ratio = hi["event_mean_ms"] / lo["event_mean_ms"] if lo["event_mean_ms"] else None
+                name = f"before ({baseline})" if revision == "baseline" else "this revision"
+                out.append(f"\n{name}, {mode}: time per event at {max(by):,} queued is {fmt(ratio, 2)}x its time at "
+                           f"{min(by):,} (target <= 1.5x).")
     return out + [""]
 
 
@@ -49,16 +52,19 @@ def _cpu_budget(runs: list[dict], cores: int) -> list[str]:
     """Per burst run: each process class's CPU per group answered, and the rate the machine's cores would
     allow if every one of them did nothing else (the ceiling a 2-core machine puts on the figure)."""
     out = ["| K | mode | workload | scheduler us/group | workers us/group | client us/group | ceiling groups/s "
-           "(cores / CPU per group) | measured groups/s |", "|---:|---|---|---:|---:|---:|---:|---:|"]
+           "(cores / CPU per group) | scheduler's ceiling (one core) | measured groups/s |",
+           "|---:|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in runs:
         if r["workload"]["name"] != "burst":
             continue
         done = r["groups_per_s"] * r["wall_s"]
         per = {k: v * r["wall_s"] / done * 1e6 for k, v in r["cores"].items()} if done else {}
         total = sum(per.values())
-        out.append(f"| {r['workers']} | {r['batching']} | {r['workload']['name']} | {per.get('scheduler', 0):.0f} | "
+        sched = per.get("scheduler", 0)
+        out.append(f"| {r['workers']} | {r['batching']} | {r['workload']['name']} | {sched:.0f} | "
                    f"{per.get('workers', 0):.0f} | {per.get('client', 0):.0f} | "
-                   f"{cores / total * 1e6 if total else 0:.0f} | {r['groups_per_s']:.0f} |")
+                   f"{cores / total * 1e6 if total else 0:.0f} | {1e6 / sched if sched else 0:.0f} | "
+                   f"{r['groups_per_s']:.0f} |")
     return out
 
 
@@ -99,7 +105,7 @@ def write_outputs(result: dict, out_dir: Path, plot: bool = True) -> dict:
         "with a warm-up profile, so the deadline code runs as in production.",
         "",
     ]
-    lines += _engine_table(result["engine"], "Without deadlines")
+    lines += _engine_table(result["engine"], "Without deadlines", meta.get("baseline"))
     if result.get("engine_deadlines"):
         lines += _engine_table(result["engine_deadlines"], "Every group with a deadline (refusal at receipt on each)")
     lines += [
@@ -119,7 +125,8 @@ def write_outputs(result: dict, out_dir: Path, plot: bool = True) -> dict:
               "Every process of the benchmark shares this machine's cores: the scheduler, the K workers (a null "
               "worker's own CPU stands in for nothing a GPU worker would not also spend on the host: decoding, "
               "threads, its answer) and the client. The ceiling is the rate at which the cores, doing nothing "
-              "else, would run every process's CPU per group.", ""]
+              "else, would run every process's CPU per group; the scheduler's ceiling is one core running the "
+              "scheduler's CPU per group alone (its loop is one thread: it cannot use the second core).", ""]
     lines += _cpu_budget(result["fleet"]["runs"], meta["cpu_count"])
     plots = _plots(result, out_dir) if plot else []
     lines += [""] + [f"![{name}]({name})" for name in plots]
@@ -154,14 +161,18 @@ def _plots(result: dict, out_dir: Path) -> list[str]:
     names.append("fleet_utilisation.png")
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
-    for key, style in (("engine", "-"), ("engine_deadlines", "--")):
+    baseline = result["meta"].get("baseline")
+    curves = [("engine", "current", "-", ""), ("engine_deadlines", "current", "--", " (deadlines)"),
+              ("engine", "baseline", ":", f" before ({baseline})")]
+    for key, revision, style, suffix in curves:
         for mode, color in zip(MODES, ("#0072b2", "#009e73")):
-            pts = sorted((r["depth"], r["event_mean_ms"]) for r in result.get(key) or () if r["batching"] == mode)
+            pts = sorted((r["depth"], r["event_mean_ms"]) for r in result.get(key) or ()
+                         if r["batching"] == mode and r.get("revision", "current") == revision)
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", color=color,
-                        label=f"{mode}{' (deadlines)' if key != 'engine' else ''}")
+                        label=f"{mode}{suffix}")
     ax.set_xscale("log")
-    ax.set_ylim(bottom=0)
+    ax.set_yscale("log")
     ax.set_xlabel("queued groups")
     ax.set_ylabel("engine time per result event, ms (mean)")
     ax.set_title("Engine cost against queue depth (in process)")
