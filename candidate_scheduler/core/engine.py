@@ -472,9 +472,8 @@ class Engine:
             self.metrics.group_joined()
 
     def _pending_now(self, u) -> bool:
-        g = self.groups.get(u.request_id)
-        return g is not None and u.request_id in self.pending and any(
-            i == u.slice_index and ids == u.candidate_ids for i, ids in g.pending_slices())
+        # a plan's units are the index's own objects: one that was started, retried or re-sliced since is not
+        return self.pending.get(u.request_id, u.slice_index) is u
 
     def rows_of(self, w: WorkerState) -> int:
         """The rows a worker may hold: its capacity, capped by its predicted peak memory (CUDA)."""

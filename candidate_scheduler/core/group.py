@@ -8,6 +8,7 @@ slice outcome (checked before anything is folded), and the reply in core terms.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -34,9 +35,7 @@ class Group(GroupState):
         self.client = client
         self.received_at = received_at
         # what may share a batch / a forward with it, and its cost-model key: fixed by its sampling
-        self.batch_key = request.sampling.batch_key()
-        self.forward_key = request.sampling.forward_key()
-        self.label = request.sampling.forward_label()
+        self.batch_key, self.forward_key, self.label = _keys(request.sampling)
         self.order: tuple = ()  # its place in the queue once admitted: (effective deadline, admission order)
         self.serial = 0  # the engine's count of groups received when it came: tells it from a later namesake
         self.wire: Any = None  # the shell's encoded arrays of this group, made once (convert.GroupWire)
@@ -158,6 +157,12 @@ class Group(GroupState):
             out[name] = np.asarray(self.rollout_meta[name]).astype(np.float32, copy=False)
         out["step_indices"] = [int(i) for i in np.asarray(self.rollout_meta["step_indices"]).reshape(-1)]
         return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _keys(sampling) -> tuple[tuple, tuple, str]:
+    """A sampling spec's batch key, forward key and forward label (its groups share the spec object)."""
+    return sampling.batch_key(), sampling.forward_key(), sampling.forward_label()
 
 
 def refusal(request_id: str, status: str, code: str, message: str, field: str | None = None) -> GroupResult:

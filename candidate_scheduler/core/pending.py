@@ -112,6 +112,11 @@ class PendingIndex:
     def unit(self, request_id: str, slice_index: int):
         return self._units[request_id][slice_index]
 
+    def get(self, request_id: str, slice_index: int):
+        """The pending unit of that slice, or None."""
+        slices = self._units.get(request_id)
+        return None if slices is None else slices.get(slice_index)
+
     def ahead(self, order: tuple) -> list[tuple[Bucket, int]]:
         """How many units of each bucket are queued ahead of a group at `order` (its own units excluded):
         a binary search per bucket."""

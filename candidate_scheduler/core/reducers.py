@@ -202,7 +202,7 @@ class PartialReduction:
                 raise CandidateContractError("candidate_ids", "duplicate_candidate", "candidate already folded", cid)
             seen.add(cid)
             arr = np.array(raw, copy=True)  # the caller may reuse its buffer
-            if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
+            if arr.dtype.kind not in "fiu":  # real numbers: float, signed or unsigned int
                 raise CandidateContractError(f"arrays[{cid}]", "invalid_type", "actions must be real numbers", str(arr.dtype))
             if expected is None:
                 expected = (arr.shape, arr.dtype)
@@ -211,7 +211,7 @@ class PartialReduction:
                     f"arrays[{cid}]", "shape_mismatch", f"expected {expected[1]}{list(expected[0])}",
                     f"{arr.dtype}{list(arr.shape)}",
                 )
-            if not np.all(np.isfinite(arr)):
+            if not np.isfinite(arr).all():
                 # A NaN/inf action must never be served (nor poison a mean or a medoid distance).
                 raise CandidateContractError(f"arrays[{cid}]", "non_finite", "candidate action is not finite", cid)
             rows.append((cid, arr))

@@ -7,6 +7,7 @@ or a ValueError; the engine answers either with status `invalid`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -73,7 +74,7 @@ def validate(sub: Submission) -> GroupRequest:
     spec = CandidateTrajectorySpec(**_spec_fields(sub.candidates or {}))
     if spec.count > MAX_CANDIDATES:
         raise CandidateContractError("count", "count_over_limit", f"at most {MAX_CANDIDATES}", spec.count)
-    sampling = SamplingSpec(**dict(sub.sampling or {}))
+    sampling = _sampling(sub.sampling)
     images = _observations(sub.images, sub.batched)
     prompts = _prompts(sub.prompt, images.shape[0])
     noise = _initial_noise(sub.initial_noise, spec, sampling)
@@ -82,6 +83,21 @@ def validate(sub: Submission) -> GroupRequest:
                                      spec.reducer)
     return GroupRequest(sub.request_id, spec, sub.seed, sampling, images, prompts, bool(sub.batched), sub.deadline_s,
                         noise)
+
+
+def _sampling(raw: Mapping[str, Any] | None) -> SamplingSpec:
+    """SamplingSpec(**raw): a client's groups share a few specs, each checked once. The key holds each
+    value's type, since 4 == 4.0 == True in Python and only the int is a valid step count."""
+    key = tuple(sorted((name, type(value), value) for name, value in (raw or {}).items()))
+    try:
+        return _checked_sampling(key)
+    except TypeError:  # a list among the values (return_step_indices) is not hashable: checked afresh
+        return SamplingSpec(**dict(raw or {}))
+
+
+@functools.lru_cache(maxsize=1024)
+def _checked_sampling(key: tuple) -> SamplingSpec:
+    return SamplingSpec(**{name: value for name, _type, value in key})  # a bad spec raises: nothing kept
 
 
 def _spec_fields(raw: Mapping[str, Any]) -> dict[str, Any]:

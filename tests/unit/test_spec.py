@@ -224,3 +224,15 @@ def test_error_pickles_with_field_and_code():
     assert back.to_dict() == {"code": "invalid_count", "field": "count", "message": "count: must be >= 1 (got 0)"}
     with pytest.raises(AssertionError):
         CandidateContractError("count", "no_such_code", "x")
+
+
+def test_a_sampling_spec_seen_before_is_not_taken_for_one_that_only_compares_equal():
+    from candidate_scheduler.core.request import Submission, validate
+
+    image = np.zeros((16, 16, 3), np.uint8)
+    ok = validate(Submission("a", image, "p", {"count": 1}, 1, {"steps": 4}))
+    assert ok.sampling.steps == 4
+    with pytest.raises(ValueError, match="steps must be an int"):
+        validate(Submission("b", image, "p", {"count": 1}, 1, {"steps": 4.0}))  # 4.0 == 4, but not valid
+    with pytest.raises(ValueError, match="rollout must be a bool"):
+        validate(Submission("c", image, "p", {"count": 1}, 1, {"rollout": 1}))
