@@ -17,9 +17,10 @@ SHAPES = {
 }
 NS_FULL = (1, 2, 4, 8, 10)
 NS_SMOKE = (1, 8)
-# Repeats of the full run: with the load and deadline benchmarks after it, `make bench` must stay under
-# 15 minutes on 2 CPU cores (40 small repeats made it 15 min 38 s on 2026-12-01; the method part is 279 s).
-REPEATS_FULL = {"small": 30, "large": 15}
+# Repeats of the full run: with the load, deadline and fleet benchmarks after it, `make bench` must stay
+# under 15 minutes on 2 CPU cores (40 small repeats made it 15 min 38 s on 2026-12-01; with the fleet
+# benchmark and 30 repeats it took 17 min on 2026-12-02, the method part 146 s of it).
+REPEATS_FULL = {"small": 20, "large": 15}
 BASE_SEED = 20240607
 REDUCER = "mean"
 NULL_GROUPS = 1000
