@@ -104,8 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     f = p.add_argument_group("fleet benchmark")
     f.add_argument("--fleet-baseline", default=None, metavar="REV",
-                   help="also run the in-process engine points against this git revision's engine, each right "
-                        "before the current one (a before/after measured side by side; e.g. 768553e)")
+                   help="with --fleet: instead of the fleet run, the engine in process against this git revision's "
+                        "engine, point by point side by side (fleet_baseline.*; e.g. 768553e)")
 
     d = p.add_argument_group("deadline benchmark")
     d.add_argument("--deadline-margin-quantile", type=margin_quantile, default=None,

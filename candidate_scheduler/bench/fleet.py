@@ -277,7 +277,10 @@ def run_fleet(smoke: bool, progress=None) -> dict:
 def run_fleet_bench(out_dir, *, smoke: bool = False, plot: bool = True, baseline: str | None = None) -> dict:
     """`bench --fleet`: the engine in process against queue depth, then the fleet over ZMQ; writes
     fleet.json (fleet_smoke.json with --smoke), the report and the plots. With `baseline` (a git
-    revision), the engine points run against that revision's engine too, side by side."""
+    revision) instead: only the engine in process, each point against that revision's engine and this
+    one side by side, written to fleet_baseline.json / .md / .png (a plain run never touches them)."""
+    if baseline is not None:
+        return run_baseline(out_dir, baseline, plot=plot)
     import datetime
     from pathlib import Path
 
@@ -292,13 +295,10 @@ def run_fleet_bench(out_dir, *, smoke: bool = False, plot: bool = True, baseline
     events = 60 if smoke else 150
     sizes = SMOKE if smoke else FULL
     total = 2 * (len(depths) + len(deadline_depths)) + sum(len(workloads(s, smoke)) for s in sizes) * len(MODES)
-    if baseline is not None:
-        total += 2 * len(depths)
     progress = tqdm(total=total, desc="fleet: engine in process", unit="run", file=sys.stderr, dynamic_ncols=True,
                     mininterval=0.5)
-    root = _worktree(baseline) if baseline is not None else None
     try:
-        engine = fleet_engine.sweep(depths, events=events, baseline=root, progress=lambda _r: progress.update(1))
+        engine = fleet_engine.sweep(depths, events=events, progress=lambda _r: progress.update(1))
         # every group with a deadline: refusal at receipt, and the forecast at each send
         deadline = fleet_engine.sweep(deadline_depths, events=events, deadline_every=1,
                                       progress=lambda _r: progress.update(1))
@@ -311,13 +311,10 @@ def run_fleet_bench(out_dir, *, smoke: bool = False, plot: bool = True, baseline
         fleet = run_fleet(smoke, step)
     finally:
         progress.close()
-        if root is not None:
-            subprocess.run(["git", "worktree", "remove", "--force", root], cwd=_ROOT, capture_output=True)
     meta = {
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "git": git_rev(), "smoke": smoke, "cpu_count": os.cpu_count(),
         "engine_workers": engine[0]["workers"], "engine_rows": engine[0]["rows"],
-        "baseline": None if baseline is None else _rev(baseline),
         "loadavg_start": load_before, "loadavg_end": loadavg(), "wall_s": time.perf_counter() - started,
     }
     result = {"meta": meta, "engine": engine, "engine_deadlines": deadline, "fleet": fleet}
@@ -327,6 +324,36 @@ def run_fleet_bench(out_dir, *, smoke: bool = False, plot: bool = True, baseline
     files = fleet_report.write_outputs(result, out, plot=plot)
     print(f"fleet bench: {meta['wall_s']:.0f} s; wrote {files['json']}, {files['report']}"
           + (f", {len(files['plots'])} plots" if files["plots"] else ""))
+    return result
+
+
+def run_baseline(out_dir, revision: str, *, plot: bool = True) -> dict:
+    """The engine in process, `revision`'s and this one's, point by point (see run_fleet_bench)."""
+    import datetime
+    from pathlib import Path
+
+    from tqdm import tqdm
+
+    from candidate_scheduler.bench import fleet_engine, fleet_report
+    from candidate_scheduler.bench.common import git_rev, loadavg
+
+    started, load_before = time.perf_counter(), loadavg()
+    depths = (100, 1000, 5000, 10_000)
+    progress = tqdm(total=4 * len(depths), desc=f"fleet: engine, {revision} and this revision", unit="run",
+                    file=sys.stderr, dynamic_ncols=True, mininterval=0.5)
+    root = _worktree(revision)
+    try:
+        rows = fleet_engine.sweep(depths, events=300, baseline=root, progress=lambda _r: progress.update(1))
+    finally:
+        progress.close()
+        subprocess.run(["git", "worktree", "remove", "--force", root], cwd=_ROOT, capture_output=True)
+    meta = {"created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "git": git_rev(),
+            "baseline": _rev(revision), "cpu_count": os.cpu_count(), "engine_workers": rows[0]["workers"],
+            "engine_rows": rows[0]["rows"], "loadavg_start": load_before, "loadavg_end": loadavg(),
+            "wall_s": time.perf_counter() - started}
+    result = {"meta": meta, "engine": rows}
+    files = fleet_report.write_baseline(result, Path(out_dir), plot=plot)
+    print(f"fleet baseline: {meta['wall_s']:.0f} s; wrote {files['json']}, {files['report']}")
     return result
 
 

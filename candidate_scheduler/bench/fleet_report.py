@@ -105,7 +105,7 @@ def write_outputs(result: dict, out_dir: Path, plot: bool = True) -> dict:
         "with a warm-up profile, so the deadline code runs as in production.",
         "",
     ]
-    lines += _engine_table(result["engine"], "Without deadlines", meta.get("baseline"))
+    lines += _engine_table(result["engine"], "Without deadlines")
     if result.get("engine_deadlines"):
         lines += _engine_table(result["engine_deadlines"], "Every group with a deadline (refusal at receipt on each)")
     lines += [
@@ -135,6 +135,30 @@ def write_outputs(result: dict, out_dir: Path, plot: bool = True) -> dict:
     return {"json": str(json_path), "report": str(report), "plots": plots}
 
 
+def write_baseline(result: dict, out_dir: Path, plot: bool = True) -> dict:
+    """fleet_baseline.json / .md / .png: the engine in process, an earlier revision's beside this one's."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = result["meta"]
+    json_path = out_dir / "fleet_baseline.json"
+    json_path.write_text(json.dumps(result, indent=1, default=float) + "\n")
+    lines = ["# The engine in process, before and after: each point against both revisions, side by side", "",
+             f"{meta['created']}, this revision git {meta['git']}, before: {meta['baseline']}; {meta['cpu_count']} "
+             f"CPU cores, load average {meta['loadavg_start']} -> {meta['loadavg_end']}; {meta['wall_s']:.0f} s. "
+             f"Written by `candidate-scheduler bench --fleet --fleet-baseline {meta['baseline']}` "
+             "(bench/fleet_engine.py, each point in a fresh process; the earlier revision's right before this one's).",
+             "", f"{meta['engine_workers']} fake workers of {meta['engine_rows']} rows, one-candidate groups, the queue "
+             "held at a fixed depth; an event is one worker result (fold, reduce, answer, plan). Fewer events at the "
+             "earlier engine's deep points keep each within about a minute.", ""]
+    lines += _engine_table(result["engine"], "Without deadlines", meta["baseline"])
+    plots = []
+    if plot:
+        plots = [_engine_plot({"meta": meta, "engine": result["engine"]}, out_dir, "fleet_baseline.png")]
+    lines += [f"![{name}]({name})" for name in plots]
+    report = out_dir / "fleet_baseline.md"
+    report.write_text("\n".join(lines) + "\n")
+    return {"json": str(json_path), "report": str(report), "plots": plots}
+
+
 def _plots(result: dict, out_dir: Path) -> list[str]:
     import matplotlib
 
@@ -160,6 +184,16 @@ def _plots(result: dict, out_dir: Path) -> list[str]:
     plt.close(fig)
     names.append("fleet_utilisation.png")
 
+    names.append(_engine_plot(result, out_dir, "fleet_engine.png"))
+    return names
+
+
+def _engine_plot(result: dict, out_dir: Path, name: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
     baseline = result["meta"].get("baseline")
     curves = [("engine", "current", "-", ""), ("engine_deadlines", "current", "--", " (deadlines)"),
@@ -179,7 +213,6 @@ def _plots(result: dict, out_dir: Path) -> list[str]:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out_dir / "fleet_engine.png")
+    fig.savefig(out_dir / name)
     plt.close(fig)
-    names.append("fleet_engine.png")
-    return names
+    return name
