@@ -120,7 +120,7 @@ def choose_count(snap: PlanningSnapshot, view: GroupView) -> int:
         if unit.request_id not in behind and (g := snap.group(unit.request_id)) is not None:
             behind[unit.request_id] = g
     if not fluid.exact_enough(snap, view.order):
-        return fluid.count_for(snap, view, [g for g in behind.values() if g.deadline is not None])
+        return _largest(view, fluid.feasibility(snap, view, [g for g in behind.values() if g.deadline is not None]))
     watched = [view] + [g for g in behind.values() if g.deadline is not None]
 
     def count_of(n: int) -> Callable[[GroupView], int | None]:
@@ -146,6 +146,12 @@ def choose_count(snap: PlanningSnapshot, view: GroupView) -> int:
         finish = finishes(n, watched)
         return all(finish[g.request_id] <= g.deadline for g in watched)
 
+    return _largest(view, feasible)
+
+
+def _largest(view: GroupView, feasible: Callable[[int], bool]) -> int:
+    """The largest n in [min_count, served_count] that is feasible, else min_count: a binary search, since
+    a smaller count never finishes later."""
     lo, hi = view.min_count, view.served_count
     if feasible(hi):
         return hi

@@ -26,6 +26,7 @@ than `EXACT_LIMIT` slices; below that, the exact one answers.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from candidate_scheduler.core.planning import Unit
 from candidate_scheduler.core.snapshot import GroupView, PlanningSnapshot
@@ -129,9 +130,9 @@ def _elastic_excess(snap: PlanningSnapshot, pipe: Pipe, before: tuple, after: tu
     return max(0.0, excess)
 
 
-def count_for(snap: PlanningSnapshot, view: GroupView, watched: list[GroupView]) -> int:
-    """The largest count in [min_count, served_count] at which the group and the `watched` deadline groups
-    queued behind it (at their minimum counts) all finish in time through the pipe; min_count if none."""
+def feasibility(snap: PlanningSnapshot, view: GroupView, watched: list[GroupView]) -> Callable[[int], bool]:
+    """Whether, serving n candidates, the group and the `watched` deadline groups queued behind it (at their
+    minimum counts) all finish in time through the pipe (core/deadlines.choose_count searches n)."""
     pipe = Pipe(snap)
     capacity = snap.slice_capacity
     base = pipe.ahead_s(view.order)
@@ -148,13 +149,4 @@ def count_for(snap: PlanningSnapshot, view: GroupView, watched: list[GroupView])
                 return False
         return True
 
-    lo, hi = view.min_count, view.served_count
-    if feasible(hi):
-        return hi
-    while lo < hi - 1:  # invariant: hi is infeasible; lo is the fallback (feasible, or the floor)
-        mid = (lo + hi) // 2
-        if feasible(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    return feasible

@@ -1,0 +1,66 @@
+"""The fluid forecast (core/fluid.py): deadline questions on a large fleet answered with the fleet as one
+pipe, never by simulating every start and end. Here the exact simulation is made to raise, so every
+answer below is the pipe's."""
+
+from __future__ import annotations
+
+import pytest
+
+from candidate_scheduler.core import deadlines, fluid
+from tests.unit.test_engine import Harness, submission
+from tests.unit.test_engine_deadlines import calibrated
+
+WORKERS = 20  # x 8 rows = 160 rows: past fluid.EXACT_LIMIT on its own
+STEP_S = 0.05 + 0.01 * 8  # a forward of 8 rows (the calibrated profile)
+RUN_S = 10 * STEP_S  # a group of 10 steps at a full forward
+
+
+@pytest.fixture
+def fleet(monkeypatch):
+    def exact(*args, **kwargs):
+        raise AssertionError("the exact simulation ran on a fleet the pipe answers for")
+
+    monkeypatch.setattr(deadlines, "forecast", exact)
+    h = Harness(batching="step", max_queued_groups=10_000)
+    for i in range(WORKERS):
+        calibrated(h, f"w{i}")
+    assert WORKERS * 8 > fluid.EXACT_LIMIT
+    return h
+
+
+def burst(h: Harness, n: int, **kw) -> None:
+    for i in range(n):
+        h.take(h.engine.submit(("client", f"g{i}"), submission(f"g{i}", count=1, seed=i, steps=10, **kw), h.now,
+                               plan=False))
+    h.take(h.engine.plan(h.now))
+
+
+def test_a_burst_of_deadline_groups_is_admitted_as_far_as_the_fleet_can_run_it_in_time(fleet):
+    burst(fleet, 800, deadline_s=3.0)
+    refused = [rid for rid, r in fleet.replies.items() if r[0].error_code == "deadline_unmeetable"]
+    admitted = 800 - len(refused)
+    # 160 rows run a 10-step one-candidate group in RUN_S (1.3 s): about two rounds fit in 3 s
+    rounds = 3.0 / RUN_S
+    assert 160 * (rounds - 1) <= admitted <= 160 * (rounds + 1), admitted
+    # what is refused is the tail: the pipe's wait only grows along the burst
+    assert set(refused) == {f"g{i}" for i in range(admitted, 800)}
+    fleet.run_all()
+    assert all(fleet.reply(f"g{i}").status == "done" for i in range(admitted))
+
+
+def test_a_group_ahead_by_its_deadline_is_admitted_whatever_waits_behind_it(fleet):
+    burst(fleet, 2000)  # best effort: due 30 s after receipt
+    fleet.submit("urgent", count=8, steps=10, deadline_s=2 * RUN_S + 0.5)
+    assert "urgent" not in fleet.replies  # ahead of all 2,000: it waits only for rows running now
+    fleet.submit("hopeless", count=8, steps=10, deadline_s=0.5 * RUN_S)
+    r = fleet.reply("hopeless")
+    assert r.status == "rejected" and r.error_code == "deadline_unmeetable"
+
+
+def test_an_elastic_group_on_a_busy_fleet_is_served_the_count_the_pipe_has_time_for(fleet):
+    burst(fleet, 320)  # every row busy for one group's run, and as many groups queued behind
+    # ahead of the queued ones by its deadline: it waits for the running rows, then runs at a full forward
+    fleet.submit("elastic", count=8, steps=10, deadline_s=2 * RUN_S + 0.3, candidates_min=1)
+    fleet.run_all()
+    r = fleet.reply("elastic")
+    assert r.status == "done" and r.metrics["served_count"] == 8
