@@ -25,7 +25,7 @@ $(STAMP): requirements/lock.txt pyproject.toml
 	rm -f $(VENV)/.setup-*
 	touch $@
 
-$(CKPT_STAMP): $(STAMP) candidate_scheduler/worker/tiny_checkpoint.py
+$(CKPT_STAMP): $(STAMP) candidate_scheduler/worker/tiny_checkpoint.py candidate_scheduler/worker/checkpoint_layout.py
 	@echo ">> writing the tiny Cosmos3 checkpoint to $(CHECKPOINT) (random weights, fixed seed, no download)"
 	$(BIN)/candidate-scheduler make-checkpoint $(CHECKPOINT)
 

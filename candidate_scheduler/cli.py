@@ -9,7 +9,7 @@ import logging
 import sys
 
 from candidate_scheduler import commands
-from candidate_scheduler.core.cost_model import check_margin_quantile
+from candidate_scheduler.arg_types import margin_quantile
 from candidate_scheduler.service import server
 
 DEFAULT_MODEL = commands.DEFAULT_MODEL
@@ -21,14 +21,6 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpF
 
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
-
-
-def margin_quantile(text: str) -> float:
-    """argparse type of --deadline-margin-quantile (here and in the benchmark's CLI)."""
-    try:
-        return check_margin_quantile(float(text))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
@@ -71,7 +63,7 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
 
 def _add_worker_args(p: argparse.ArgumentParser, with_scheduler: bool) -> None:
     if with_scheduler:
-        p.add_argument("--scheduler", default=commands._endpoint(server.DEFAULT_HOST, server.DEFAULT_WORKER_PORT),
+        p.add_argument("--scheduler", default=commands.tcp_endpoint(server.DEFAULT_HOST, server.DEFAULT_WORKER_PORT),
                        help="the scheduler's worker link")
         p.add_argument("--worker-id", default=None, help="this worker's id (None: host-pid-random)")
         p.add_argument("--step-delay", type=float, default=0.0, help="test knob: sleep this long before each denoise step")

@@ -16,7 +16,7 @@ from candidate_scheduler.service import server
 DEFAULT_MODEL = ".cache/tiny-cosmos3"
 
 
-def _endpoint(host: str, port: int) -> str:
+def tcp_endpoint(host: str, port: int) -> str:
     return f"tcp://{host}:{port}"
 
 
@@ -25,9 +25,9 @@ def _config(args) -> server.SchedulerConfig:
     from candidate_scheduler.core.engine import EngineConfig
 
     return server.SchedulerConfig(
-        request_endpoint=_endpoint(args.host, args.request_port),
-        control_endpoint=_endpoint(args.host, args.control_port),
-        worker_endpoint=_endpoint(args.worker_host or args.host, args.worker_port),
+        request_endpoint=tcp_endpoint(args.host, args.request_port),
+        control_endpoint=tcp_endpoint(args.host, args.control_port),
+        worker_endpoint=tcp_endpoint(args.worker_host or args.host, args.worker_port),
         metrics_host=args.host,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         curve_dir=args.curve_dir,
@@ -56,7 +56,7 @@ def _spawn_bridge(args, bound: dict[str, str]) -> tuple[subprocess.Popen | None,
         return None, None
     from candidate_scheduler.service.processes import spawn_listening
 
-    endpoint = _endpoint(args.compat_host or args.host, args.compat_port)
+    endpoint = tcp_endpoint(args.compat_host or args.host, args.compat_port)
     cmd = [sys.executable, "-m", "candidate_scheduler.compat.bridge", "--bind", endpoint,
            "--scheduler", bound["request"], "--control", bound["control"]]
     if args.compat_allow_nonlocal:
@@ -168,7 +168,7 @@ def _client(args):
     from candidate_scheduler.service.client import Client
 
     host = getattr(args, "host", server.DEFAULT_HOST)
-    return Client(_endpoint(host, args.request_port), _endpoint(host, args.control_port))
+    return Client(tcp_endpoint(host, args.request_port), tcp_endpoint(host, args.control_port))
 
 
 def _observations(args):
@@ -272,7 +272,7 @@ def cmd_demo(args) -> int:
         cmd.append("--no-compat")
     print("starting: " + " ".join(cmd), flush=True)
     service = subprocess.Popen(cmd)
-    client = Client(_endpoint(server.DEFAULT_HOST, args.request_port), _endpoint(server.DEFAULT_HOST, args.control_port))
+    client = Client(tcp_endpoint(server.DEFAULT_HOST, args.request_port), tcp_endpoint(server.DEFAULT_HOST, args.control_port))
     try:
         deadline = time.monotonic() + 180
         print("waiting for the worker to load the model (sglang's import takes ~15 s)...", flush=True)

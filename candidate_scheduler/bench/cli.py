@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from candidate_scheduler.arg_types import margin_quantile
 from candidate_scheduler.bench.common import DEFAULT_MODEL, DEFAULT_OUT
 
 
@@ -61,7 +62,6 @@ def main(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from candidate_scheduler.bench.load_plan import ARMS, DEFAULT_ARMS
     from candidate_scheduler.bench.settings import NS_FULL, SHAPES
-    from candidate_scheduler.cli import margin_quantile
 
     p = argparse.ArgumentParser(prog="python -m candidate_scheduler.bench", description=__doc__.split("\n")[0])
     p.add_argument("--model", default=str(DEFAULT_MODEL), help="Cosmos3 checkpoint directory (default: the tiny one)")

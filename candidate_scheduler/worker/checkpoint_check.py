@@ -23,10 +23,10 @@ from candidate_scheduler.worker import checkpoint_shards as shards
 
 
 def _init_sglang(model_dir: str):
-    from candidate_scheduler.worker.cosmos3_sglang import _free_port, prepare_environment
+    from candidate_scheduler.worker.cosmos3_sglang import free_port, prepare_environment
 
     prepare_environment()
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", LOCAL_RANK="0",
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", LOCAL_RANK="0",
                       WORLD_SIZE="1")
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
     from sglang.multimodal_gen.runtime.distributed.parallel_state import (

@@ -19,7 +19,7 @@ def prepare_environment() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -36,7 +36,7 @@ def _init_one_process_world(init, attempts: int = 5) -> None:
         except Exception as exc:  # noqa: BLE001 - torch.distributed.DistNetworkError, without importing it here
             if "EADDRINUSE" not in str(exc) or attempt == attempts - 1:
                 raise
-            os.environ["MASTER_PORT"] = str(_free_port())
+            os.environ["MASTER_PORT"] = str(free_port())
 
 
 def load_sglang_pipeline(model_dir: str | os.PathLike, device: str = "cpu"):
@@ -48,7 +48,7 @@ def load_sglang_pipeline(model_dir: str | os.PathLike, device: str = "cpu"):
     # A worker is always a one-process torch.distributed world. Never inherit these from a parent:
     # a parent that loaded sglang itself holds its MASTER_PORT, and the child's rendezvous would fail.
     os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(_free_port())
+    os.environ["MASTER_PORT"] = str(free_port())
     os.environ["RANK"] = "0"
     os.environ["LOCAL_RANK"] = "0"
     os.environ["WORLD_SIZE"] = "1"

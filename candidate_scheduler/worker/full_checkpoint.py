@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from candidate_scheduler.worker import checkpoint_layout as layout
 from candidate_scheduler.worker import checkpoint_shards as shards
-from candidate_scheduler.worker import tiny_checkpoint as tiny
 
 DEFAULT_SHARD_BYTES = 2 << 30
 # Inherited from the text backbone and dropped by sglang's weight mapping ("^lm_head\\.weight$" and
@@ -30,7 +30,7 @@ DEFAULT_SHARD_BYTES = 2 << 30
 UNUSED_TRANSFORMER_KEYS = ("lm_head.weight", "norm.weight")
 
 FULL_TRANSFORMER_CONFIG = {
-    **tiny.COSMOS3_TRANSFORMER,
+    **layout.COSMOS3_TRANSFORMER,
     "head_dim": 128,
     "hidden_size": 4096,
     "intermediate_size": 12288,
@@ -55,7 +55,7 @@ WAN22_LATENTS_STD = [
     0.5726, 1.2042, 0.5458, 1.6887, 0.3971, 1.06, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744,
 ]
 FULL_VAE_CONFIG = {
-    **tiny.WAN22_VAE,
+    **layout.WAN22_VAE,
     "base_dim": 160,
     "decoder_base_dim": 256,
     "num_res_blocks": 2,
@@ -96,7 +96,7 @@ class Preset:
 
 
 PRESETS = {
-    "tiny": Preset("tiny", tiny.TRANSFORMER_CONFIG, tiny.VAE_CONFIG),
+    "tiny": Preset("tiny", layout.TRANSFORMER_CONFIG, layout.VAE_CONFIG),
     "full": Preset("full", FULL_TRANSFORMER_CONFIG, FULL_VAE_CONFIG, FULL_VAE_EXTRA_CONFIG,
                    UNUSED_TRANSFORMER_KEYS, word_tokenizer=True),
 }
@@ -105,7 +105,7 @@ PRESETS = {
 def word_vocabulary() -> list[str]:
     from tokenizers import Regex, pre_tokenizers
 
-    words = list(tiny.SPECIAL_TOKENS) + [chr(c) for c in range(33, 127)] + ["\n"]
+    words = list(layout.SPECIAL_TOKENS) + [chr(c) for c in range(33, 127)] + ["\n"]
     split = pre_tokenizers.Split(Regex(QWEN2_SPLIT_PATTERN), behavior="isolated")
     seen = set(words)
     for piece, _ in split.pre_tokenize_str(VOCAB_CORPUS):
@@ -118,14 +118,14 @@ def word_vocabulary() -> list[str]:
 
 def write_tokenizer(folder: Path, preset: Preset) -> None:
     if not preset.word_tokenizer:
-        tiny._write_tokenizer(folder)
+        layout.write_wordlevel_tokenizer(folder)
         return
     from tokenizers import Regex
 
     words = word_vocabulary()
     if len(words) > preset.transformer_config["vocab_size"]:
         raise ValueError(f"tokenizer has {len(words)} words, more than the model's vocabulary")
-    tiny._write_tokenizer(folder, words, Regex(QWEN2_SPLIT_PATTERN))
+    layout.write_wordlevel_tokenizer(folder, words, Regex(QWEN2_SPLIT_PATTERN))
 
 
 @dataclass(frozen=True)
@@ -154,8 +154,8 @@ def plan(preset: Preset) -> Plan:
 
     transformer = shards.build_on_meta(Cosmos3OmniTransformer, preset.transformer_config)
     vae = shards.build_on_meta(AutoencoderKLWan, preset.vae_config)
-    tcfg = tiny.component_config(transformer)
-    vcfg = tiny.component_config(vae, **preset.vae_extra_config)
+    tcfg = layout.component_config(transformer)
+    vcfg = layout.component_config(vae, **preset.vae_extra_config)
     return Plan(tcfg, vcfg, shards.tensor_specs(transformer, preset.skip_transformer_keys), shards.tensor_specs(vae))
 
 
@@ -178,21 +178,21 @@ def describe_preset(name: str) -> str:
 
 def _write_configs(tmp: Path, p: Plan, preset: Preset, raw_action_dim: int) -> None:
     (tmp / "transformer").mkdir()
-    tiny._dump_json(tmp / "transformer" / "config.json", p.transformer_config)
+    layout.dump_json(tmp / "transformer" / "config.json", p.transformer_config)
     (tmp / "vae").mkdir()
-    tiny._dump_json(tmp / "vae" / "config.json", p.vae_config)
+    layout.dump_json(tmp / "vae" / "config.json", p.vae_config)
     (tmp / "scheduler").mkdir()
-    tiny._dump_json(tmp / "scheduler" / "scheduler_config.json", tiny.SCHEDULER_CONFIG)
+    layout.dump_json(tmp / "scheduler" / "scheduler_config.json", layout.SCHEDULER_CONFIG)
     write_tokenizer(tmp / "text_tokenizer", preset)
-    tiny._dump_json(tmp / "model_index.json", tiny.MODEL_INDEX)
-    tiny._dump_json(tmp / tiny.STATS_FILE, tiny._action_stats(raw_action_dim))
+    layout.dump_json(tmp / "model_index.json", layout.MODEL_INDEX)
+    layout.dump_json(tmp / layout.STATS_FILE, layout.action_stats(raw_action_dim))
 
 
 def _manifest(p: Plan, preset: Preset, raw_action_dim: int, **extra) -> dict:
     return {
-        "format_version": tiny.FORMAT_VERSION,
+        "format_version": layout.FORMAT_VERSION,
         "preset": preset.name,
-        "seed": tiny.SEED,
+        "seed": layout.SEED,
         "raw_action_dim": raw_action_dim,
         "transformer_params": p.transformer_params,
         "vae_params": p.vae_params,
@@ -205,7 +205,7 @@ def _staging_dir(out_dir: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
 
 
-def write_preset(out_dir, preset: str | Preset, *, raw_action_dim: int = tiny.RAW_ACTION_DIM,
+def write_preset(out_dir, preset: str | Preset, *, raw_action_dim: int = layout.RAW_ACTION_DIM,
                  config_only: bool = False, max_shard_bytes: int = DEFAULT_SHARD_BYTES,
                  threads: int | None = None, log=None) -> Path:
     """Write a preset into out_dir atomically; config_only writes everything but the weights."""
@@ -228,7 +228,7 @@ def _write(out_dir: Path, preset: Preset, raw_action_dim: int, *, config_only: b
            max_shard_bytes: int = DEFAULT_SHARD_BYTES, threads: int | None = None, log=None) -> Path:
     import torch
 
-    tiny.check_raw_action_dim(raw_action_dim, preset.transformer_config["action_dim"])
+    layout.check_raw_action_dim(raw_action_dim, preset.transformer_config["action_dim"])
     p = plan(preset)
     tmp = _staging_dir(out_dir)
     try:
@@ -249,11 +249,11 @@ def _write(out_dir: Path, preset: Preset, raw_action_dim: int, *, config_only: b
             digests = {}
             for component, specs in (("transformer", p.transformer_specs), ("vae", p.vae_specs)):
                 digests[component] = shards.write_random_shards(
-                    tmp / component, specs, seed=tiny.SEED, dtype=torch.bfloat16,
+                    tmp / component, specs, seed=layout.SEED, dtype=torch.bfloat16,
                     max_shard_bytes=max_shard_bytes, threads=threads, progress=progress)
             manifest = _manifest(p, preset, raw_action_dim, tensors_sha256=digests)
-        tiny._dump_json(tmp / tiny.MANIFEST_FILE, manifest)
-        tiny.replace_dir(tmp, out_dir)
+        layout.dump_json(tmp / layout.MANIFEST_FILE, manifest)
+        layout.replace_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
