@@ -23,9 +23,10 @@ are forecast to finish in time, behind the groups queued ahead of it (at their c
 with no such n, min_count. A waiting group may so start now with the rows that are free instead of
 later with all it asked for; once chosen, a count only ever shrinks. The served candidates are
 0..n-1, bitwise those of the full group. Without a calibrated cost model there is no forecast and
-nothing is refused or shrunk. At a shape no worker has measured yet (neither its warm-up profile nor
-its results), a forecast borrows another shape's line scaled by the tokens, and a conv net's cost is not
-linear in them: no promise rests on it, and an elastic group there is served at its minimum.
+nothing is refused or shrunk. At a shape some live worker has not measured (neither in its warm-up
+profile nor since), a forecast would borrow that worker's line at another shape scaled by the tokens,
+and a conv net's cost is not linear in them: no promise rests on it, and an elastic group there is
+served at its minimum until every live worker has measured the shape (by serving it).
 
 What a forecast costs. It simulates only until the groups it is asked about have finished, never past
 the latest of their deadlines, and loads the queue as far as the simulated workers have rows for it.

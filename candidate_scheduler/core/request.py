@@ -16,10 +16,9 @@ import numpy as np
 
 from candidate_scheduler.core.errors import CandidateContractError
 from candidate_scheduler.core.spec import MAX_REQUEST_ID_LEN, CandidateTrajectorySpec
-from candidate_scheduler.core.work import SamplingSpec
+from candidate_scheduler.core.work import MAX_PROMPT_CHARS, SamplingSpec
 
 MAX_CANDIDATES = 256
-MAX_PROMPT_CHARS = 4096
 MAX_OBSERVATIONS_PER_GROUP = 64
 MAX_DEADLINE_S = 3600.0  # a deadline further out than an hour is a mistake, not a budget
 
@@ -85,14 +84,17 @@ def validate(sub: Submission) -> GroupRequest:
                         noise)
 
 
+_CACHED_TYPES = frozenset({str, int, float, bool, type(None)})
+
+
 def _sampling(raw: Mapping[str, Any] | None) -> SamplingSpec:
     """SamplingSpec(**raw): a client's groups share a few specs, each checked once. The key holds each
-    value's type, since 4 == 4.0 == True in Python and only the int is a valid step count."""
-    key = tuple(sorted((name, type(value), value) for name, value in (raw or {}).items()))
-    try:
-        return _checked_sampling(key)
-    except TypeError:  # a list among the values (return_step_indices) is not hashable: checked afresh
-        return SamplingSpec(**dict(raw or {}))
+    value's type, since 4 == 4.0 == True in Python and only the int is a valid step count; a container
+    (return_step_indices) would hide its items' types, so a spec with one is checked afresh."""
+    items = (raw or {}).items()
+    if all(type(value) in _CACHED_TYPES for _name, value in items):
+        return _checked_sampling(tuple(sorted((name, type(value), value) for name, value in items)))
+    return SamplingSpec(**dict(items))
 
 
 @functools.lru_cache(maxsize=1024)

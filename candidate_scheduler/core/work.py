@@ -13,6 +13,7 @@ import numpy as np
 from candidate_scheduler.core.embodiments import resolve_embodiment
 
 ACTION_MODES = ("policy",)
+MAX_PROMPT_CHARS = 4096  # a prompt or a negative prompt (a text encoder reads a few hundred tokens)
 DEFAULT_DOMAIN_ID = 0
 DEFAULT_RAW_ACTION_DIM = 7
 
@@ -57,6 +58,9 @@ class SamplingSpec:
             raise ValueError(f"action_mode must be one of {ACTION_MODES}, got {self.action_mode!r}")
         if self.domain_name is not None and (not isinstance(self.domain_name, str) or len(self.domain_name) > 64):
             raise ValueError(f"domain_name must be a string of at most 64 characters, got {self.domain_name!r}")
+        if self.negative_prompt is not None and (not isinstance(self.negative_prompt, str)
+                                                 or len(self.negative_prompt) > MAX_PROMPT_CHARS):
+            raise ValueError(f"negative_prompt must be a string of at most {MAX_PROMPT_CHARS} characters")
         if self.domain_name:
             domain_id, raw_dim = resolve_embodiment(self.domain_id, self.domain_name, self.raw_action_dim)
         else:

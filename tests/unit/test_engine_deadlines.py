@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from candidate_scheduler.core.messages import Registration
+from candidate_scheduler.core.messages import Heartbeat, Registration
 from tests.unit.test_engine import Harness, capability, expected, reduced  # noqa: F401
 
 LABEL = "64x64h16f5"  # SamplingSpec().forward_label()
@@ -157,12 +157,22 @@ def test_the_warm_up_profiles_each_shapes_fixed_cost_and_every_reply_shows_its_f
     assert f == {"label": LABEL, "rows": 8, "predicted_s": pytest.approx(predicted), "measured_s": pytest.approx(1.25)}
 
 
-def test_an_elastic_group_at_a_shape_no_worker_has_measured_is_served_at_its_minimum():
+def test_an_elastic_group_at_a_shape_a_live_worker_has_not_measured_is_served_at_its_minimum():
     h = Harness(batching="step")
     calibrated(h, "w1")  # profiled at 64x64 only
-    h.submit("unmeasured", count=8, steps=4, deadline_s=60.0, candidates_min=2, sampling={"height": 128, "width": 128})
+    big = {"height": 128, "width": 128}
+    h.submit("unmeasured", count=8, steps=4, deadline_s=60.0, candidates_min=2, sampling=big)
     h.run_all()
     assert h.reply("unmeasured").metrics["served_count"] == 2  # a borrowed forecast promises nothing
     h.submit("measured", count=8, steps=4, deadline_s=60.0, candidates_min=2)
     h.run_all()
     assert h.reply("measured").metrics["served_count"] == 8  # plenty of time, at a shape it knows
+    # w1's heartbeat reports the 128x128 forwards it ran: now it has measured the shape
+    h.take(h.engine.heartbeat(b"w1", Heartbeat("w1", forwards=((2, 0.09, "128x128h16f5"),)), h.now))
+    h.submit("learned", count=8, steps=4, deadline_s=60.0, candidates_min=2, sampling=big)
+    h.run_all()
+    assert h.reply("learned").metrics["served_count"] == 8
+    calibrated(h, "w2")  # joins, profiled at 64x64 only: a forecast would borrow its 128x128 line
+    h.submit("joined", count=8, steps=4, deadline_s=60.0, candidates_min=2, sampling=big)
+    h.run_all()
+    assert h.reply("joined").metrics["served_count"] == 2

@@ -236,3 +236,18 @@ def test_a_sampling_spec_seen_before_is_not_taken_for_one_that_only_compares_equ
         validate(Submission("b", image, "p", {"count": 1}, 1, {"steps": 4.0}))  # 4.0 == 4, but not valid
     with pytest.raises(ValueError, match="rollout must be a bool"):
         validate(Submission("c", image, "p", {"count": 1}, 1, {"rollout": 1}))
+    seen = {"steps": 4, "rollout": True, "return_step_indices": (0, 1)}
+    assert validate(Submission("d", image, "p", {"count": 1, "reducer": "none"}, 1, seen)).sampling.rollout
+    for bad in ((False, 1), (0.0, 1.0)):  # compare equal to (0, 1), inside a tuple
+        with pytest.raises(ValueError, match="return_step_indices"):
+            validate(Submission("e", image, "p", {"count": 1, "reducer": "none"}, 1, {**seen, "return_step_indices": bad}))
+
+
+def test_a_negative_prompt_is_a_string_no_longer_than_a_prompt():
+    from candidate_scheduler.core.work import MAX_PROMPT_CHARS, SamplingSpec
+
+    assert SamplingSpec(negative_prompt="x" * MAX_PROMPT_CHARS).negative_prompt
+    with pytest.raises(ValueError, match="negative_prompt must be a string of at most 4096"):
+        SamplingSpec(negative_prompt="x" * (MAX_PROMPT_CHARS + 1))
+    with pytest.raises(ValueError, match="negative_prompt"):
+        SamplingSpec(negative_prompt=3)
