@@ -47,8 +47,9 @@ class Group(GroupState):
         self.condition_s = self.denoise_s = self.postprocess_s = 0.0
         self.worker_s = 0.0  # the workers' own receipt -> result time of its assignments (its share)
         self.steps_while_conditioned = 0  # steps the running batches took while its slices were conditioned
-        # each assignment it took part in: (forward label, rows, predicted seconds, measured seconds)
-        self.forecasts: list[tuple[str, int, float, float]] = []
+        # per assignment (batch id): label, rows, predicted and measured seconds; two slices of the group
+        # in one assignment are one forecast
+        self.forecasts: dict[int, tuple[str, int, float, float]] = {}
         self.rollout_parts: dict[int, dict[str, np.ndarray]] = {}
         self.rollout_meta: dict[str, np.ndarray] | None = None
 
@@ -126,7 +127,7 @@ class Group(GroupState):
             # the cost model's prediction of each of its assignments when it was sent, beside the time the
             # assignment took from send to result (0.0 predicted: the cost model was not calibrated yet)
             forecasts=[{"label": label, "rows": rows, "predicted_s": p, "measured_s": m}
-                       for label, rows, p, m in self.forecasts] or None,
+                       for label, rows, p, m in self.forecasts.values()] or None,
         )
         status = reply.reason
         if reply.status is GroupStatus.FAILED and reply.error_code in REJECT_CODES:

@@ -150,7 +150,7 @@ class WorkerLink:
         live = g is not None and not g.finished and not cancelled_here
         if live:
             g.account(report, share)
-            g.forecasts.append((a.label, a.rows, a.predicted_s, e.now - a.sent_at))
+            g.forecasts[a.batch_id] = (a.label, a.rows, a.predicted_s, e.now - a.sent_at)
             if g.first_step_s is None and report.get("wait_s") is not None:
                 g.first_step_s = max(0.0, (a.sent_at - g.received_at) + float(report["wait_s"]))
                 e.metrics.first_step(g.first_step_s)

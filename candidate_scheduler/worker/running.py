@@ -5,7 +5,8 @@ brings groups, decoded on the IO thread (`arrival`); each group is a *slot* with
 one transition method (`Slot.to`, checked against `ALLOWED`, as core/group_state.py does for groups):
 
     QUEUED -> PREPARING -> READY -> RUNNING -> DONE        (CANCELLED from any live state;
-          \\_________________/^                              UNREADABLE: it never decoded)
+          \\_________________/^                              UNREADABLE: it never decoded;
+                                                           PREPARING -> QUEUED: see `prepared`)
 
 Admission follows arrival order and the worker's rows. An assignment is admitted when its rows fit
 beside the rows admitted before it, and a BATCH only once nothing runs (a dispatch batch runs from its
@@ -56,7 +57,7 @@ class SlotState(enum.IntEnum):
 _LIVE = (SlotState.QUEUED, SlotState.PREPARING, SlotState.READY, SlotState.RUNNING)
 ALLOWED = {
     SlotState.QUEUED: {SlotState.PREPARING, SlotState.READY, SlotState.DONE, SlotState.CANCELLED},
-    SlotState.PREPARING: {SlotState.READY, SlotState.DONE, SlotState.CANCELLED},
+    SlotState.PREPARING: {SlotState.QUEUED, SlotState.READY, SlotState.DONE, SlotState.CANCELLED},
     SlotState.READY: {SlotState.RUNNING, SlotState.CANCELLED},
     SlotState.RUNNING: {SlotState.DONE, SlotState.CANCELLED},
     SlotState.DONE: set(),
@@ -129,6 +130,7 @@ class Assignment:
     slots: list[Slot]
     report: BatchReport = field(default_factory=BatchReport)
     admitted: bool = False
+    early: bool = True  # may be conditioned before it is admitted (not after that ran out of memory)
     joined: bool = False
     first_step_at: float | None = None
     steps_at_receipt: int = 0  # the running batch's step count when it arrived
@@ -209,12 +211,15 @@ class RunningBatch:
         What still waits for rows is conditioned meanwhile on the conditioning thread, while others run:
         it joins as soon as rows free, instead of holding them idle through its conditioning."""
         waiting = False
+        idle = None  # admitting readies groups but runs none: it holds through this loop
         for a in self.assignments.values():
             if a.admitted:
                 continue
             if waiting or not self._fits(a):
                 waiting = True
-                self._prepare_early(a)
+                idle = self.idle if idle is None else idle
+                if not idle:  # with nothing running, it starts on the compute thread once admitted
+                    self._prepare_early(a)
                 continue
             self._admit(a)
         for a in self.assignments.values():
@@ -231,8 +236,8 @@ class RunningBatch:
             a.steps_while_conditioned = self.steps_run - a.steps_at_receipt
 
     def _prepare_early(self, a: Assignment) -> None:
-        if self.preparer is None or self.idle:
-            return  # nothing runs: its groups start on the compute thread once admitted
+        if self.preparer is None or not a.early:
+            return
         for s in a.slots:
             if s.state is SlotState.QUEUED:
                 s.to(SlotState.PREPARING)
@@ -264,7 +269,13 @@ class RunningBatch:
                 if a is not None:
                     self._account(a, done.group)
             return
-        if done.error is not None:
+        if done.error is not None and not a.admitted and stepping.is_out_of_memory(done.error):
+            # Conditioned early, beside the rows that run: not its own rows that did not fit, and no
+            # reason to make the scheduler shrink the worker. It starts again once admitted.
+            log.warning("group %s ran out of memory conditioned early; it starts once admitted", s.request_id)
+            a.early = False
+            s.to(SlotState.QUEUED)
+        elif done.error is not None:
             self._failed(a, s, done.error)
         else:
             s.to(SlotState.READY, group=done.group)

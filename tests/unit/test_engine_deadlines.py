@@ -157,6 +157,29 @@ def test_the_warm_up_profiles_each_shapes_fixed_cost_and_every_reply_shows_its_f
     assert f == {"label": LABEL, "rows": 8, "predicted_s": pytest.approx(predicted), "measured_s": pytest.approx(1.25)}
 
 
+def test_a_shapes_fixed_cost_leaves_out_what_only_its_first_start_pays():
+    import time
+
+    from candidate_scheduler.worker.null_adapter import NullAdapter
+    from candidate_scheduler.worker.profile import warm_up
+
+    class FirstStartSlow(NullAdapter):  # a shape's first start pays a one-time cost (kernel selection)
+        def __init__(self, rows: int):
+            super().__init__(rows)
+            self.seen = set()
+
+        def start(self, item):
+            shape = item.images.shape[1:3]
+            if shape not in self.seen:
+                self.seen.add(shape)
+                time.sleep(0.5)
+            return super().start(item)
+
+    records = warm_up(FirstStartSlow(8), 8, [(64, 64), (128, 128)])
+    fixed = [s for _label, rows, s in records if rows == 0]
+    assert len(fixed) == 2 and max(fixed) < 0.25
+
+
 def test_an_elastic_group_at_a_shape_a_live_worker_has_not_measured_is_served_at_its_minimum():
     h = Harness(batching="step")
     calibrated(h, "w1")  # profiled at 64x64 only
@@ -176,3 +199,15 @@ def test_an_elastic_group_at_a_shape_a_live_worker_has_not_measured_is_served_at
     h.submit("joined", count=8, steps=4, deadline_s=60.0, candidates_min=2, sampling=big)
     h.run_all()
     assert h.reply("joined").metrics["served_count"] == 2
+
+
+def test_two_slices_of_a_group_in_one_assignment_are_one_forecast():
+    h = Harness(batching="dispatch")
+    calibrated(h, "small", capacity=4)  # slices are sized for it: 8 candidates are two slices of 4
+    calibrated(h, "big", capacity=8)
+    h.submit("g", count=8, steps=4)
+    [work] = h.work  # the big worker takes both slices in one batch
+    assert [s.dispatch.slice_index for s in work.slices] == [0, 1]
+    h.run_all()
+    [f] = h.reply("g").metrics["forecasts"]
+    assert f["rows"] == 8

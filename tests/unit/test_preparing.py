@@ -16,7 +16,7 @@ from candidate_scheduler.core.work import BatchReport, GroupOutput, GroupWork, S
 from candidate_scheduler.worker import stepping
 from candidate_scheduler.worker.loop import Worker
 from candidate_scheduler.worker.preparing import Prepared, Preparer
-from candidate_scheduler.worker.running import RunningBatch, arrival_from_wire
+from candidate_scheduler.worker.running import RunningBatch, SlotState, arrival_from_wire
 
 
 @dataclass
@@ -41,6 +41,7 @@ class HeldAdapter:
         self.held: dict[str, threading.Event] = {}
         self.started_on: dict[str, str] = {}
         self.released: list[str] = []
+        self.out_of_memory: set[str] = set()  # the next start of these runs out of memory
 
     def hold(self, request_id: str) -> threading.Event:
         self.held[request_id] = threading.Event()
@@ -56,6 +57,9 @@ class HeldAdapter:
         self.started_on[item.request_id] = threading.current_thread().name
         if item.request_id.startswith("bad"):
             raise stepping.BadRequest("bad_request", "this group cannot run")
+        if item.request_id in self.out_of_memory:
+            self.out_of_memory.discard(item.request_id)
+            raise stepping.OutOfMemory("CUDA out of memory (the test's)")
         return Group(item.request_id, item.sampling.steps)
 
     def step(self, groups) -> int:
@@ -327,5 +331,34 @@ def test_an_assignment_waiting_for_rows_is_conditioned_meanwhile_and_joins_as_so
         for _ in range(3):
             batch.step()
         assert _running(batch) == {"next": 0}  # it joins at the very boundary its row frees
+    finally:
+        preparer.close()
+
+
+def test_a_group_out_of_memory_while_conditioned_early_starts_again_once_admitted():
+    """Conditioned early it holds memory beside the rows that run: running out there says nothing about
+    its own rows, so it is neither answered out_of_memory (the scheduler would shrink the worker) nor
+    conditioned early again."""
+    adapter = HeldAdapter()
+    inbox: queue.Queue = queue.Queue()
+    preparer = Preparer(adapter.start, inbox.put)
+    try:
+        batch = _capped(adapter, 1, preparer)
+        batch.admit(_assignment(1, "running", steps=3), 0.0)
+        adapter.out_of_memory.add("next")
+        batch.admit(_assignment(2, "next", steps=2), 0.0)
+        batch.prepared(inbox.get(timeout=10))  # the early start ran out of memory
+        waiting = batch.assignments[2]
+        assert not waiting.complete and not waiting.early and waiting.slots[0].state is SlotState.QUEUED
+        batch.step()
+        assert inbox.empty()  # not conditioned early again
+        batch.step(), batch.step()  # "running" is done: its row frees and "next" is admitted ...
+        assert _running(batch) == {"next": 0} and adapter.started_on["next"] == threading.current_thread().name
+        assert inbox.empty()  # ... and started at its own rows, on the compute thread (nothing else runs)
+        done = []
+        while _running(batch) or not done:
+            batch.step()
+            done += [a for a in batch.take_done() if a.batch_id == 2]
+        assert done[0].outputs[0].status == "ok"  # not out_of_memory
     finally:
         preparer.close()
