@@ -192,7 +192,13 @@ def forecast(now: float, workers: list[SimWorker], units: Iterable[Unit], cost, 
         dt = _next_end(cost, w)
         if not math.isinf(dt):
             seq += 1
-            heapq.heappush(events, (clock[w.worker_id] + dt, seq, w.worker_id, version[w.worker_id]))
+            at = clock[w.worker_id] + dt
+            if at <= clock[w.worker_id]:
+                # dt is below the clock's resolution (a step of microseconds, a clock of hours): an event at
+                # the same instant would move nothing on and come back forever; the next instant moves it on
+                # at least as far as it needs
+                at = math.nextafter(clock[w.worker_id], math.inf)
+            heapq.heappush(events, (at, seq, w.worker_id, version[w.worker_id]))
 
     def finish(items: list[SimItem], t: float) -> None:
         for item in items:

@@ -119,3 +119,15 @@ def test_a_group_asked_about_ends_only_with_its_last_slice_even_across_the_queue
     orders = {"x": ours[0].order[:2]}
     f = forecast(0.0, [SimWorker("w", 8)], fillers + ours, cost(), "dispatch", want=["x"], orders=orders)
     assert f["x"] == pytest.approx(82 * 0.08)  # every slice before it, then its three, one at a time
+
+
+@pytest.mark.parametrize("mode", ["step", "dispatch"])
+def test_a_forecast_ends_when_steps_are_shorter_than_the_clocks_resolution(mode):
+    """Microsecond steps on a clock of hours (a null worker, a monotonic clock): a step's end can round to
+    the instant it starts from. The forecast used to come back to that instant forever (the reliability
+    suite's request fuzz hung the scheduler on it); it must end, at about the time the steps add up to."""
+    now = 9849.373204697
+    jobs = [job("a", 3, 7), job("b", 2, 13), job("c", 1, 5)]
+    for per_row in (1e-7, 3e-8, 1.3e-9):
+        f = forecast(now, [SimWorker("w", 8)], jobs, cost(per_row), mode)
+        assert set(f) == {"a", "b", "c"} and all(now <= v < now + 1e-3 for v in f.values()), f
