@@ -41,6 +41,20 @@ def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.05):
     raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
+def hold_the_worker(client, image, prompt, steps: int, timeout_s: float = 20) -> tuple[str, str]:
+    """Keep a worker of the default prefetch (1) busy so that groups sent next queue at the scheduler
+    and go out together: a blocker it runs, then a filler it holds to start next (different steps:
+    neither batches with what follows). Without the filler the first group sent next would be held
+    alone, and the co-batching a test wants to see would depend on timing."""
+    from candidate_scheduler.service.client import make_request
+
+    blocker = client.send(make_request(image, prompt, count=1, seed=1, steps=steps))
+    wait_for(lambda: client.status(blocker).state == "running", timeout_s, "the blocker to run")
+    filler = client.send(make_request(image, prompt, count=1, seed=2, steps=steps))
+    wait_for(lambda: client.status(filler).state == "running", timeout_s, "the worker to hold the filler")
+    return blocker, filler
+
+
 class Proc(ChildProcess):
     """A child process of a test, with the test environment, run from the repository root."""
 

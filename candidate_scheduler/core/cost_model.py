@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 DECAY = 0.97  # per observation: about the last 30 forwards carry the fit
 ERRORS_KEPT = 200  # recent prediction errors behind the margin
-MIN_ERRORS = 20  # fewer than this: no margin yet (1.0)
+MIN_ERRORS = 5  # fewer than this: no margin yet (1.0); the 0.9 quantile of 5 is the second largest
 _LABEL = re.compile(r"^(\d+)x(\d+)h(\d+)")
 
 

@@ -128,19 +128,20 @@ def _assignments(snap: PlanningSnapshot, placed, trace: Trace) -> tuple[Placemen
         sim = snap.sim_workers(only=wid)[0] if snap.calibrated else None
         busy = bool(view.running)
         free = view.free_rows if snap.batching == "step" else (0 if busy else view.rows)
+        until = view.busy_until  # when what it holds is predicted done, this pass's placements included
         for units in _together(snap, view, groups):
             trace.at(units[0].request_id)
             rows = sum(u.size for u in units)
             predicted = 0.0
             if sim is not None and rows <= free:
                 predicted = duration(snap.cost, sim, list(units))
+                until = max(until, snap.now + predicted)
                 # what follows in this pass shares its forwards with these rows
                 sim.items.append(SimItem(tuple((u.request_id, u.slice_index) for u in units), rows,
                                          sum(u.cost_rows for u in units), float(max(u.steps for u in units)),
                                          units[0].label, units[0].forward_key))
             elif sim is not None:  # it waits on the worker until what it holds now is done, then runs
-                predicted = max(0.0, view.busy_until - snap.now) + duration(snap.cost, SimWorker(wid, view.rows),
-                                                                            list(units))
+                predicted = max(0.0, until - snap.now) + duration(snap.cost, SimWorker(wid, view.rows), list(units))
             free -= rows
             out.append(Placement(wid, units, busy and snap.batching == "step", predicted))
             busy = True

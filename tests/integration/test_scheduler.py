@@ -22,7 +22,7 @@ from candidate_scheduler.core.reducers import reduce
 from candidate_scheduler.core.work import SamplingSpec
 from candidate_scheduler.service.client import make_request, synthetic_image
 from candidate_scheduler.worker.null_adapter import NullAdapter
-from tests.conftest import wait_for
+from tests.conftest import hold_the_worker, wait_for
 
 IMAGE = synthetic_image(64, 64, seed=3)
 
@@ -110,12 +110,11 @@ def test_unrelated_groups_share_a_batch_and_keep_their_identity(services):
     services.worker(sched, capacity=8, step_delay=0.05)
     sched.wait_workers(1)
     with sched.client() as c:
-        blocker = c.send(make_request(IMAGE, "pick", count=1, seed=1, steps=8))
-        wait_for(lambda: c.status(blocker).state == "running", 10, "the blocker to run")
+        held = hold_the_worker(c, IMAGE, "pick", steps=20)
         a = c.send(make_request(IMAGE, "pick", count=3, seed=21, return_candidates=True, request_id="A"))
         b = c.send(make_request(IMAGE, "pick", count=4, seed=42, return_candidates=True, request_id="B"))
         ra, rb = c.wait(a), c.wait(b)
-        assert c.wait(blocker).status == "done"
+        assert all(c.wait(rid).status == "done" for rid in held)
     assert ra.metrics["co_batched_batches"] == 1 and rb.metrics["co_batched_batches"] == 1
     np.testing.assert_array_equal(ra.candidates, expected_candidates(21, 3))
     np.testing.assert_array_equal(rb.candidates, expected_candidates(42, 4))

@@ -13,7 +13,7 @@ from candidate_scheduler.core import rng
 from candidate_scheduler.core.reducers import reduce
 from candidate_scheduler.core.work import SamplingSpec
 from candidate_scheduler.service.client import make_request, synthetic_image
-from tests.conftest import wait_for
+from tests.conftest import hold_the_worker, wait_for
 
 pytestmark = pytest.mark.sglang
 
@@ -110,15 +110,12 @@ def test_sigkill_mid_group_on_cosmos3_equals_the_fault_free_result(services, sgl
 
 def test_co_batched_groups_equal_their_references(service):
     with service.handle.client() as c:
-        blocker = c.send(make_request(IMAGE, PROMPT, count=1, seed=1, steps=200))
-        wait_for(lambda: c.status(blocker).state == "running", 20, "the blocker to run")
+        held = hold_the_worker(c, IMAGE, PROMPT, steps=100)
         a = c.send(make_request(IMAGE, PROMPT, count=3, seed=31, return_candidates=True, request_id="co-A"))
         b = c.send(make_request(IMAGE, PROMPT, count=4, seed=57, return_candidates=True, request_id="co-B"))
         ra, rb = c.wait(a, timeout_s=60), c.wait(b, timeout_s=60)
-        c.wait(blocker, timeout_s=60)
-    if ra.metrics["co_batched_batches"] == 0:
-        pytest.skip("the blocker finished before both groups queued; nothing was co-batched")
-    assert rb.metrics["co_batched_batches"] == 1
+        assert all(c.wait(rid, timeout_s=60).status == "done" for rid in held)
+    assert ra.metrics["co_batched_batches"] == 1 and rb.metrics["co_batched_batches"] == 1
     assert ra.candidates.tobytes() == references(service.reference, 31, 3).tobytes()
     assert rb.candidates.tobytes() == references(service.reference, 57, 4).tobytes()
 

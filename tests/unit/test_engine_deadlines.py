@@ -211,3 +211,14 @@ def test_two_slices_of_a_group_in_one_assignment_are_one_forecast():
     h.run_all()
     [f] = h.reply("g").metrics["forecasts"]
     assert f["rows"] == 8
+
+
+def test_an_assignment_sent_to_wait_on_the_worker_is_predicted_to_end_after_what_runs_there():
+    h = Harness(batching="step", prefetch=1)
+    calibrated(h, "w1")  # 8 rows; a forward takes 0.05 + 0.01 per row
+    h.submit("g", count=11, steps=10)  # two slices, 6 + 5 rows: the second waits there for rows
+    first, second = (h.engine.assignments[w.batch_id] for w in h.work)
+    assert (first.rows, second.rows) == (6, 5)
+    assert first.predicted_s == pytest.approx(10 * 0.11)
+    # it starts when the first is done (placed in the same pass): 1.1 s, then 10 forwards of 5 rows
+    assert second.predicted_s == pytest.approx(10 * 0.11 + 10 * 0.10)

@@ -80,6 +80,10 @@ def test_forecast_counts_the_work_already_running_and_what_cannot_be_held():
 def test_the_margin_is_the_measured_90th_percentile_of_the_prediction_error():
     c = cost()
     assert c.margin() == 1.0  # nothing measured yet
+    for _ in range(4):
+        c.observe_error(1.0, 2.0)
+    assert c.margin() == 1.0  # too few to say
+    c.errors.clear()
     for ratio in [0.8] * 10 + [1.0] * 8 + [1.3] * 2:
         c.observe_error(1.0, ratio)
     assert c.margin() == pytest.approx(1.0)
