@@ -9,8 +9,11 @@ import logging
 import sys
 
 from candidate_scheduler import commands
-from candidate_scheduler.arg_types import margin_quantile
+from candidate_scheduler.arg_types import margin_quantile, tenant_limit, tenant_name
+from candidate_scheduler.core.access import DEFAULT_TENANT, Role
 from candidate_scheduler.service import server
+from candidate_scheduler.service.keys import KeyDirError
+from candidate_scheduler.service.server import StartupRefused
 
 DEFAULT_MODEL = commands.DEFAULT_MODEL
 
@@ -26,7 +29,8 @@ def _ints(text: str) -> list[int]:
 def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
     from candidate_scheduler.service.openpi.launch import add_openpi_arguments
 
-    p.add_argument("--host", default=server.DEFAULT_HOST, help="bind address of every socket")
+    p.add_argument("--host", default=server.DEFAULT_HOST,
+                   help="bind address of every socket; off loopback it requires --curve-dir (or --insecure)")
     p.add_argument("--request-port", type=int, default=server.DEFAULT_REQUEST_PORT, help="native request socket (0 = any free port)")
     p.add_argument("--control-port", type=int, default=server.DEFAULT_CONTROL_PORT, help="control socket (0 = any free port)")
     p.add_argument("--worker-port", type=int, default=server.DEFAULT_WORKER_PORT, help="worker link (0 = any free port)")
@@ -38,6 +42,9 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compat-allow-nonlocal", action="store_true",
                    help="let the sglang-compatible socket bind a non-loopback address (it speaks pickle: think twice)")
     p.add_argument("--metrics-port", type=int, default=9464, help="Prometheus /metrics port (0 = any free port; -1 = off)")
+    p.add_argument("--metrics-host", default=server.DEFAULT_HOST,
+                   help="bind address of /metrics, which has no authentication: not --host, so that opening the "
+                        "request socket to robots does not open /metrics to them")
     p.add_argument("--policy", default="microbatch", choices=["microbatch", "sequential", "reject"],
                    help="what to do with a group larger than a physical batch")
     p.add_argument("--batching", default="dispatch", choices=["dispatch", "step"],
@@ -57,7 +64,17 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deadline-margin-quantile", type=margin_quantile, default=0.9,
                    help="the percentile (0.5-1) of the measured actual/predicted time that deadline forecasts "
                         "plan for: higher misses fewer deadlines, serves fewer elastic candidates and refuses more")
-    p.add_argument("--curve-dir", default=None, help="CURVE keys for the worker link (see `candidate-scheduler keys`)")
+    p.add_argument("--curve-dir", default=None,
+                   help="the key directory (`candidate-scheduler keys`): every native socket then takes only "
+                        "authorised CURVE keys, whose role and tenant it names")
+    p.add_argument("--insecure", action="store_true",
+                   help="let sockets listen off loopback WITHOUT keys: anyone who reaches them may do anything "
+                        "(warned at start and shown in stats)")
+    p.add_argument("--tenant-limit", type=tenant_limit, action="append", default=[], metavar="TENANT=N",
+                   help="groups in flight a tenant may have (repeat per tenant); over it: 'overloaded'")
+    p.add_argument("--no-fair-queueing", action="store_true",
+                   help="order groups without a deadline by receipt across tenants (default: fair shares, so one "
+                        "tenant's flood holds another's group back by about a batch)")
     add_openpi_arguments(p)
 
 
@@ -91,6 +108,9 @@ def _add_client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default=server.DEFAULT_HOST, help="the scheduler's host")
     p.add_argument("--request-port", type=int, default=server.DEFAULT_REQUEST_PORT, help="its request socket")
     p.add_argument("--control-port", type=int, default=server.DEFAULT_CONTROL_PORT, help="its control socket")
+    p.add_argument("--curve-dir", default=None, help="a directory holding server.key and KEY.key_secret, for a "
+                   "scheduler that takes keys (see `candidate-scheduler keys`)")
+    p.add_argument("--key", default="admin", help="the name of this client's key pair in --curve-dir")
 
 
 def _add_submit_args(p: argparse.ArgumentParser) -> None:
@@ -174,8 +194,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_make_checkpoint_arguments(p)
 
-    p = command("keys", "write CURVE keys for remote workers", commands.cmd_keys)
-    p.add_argument("dir", help="where to write server.key[_secret], client.key[_secret], authorized_clients/")
+    p = command("keys", "write the key directory: the scheduler's, a worker's and an admin's CURVE pairs (if "
+                "missing), and named client keys and tokens", commands.cmd_keys)
+    p.add_argument("dir", help="the key directory (docs/deployment.md: what each file is, and whom to give it)")
+    p.add_argument("--client", action="append", metavar="NAME", help="add a CURVE pair for NAME (repeatable)")
+    p.add_argument("--token", action="append", metavar="NAME",
+                   help="add a bearer token for NAME, for the openpi websocket and the HTTP server (repeatable)")
+    p.add_argument("--role", default="client", choices=[r.value for r in Role],
+                   help="what the new keys or tokens may do: client (its own groups), proxy (a front acting for "
+                        "clients it authenticates), admin (everything), worker (the worker link only)")
+    p.add_argument("--tenant", default=DEFAULT_TENANT, type=tenant_name,
+                   help="whose limits and fair share the new keys or tokens count against")
 
     p = command("bench", "run the benchmarks (writes bench/results/); `bench -- --help` lists their flags",
                 commands.cmd_bench)
@@ -199,7 +228,11 @@ def main(argv: list[str] | None = None) -> int:
         # benchmark's own flags are handed over untouched; `bench --help` still goes to our parser.
         return int(commands.cmd_bench(argparse.Namespace(bench_args=argv[1:])) or 0)
     args = parser.parse_args(argv)
-    return int(args.fn(args) or 0)
+    try:
+        return int(args.fn(args) or 0)
+    except (StartupRefused, KeyDirError) as exc:  # a configuration the user can fix: one line, no traceback
+        print(f"candidate-scheduler {args.command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import time
 from pathlib import Path
 
 from candidate_scheduler.service import server
+from candidate_scheduler.service.keys import ENV_KEYS
 
 DEFAULT_MODEL = ".cache/tiny-cosmos3"
 
@@ -28,28 +28,35 @@ def _config(args) -> server.SchedulerConfig:
         request_endpoint=tcp_endpoint(args.host, args.request_port),
         control_endpoint=tcp_endpoint(args.host, args.control_port),
         worker_endpoint=tcp_endpoint(args.worker_host or args.host, args.worker_port),
-        metrics_host=args.host,
+        metrics_host=args.metrics_host,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         curve_dir=args.curve_dir,
+        insecure=args.insecure,
         engine=EngineConfig(policy=AdmissionPolicy(args.policy), batching=args.batching,
                             max_queued_groups=args.max_queued_groups, retry_limit=args.retry_limit,
                             best_effort_s=args.best_effort_slack, heartbeat_interval_s=args.heartbeat_interval,
                             heartbeat_timeout_s=args.heartbeat_timeout,
-                            margin_quantile=args.deadline_margin_quantile, prefetch=args.prefetch),
+                            margin_quantile=args.deadline_margin_quantile, prefetch=args.prefetch,
+                            tenants=tuple(args.tenant_limit), fair_queueing=not args.no_fair_queueing),
     )
 
 
-def _start_metrics(config: server.SchedulerConfig):
+def _start_metrics(config: server.SchedulerConfig, tenants: list[str]):
     if config.metrics_port is None:
         return None, None
     from candidate_scheduler.service import metrics
+    from candidate_scheduler.service.endpoints import is_loopback_host
 
-    m = metrics.SchedulerMetrics()
+    if not is_loopback_host(config.metrics_host):
+        # /metrics has no authentication of its own: it is opened off loopback only when asked by name
+        print(f"candidate-scheduler: note: /metrics is served on {config.metrics_host} without authentication "
+              "(--metrics-host); keep it to your monitoring network", file=sys.stderr, flush=True)
+    m = metrics.SchedulerMetrics(tenants=tenants)
     _server, _thread, port = metrics.start_http_server(m, config.metrics_host, config.metrics_port)
     return m, f"http://{config.metrics_host}:{port}/metrics"
 
 
-def _spawn_bridge(args, bound: dict[str, str]) -> tuple[subprocess.Popen | None, str | None]:
+def _spawn_bridge(args, bound: dict[str, str], keys) -> tuple[subprocess.Popen | None, str | None]:
     """Start the sglang compat bridge (its own process: it never shares a process with the scheduler's
     state) and wait until it listens, so sglang's 2 s ping never meets a half-started bridge."""
     if args.no_compat:
@@ -61,7 +68,8 @@ def _spawn_bridge(args, bound: dict[str, str]) -> tuple[subprocess.Popen | None,
            "--scheduler", bound["request"], "--control", bound["control"]]
     if args.compat_allow_nonlocal:
         cmd.append("--allow-nonlocal")
-    proc, address = spawn_listening(cmd, r"listening on (\S+)", "bridge-log", 60)
+    env = None if keys is None else {ENV_KEYS: keys.to_env()}
+    proc, address = spawn_listening(cmd, r"listening on (\S+)", "bridge-log", 60, env=env)
     if address is None:
         raise SystemExit(f"the sglang compat bridge did not start (exit code {proc.returncode}); "
                          "use --no-compat to run without it")
@@ -70,9 +78,15 @@ def _spawn_bridge(args, bound: dict[str, str]) -> tuple[subprocess.Popen | None,
 
 def _serve(args, on_ready=None) -> None:
     config = _config(args)
-    metrics, metrics_url = _start_metrics(config)
-    scheduler = server.Scheduler(config, metrics)
+    scheduler = server.Scheduler(config)
     bound = scheduler.bind()
+    tenants = sorted({*scheduler.tenant_names(), *(t.name for t in config.engine.tenants)})
+    metrics, metrics_url = _start_metrics(config, tenants)
+    scheduler.use_metrics(metrics)
+    if scheduler.insecure_sockets:
+        print("!" * 78 + f"\nWARNING: --insecure: the {', '.join(scheduler.insecure_sockets)} socket(s) listen off "
+              "loopback WITHOUT authentication.\nAnyone who reaches them can submit, cancel any group, drain and "
+              "shut the scheduler down.\n" + "!" * 78, file=sys.stderr, flush=True)
     print(f"candidate-scheduler: request endpoint  {bound['request']}", flush=True)
     print(f"candidate-scheduler: control endpoint  {bound['control']}", flush=True)
     print(f"candidate-scheduler: worker link       {bound['worker']}", flush=True)
@@ -81,9 +95,9 @@ def _serve(args, on_ready=None) -> None:
 
     bridge = openpi = None
     try:
-        openpi, openpi_url = spawn_openpi_front(args, bound)
+        openpi, openpi_url = spawn_openpi_front(args, bound, keys=scheduler.proxy_keys("openpi-front"))
         print(f"candidate-scheduler: openpi policy     {openpi_url or 'off'}", flush=True)
-        bridge, compat = _spawn_bridge(args, bound)
+        bridge, compat = _spawn_bridge(args, bound, None if args.no_compat else scheduler.proxy_keys("sglang-bridge"))
         # printed last: launchers wait for this line
         print(f"candidate-scheduler: sglang compat     {compat or 'off'}", flush=True)
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -166,9 +180,11 @@ def cmd_worker(args) -> int:
 
 def _client(args):
     from candidate_scheduler.service.client import Client
+    from candidate_scheduler.service.keys import ClientKeys
 
     host = getattr(args, "host", server.DEFAULT_HOST)
-    return Client(tcp_endpoint(host, args.request_port), tcp_endpoint(host, args.control_port))
+    keys = ClientKeys.load(args.curve_dir, args.key) if getattr(args, "curve_dir", None) else None
+    return Client(tcp_endpoint(host, args.request_port), tcp_endpoint(host, args.control_port), keys=keys)
 
 
 def _observations(args):
@@ -229,7 +245,7 @@ def cmd_control(args) -> int:
             print(json.dumps(client.stats(), indent=2))
             return 0
     print(json.dumps({"ok": reply.ok, "changed": reply.changed, "state": reply.state, "detail": reply.detail,
-                      "error": reply.error}))
+                      "error": reply.error, "error_code": reply.error_code}))
     return 0 if reply.ok else 1
 
 
@@ -240,19 +256,22 @@ def cmd_make_checkpoint(args) -> int:
 
 
 def cmd_keys(args) -> int:
-    """Write CURVE key pairs: the scheduler's and one worker's, and authorise that worker."""
-    import shutil
-
-    import zmq.auth
+    """Write the key directory (service/keys.py): with no names, the scheduler's, a worker's and an
+    admin's CURVE pairs; --client NAME adds a pair, --token NAME a bearer token, each with its role and
+    tenant."""
+    from candidate_scheduler.service import keys
 
     d = Path(args.dir)
-    (d / "authorized_clients").mkdir(parents=True, exist_ok=True)
-    zmq.auth.create_certificates(str(d), "server")
-    zmq.auth.create_certificates(str(d), "client")
-    shutil.copy(d / "client.key", d / "authorized_clients" / "client.key")
-    os.chmod(d / "server.key_secret", 0o600)
-    os.chmod(d / "client.key_secret", 0o600)
-    print(f"wrote {d}/server.key[_secret], {d}/client.key[_secret]; authorised {d}/authorized_clients/client.key")
+    for line in keys.init_dir(d):
+        print(f"wrote {line}")
+    for name in args.client or ():
+        secret = keys.add_key(d, name, args.role, args.tenant)
+        print(f"wrote {secret} ({args.role}, tenant {args.tenant}); authorised {d}/authorized_clients/{name}.key; "
+              f"give {name} {secret.name} and server.key")
+    for name in args.token or ():
+        keys.add_token(d, name, args.role, args.tenant)
+        print(f"wrote {d}/{name}.token ({args.role}, tenant {args.tenant}); authorised its hash in "
+              f"{d}/authorized_tokens/{name}.json; give {name} the token")
     return 0
 
 

@@ -149,6 +149,8 @@ class SubmitRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     deadline_s: float | None = None
     # rollout mode: caller-provided initial action noise x_T, [count, horizon, raw_action_dim]
     initial_noise: Array | None = None
+    # a front that authenticated its own client (a proxy key, core/access.py) names it: its tenant applies
+    on_behalf: str | None = None
 
 
 # Per-candidate rollout data (candidate axis first; S = returned steps) plus group-level metadata that is
@@ -229,6 +231,7 @@ class ControlReply(msgspec.Struct, frozen=True):
     state: str | None = None
     detail: dict[str, Any] = {}
     error: str | None = None
+    error_code: str | None = None  # "forbidden": not this principal's right (core/access.py)
 
 
 # ---- worker link ----------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import collections
 import logging
+import os
 import signal
 import sys
 import threading
@@ -46,6 +47,7 @@ from candidate_scheduler.compat.mapping import plan_generation
 from candidate_scheduler.compat.replies import reply_for_result
 from candidate_scheduler.compat.unpickle import MAX_PICKLE_BYTES, safe_loads
 from candidate_scheduler.service.endpoints import is_loopback_endpoint
+from candidate_scheduler.service.keys import ENV_KEYS, ClientKeys
 
 log = logging.getLogger("candidate_scheduler.compat.bridge")
 
@@ -112,13 +114,20 @@ class Bridge:
             router.bind(cfg.bind)
             self.endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
         self.router = router
+        # the scheduler's sockets take a key when it has a key directory: serve hands the bridge a
+        # run-time proxy pair (service/keys.py); every sglang client is then this one principal
+        keys = ClientKeys.from_env(os.environ[ENV_KEYS]) if os.environ.get(ENV_KEYS) else None
         dealer = self.ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        if keys is not None:
+            keys.apply(dealer)
         dealer.connect(cfg.scheduler)
         self.dealer = dealer
         if cfg.control is not None:
             control = self.ctx.socket(zmq.DEALER)
             control.setsockopt(zmq.LINGER, 500)
+            if keys is not None:
+                keys.apply(control)
             control.connect(cfg.control)
             self.control = control
         return self.endpoint

@@ -10,12 +10,22 @@ found the group; cancelling a group that already ended changes nothing and says 
 
 from __future__ import annotations
 
+from candidate_scheduler.core.access import FORBIDDEN, Action, Principal, denied
 from candidate_scheduler.core.messages import ControlAnswer, StopWorker
 
 
 class Control:
     def __init__(self, engine):
         self.engine = engine
+
+    def forbidden(self, principal: Principal, action: Action, request_id: str | None = None) -> ControlAnswer | None:
+        """The refusal when `principal` may not do `action` (to this group); None when it may."""
+        owners = None if request_id is None else self.engine.tenants.owners_of(request_id)
+        why = denied(principal, action, owners)
+        if why is None:
+            return None
+        self.engine.metrics.forbidden(action.value)
+        return ControlAnswer(ok=False, error=why, error_code=FORBIDDEN)
 
     def cancel(self, request_id: str, answer: list) -> None:
         e = self.engine
@@ -79,6 +89,9 @@ class Control:
             "capability": next(iter(e.workers.values())).capability.to_dict() if e.workers else None,
             "batches_in_flight": len(e.assignments),
             "draining": e.draining,
+            "tenants": {t: {"in_flight": n, "limit": e.tenants.policy(t).max_in_flight}
+                        for t, n in sorted(e.tenants.in_flight.items())},
+            "fair_queueing": e.tenants.clock.fair,
             "late_results_discarded": e.counters["late_results_discarded"],
             "batches_lost": e.counters["batches_lost"],
             "handler_errors": e.counters["handler_errors"],

@@ -28,18 +28,18 @@ from __future__ import annotations
 import collections
 import contextlib
 import heapq
-import math
 import traceback
 from dataclasses import dataclass
 from typing import Any
 
 from candidate_scheduler.core import deadlines, schedule
+from candidate_scheduler.core.access import LOCAL, Action, Principal
 from candidate_scheduler.core.admission import AdmissionPolicy, decide
 from candidate_scheduler.core.control import Control
 from candidate_scheduler.core.cost_model import CostModel, check_margin_quantile
-from candidate_scheduler.core.errors import CandidateContractError
 from candidate_scheduler.core.group import Group, refusal
 from candidate_scheduler.core.group_state import GroupStatus
+from candidate_scheduler.core.intake import Intake
 from candidate_scheduler.core.messages import (
     CancelRows,
     ControlAnswer,
@@ -53,9 +53,10 @@ from candidate_scheduler.core.messages import (
 )
 from candidate_scheduler.core.pending import PendingIndex
 from candidate_scheduler.core.planning import Unit, dispatch_class, step_class
-from candidate_scheduler.core.request import Submission, check_request_id, validate
+from candidate_scheduler.core.request import Submission
 from candidate_scheduler.core.snapshot import GroupView, PlanningSnapshot, WorkerView
 from candidate_scheduler.core.spec import ModelCapability
+from candidate_scheduler.core.tenants import TenantPolicy, Tenants
 from candidate_scheduler.core.worker_link import WorkerLink
 from candidate_scheduler.core.workers import Assignment, WorkerState
 
@@ -79,6 +80,8 @@ class EngineConfig:
     # beyond its capacity (step) wait on the worker and start at the first step boundary with room, not
     # a round trip later. 0: a worker gets work only when it can start it.
     prefetch: int = 1
+    tenants: tuple[TenantPolicy, ...] = ()  # limits and weights by tenant (core/tenants.py)
+    fair_queueing: bool = True  # best-effort groups ordered fairly across tenants, not by receipt
 
     def __post_init__(self) -> None:
         self.policy = AdmissionPolicy(self.policy)
@@ -122,17 +125,19 @@ class Engine:
         self._room: bool | None = None  # some worker may take work now (None: stale); planning's first question
         self.held: dict[str, set[int]] = {}  # request id -> the assignments running its slices
         # (deadline, serial, request id): a heap; the serial tells a group from a later one with its id
-        self._expiries: list[tuple[float, int, str]] = []
-        self._serial = 0
+        self.expiries: list[tuple[float, int, str]] = []
+        self.serial = 0
         self._admitted = 0  # admission order: the tiebreak of equal effective deadlines
         # A real stopwatch the shell injects for work inside an event (the reducer); the core reads no clock.
-        self._stopwatch = stopwatch
+        self.stopwatch = stopwatch
         self.outbox: list = []  # the messages of the event being handled
         self.link = WorkerLink(self)
         self.control = Control(self)
+        self.intake = Intake(self)
+        self.tenants = Tenants(self.config.tenants, fair=self.config.fair_queueing)
         self.now = 0.0
 
-    def _clock(self) -> float:
+    def clock(self) -> float:
         return self.now
 
     # ---- atomic events ----------------------------------------------------------------------------------
@@ -188,12 +193,15 @@ class Engine:
 
     # ---- submissions ------------------------------------------------------------------------------------
 
-    def submit(self, client: Any, sub: Submission, now: float, *, plan: bool = True) -> list:
+    def submit(self, client: Any, sub: Submission, now: float, *, plan: bool = True,
+               principal: Principal = LOCAL, via: str | None = None) -> list:
+        """A new group from `principal` (sent by `via`, a proxy acting for it, when not None)."""
         self.now = now
         self.outbox = []
         stored: list[Group] = []
+        owners = (principal.name,) if via is None else (principal.name, via)
         try:
-            self._submit(client, sub, stored)
+            self.intake.submit(client, sub, principal, owners, stored)
         except Exception as exc:  # noqa: BLE001
             if stored:
                 self._fault("submit", exc, (stored[0].request_id,))
@@ -206,58 +214,6 @@ class Engine:
             self.plan_and_apply()
         out, self.outbox = self.outbox, []
         return out
-
-    def _submit(self, client: Any, sub: Submission, stored: list) -> None:
-        self.metrics.group_received()
-        rid = sub.request_id
-        try:
-            check_request_id(rid)
-        except CandidateContractError as exc:
-            self.outbox.extend(self.refuse(client, rid, "invalid", exc.code, exc.detail, "request_id"))
-            return
-        if rid in self.groups:
-            self.outbox.extend(self.refuse(client, rid, "invalid", "duplicate_request_id",
-                                         f"request {rid!r} is already in flight", "request_id"))
-            return
-        if self.draining:
-            self.outbox.extend(self.refuse(client, rid, "rejected", "draining",
-                                         "the scheduler is draining and admits no new groups"))
-            return
-        if len(self.groups) >= self.config.max_queued_groups:
-            self.outbox.extend(self.refuse(client, rid, "overloaded", "overloaded",
-                                         f"{len(self.groups)} groups in flight; try again later"))
-            return
-        try:
-            request = validate(sub)
-            # derives the seeds: a bad base seed raises here
-            group = Group(request, client, self.now, self._clock, self._stopwatch)
-        except CandidateContractError as exc:
-            self.outbox.extend(self.refuse(client, rid, "invalid", exc.code, str(exc), exc.field))
-            return
-        except (ValueError, TypeError) as exc:
-            self.outbox.extend(self.refuse(client, rid, "invalid", getattr(exc, "kind", "bad_request"), str(exc)))
-            return
-        self.groups[rid] = group
-        stored.append(group)
-        self._serial += 1
-        group.serial = self._serial
-        self.metrics.candidates_per_group(request.spec.count)
-        if group.deadline is not None:
-            heapq.heappush(self._expiries, (group.deadline, group.serial, rid))
-        if not self.workers:
-            self.waiting[rid] = None  # admitted as soon as a worker registers
-            return
-        predicted = None if group.deadline is None else deadlines.refuse_at_receipt(
-            self.snapshot(self.now), self._view(group, order=self._order(group)))
-        if predicted is not None:
-            self.metrics.deadline_refusal()
-            when = f"in {predicted - self.now:.3f} s" if math.isfinite(predicted) else "after the deadline"
-            group.fail("deadline_unmeetable",
-                       f"predicted completion {when} (at {request.spec.min_count} candidates) "
-                       f"misses the deadline of {request.deadline_s:.3f} s", field="deadline_s")
-            self.end(group)
-            return
-        self.admit(group)
 
     def refuse(self, client: Any, request_id: str, status: str, code: str, message: str,
                field: str | None = None) -> list:
@@ -283,8 +239,9 @@ class Engine:
         """A worker took or gave back work: whether any has room is stale."""
         self._room = None
 
-    def _order(self, g: Group) -> tuple:
-        return (deadlines.effective_deadline(g.deadline, g.received_at, self.config.best_effort_s), self._admitted)
+    def order_of(self, g: Group) -> tuple:
+        since = g.received_at if g.fair_tag is None else g.fair_tag  # core/tenants.py: fair queueing
+        return (deadlines.effective_deadline(g.deadline, since, self.config.best_effort_s), self._admitted)
 
     def admit(self, group: Group) -> None:
         capability, capacity = self._capability()
@@ -292,7 +249,10 @@ class Engine:
                           policy=self.config.policy, batch_capacity=capacity)
         self.metrics.admission(decision.mode.value, decision.reason)
         if group.admit(decision):
-            group.order = self._order(group)
+            if group.deadline is None:
+                work = group.spec.count * group.sampling.steps * group.request.observations
+                group.fair_tag = self.tenants.stamp(group.tenant, work, self.now)
+            group.order = self.order_of(group)
             self._admitted += 1
             self.unstarted.add(group.request_id)
             if group.deadline is not None and group.spec.min_count < group.served_count:
@@ -449,11 +409,12 @@ class Engine:
             g = self.groups[u.request_id]
             dispatch = g.start_slice(u.slice_index, worker.worker_id)
             self.pending.discard(u.request_id, u.slice_index)
-            self.unstarted.discard(u.request_id)
+            self._leaves_queue(g, started=True)
             self.elastic.discard(u.request_id)  # started: its count is fixed
             self.held.setdefault(u.request_id, set()).add(batch_id)
             if g.physical_batches == 0:
                 self.metrics.queue_wait(self.now - g.received_at)
+                self.metrics.tenant_queue_wait(g.tenant, self.now - g.received_at)
             g.physical_batches += 1
             g.co_batched += int(shared)
             g.joins += int(join)
@@ -488,9 +449,9 @@ class Engine:
 
     def _group_view(self, rid: str) -> GroupView | None:
         g = self.groups.get(rid)
-        return None if g is None else self._view(g)
+        return None if g is None else self.group_view(g)
 
-    def _view(self, g: Group, order: tuple | None = None) -> GroupView:
+    def group_view(self, g: Group, order: tuple | None = None) -> GroupView:
         return GroupView.of(g, g.request_id in self.unstarted or g.status is GroupStatus.QUEUED, order)
 
     # ---- the worker link (core/worker_link.py) ----------------------------------------------------------
@@ -533,6 +494,7 @@ class Engine:
         if result is None:
             return
         self.metrics.group_completed(result.status, self.now - g.received_at)
+        self.metrics.tenant_group(g.tenant, result.status, g.served_count if result.status == "done" else 0)
         if result.status == "done":
             self.metrics.served(g.spec.count, g.served_count)
         if g.deadline is not None and result.status in ("done", "expired") and \
@@ -546,8 +508,15 @@ class Engine:
         self.waiting.pop(rid, None)
         self.pending.discard_group(rid)
         self.elastic.discard(rid)
-        self.unstarted.discard(rid)
+        self._leaves_queue(g, started=False)
+        self.tenants.forgot(rid, g.tenant)
         self.held.pop(rid, None)  # its workers were told to stop (end); their answers are matched by batch id
+
+    def _leaves_queue(self, g: Group, started: bool) -> None:
+        self.unstarted.discard(g.request_id)
+        if g.fair_tag is not None:
+            self.tenants.clock.left(g.fair_tag, started)
+            g.fair_tag = None
 
     def tick(self, now: float) -> list:
         """Deadlines, heartbeat timeouts, gauges, and planning: called by the shell a few times a second."""
@@ -555,8 +524,8 @@ class Engine:
 
     def _tick(self) -> None:
         now = self.now
-        while self._expiries and self._expiries[0][0] <= now:
-            _deadline, serial, rid = heapq.heappop(self._expiries)
+        while self.expiries and self.expiries[0][0] <= now:
+            _deadline, serial, rid = heapq.heappop(self.expiries)
             g = self.groups.get(rid)
             if g is not None and g.serial == serial:
                 with self.guard("tick", rid):
@@ -575,14 +544,17 @@ class Engine:
         scheduler may come back on the same port."""
         return self._event("shutdown", now, self.control.shutdown, plan=False)
 
-    def cancel(self, request_id: str, now: float) -> tuple[ControlAnswer, list]:
+    def cancel(self, request_id: str, now: float, principal: Principal = LOCAL) -> tuple[ControlAnswer, list]:
         """Idempotent; says what it changed and in which state it found the group."""
+        refused = self.control.forbidden(principal, Action.CANCEL, request_id)
+        if refused is not None:
+            return refused, []
         answer: list[ControlAnswer] = []
         out = self._event("cancel", now, self.control.cancel, request_id, answer)
         return (answer[0] if answer else ControlAnswer(ok=False, error="internal error; see the scheduler log")), out
 
-    def status(self, request_id: str) -> ControlAnswer:
-        return self.control.status(request_id)
+    def status(self, request_id: str, principal: Principal = LOCAL) -> ControlAnswer:
+        return self.control.forbidden(principal, Action.STATUS, request_id) or self.control.status(request_id)
 
     def drain(self) -> ControlAnswer:
         return self.control.drain()

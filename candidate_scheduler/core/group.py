@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from candidate_scheduler.core.access import DEFAULT_TENANT
 from candidate_scheduler.core.errors import CandidateContractError
 from candidate_scheduler.core.group_state import GroupReply, GroupState, GroupStatus
 from candidate_scheduler.core.messages import GroupResult, SliceOutcome
@@ -37,6 +38,8 @@ class Group(GroupState):
         # what may share a batch / a forward with it, and its cost-model key: fixed by its sampling
         self.batch_key, self.forward_key, self.label = _keys(request.sampling)
         self.order: tuple = ()  # its place in the queue once admitted: (effective deadline, admission order)
+        self.tenant = DEFAULT_TENANT  # whose limits and fair share it counts against (core/tenants.py)
+        self.fair_tag: float | None = None  # its start tag while it waits, if it has no deadline
         self.serial = 0  # the engine's count of groups received when it came: tells it from a later namesake
         self.wire: Any = None  # the shell's encoded arrays of this group, made once (convert.GroupWire)
         self.forwards = 0

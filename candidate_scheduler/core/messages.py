@@ -157,3 +157,4 @@ class ControlAnswer:
     state: str | None = None
     detail: Mapping[str, Any] = field(default_factory=dict)
     error: str | None = None
+    error_code: str | None = None  # e.g. "forbidden" (core/access.py)

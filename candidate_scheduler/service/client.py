@@ -18,6 +18,7 @@ import zmq
 import zmq.asyncio
 
 from candidate_scheduler import protocol
+from candidate_scheduler.service.keys import ClientKeys
 
 
 @dataclass
@@ -110,6 +111,7 @@ def make_request(
     min_count: int | None = None,
     deadline_s: float | None = None,
     initial_noise: np.ndarray | None = None,
+    on_behalf: str | None = None,
     **sampling: Any,
 ) -> protocol.SubmitRequest:
     """Build a SUBMIT payload. `image`: uint8 [H, W, 3], or [B, H, W, 3] for B observations (one
@@ -128,6 +130,7 @@ def make_request(
         batched=image.ndim == 4,
         deadline_s=deadline_s,
         initial_noise=None if initial_noise is None else protocol.array_to_wire(np.asarray(initial_noise, dtype=np.float32)),
+        on_behalf=on_behalf,
     )
 
 
@@ -137,11 +140,28 @@ def synthetic_image(height: int = 64, width: int = 64, seed: int = 0) -> np.ndar
     return rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
 
 
-class Client:
-    """Blocking client. One instance per thread."""
+class Forbidden(PermissionError):
+    """The scheduler refused a control request: not this key's right (core/access.py)."""
 
-    def __init__(self, endpoint: str, control_endpoint: str | None = None, timeout_s: float = 600.0):
+
+def _dealer(ctx: zmq.Context, endpoint: str, keys: ClientKeys | None) -> zmq.Socket:
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
+    if keys is not None:
+        keys.apply(sock)
+    sock.connect(endpoint)
+    return sock
+
+
+class Client:
+    """Blocking client. One instance per thread. `keys`: this client's CURVE keys when the scheduler
+    requires them (`ClientKeys.load(key_dir, name)`; service/keys.py)."""
+
+    def __init__(self, endpoint: str, control_endpoint: str | None = None, timeout_s: float = 600.0,
+                 keys: ClientKeys | None = None):
         self.ctx = zmq.Context.instance()
+        self.keys = keys
         self.endpoint = endpoint
         self.control_endpoint = control_endpoint
         self.timeout_s = timeout_s
@@ -152,11 +172,7 @@ class Client:
         self._nonce = itertools.count(1)
 
     def _dealer(self, endpoint: str) -> zmq.Socket:
-        sock = self.ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
-        sock.connect(endpoint)
-        return sock
+        return _dealer(self.ctx, endpoint, self.keys)
 
     def send(self, request: protocol.SubmitRequest) -> str:
         self._sock.send_multipart(protocol.encode(protocol.Kind.SUBMIT, request))
@@ -216,7 +232,10 @@ class Client:
         return self.control(protocol.Kind.STATUS, protocol.StatusRequest(request_id))
 
     def stats(self) -> dict:
-        return dict(self.control(protocol.Kind.STATS, protocol.Empty()).detail)
+        reply = self.control(protocol.Kind.STATS, protocol.Empty())
+        if not reply.ok:
+            raise Forbidden(reply.error) if reply.error_code == "forbidden" else RuntimeError(reply.error)
+        return dict(reply.detail)
 
     def drain(self) -> protocol.ControlReply:
         return self.control(protocol.Kind.DRAIN, protocol.Empty())
@@ -239,12 +258,9 @@ class Client:
 class AsyncClient:
     """asyncio client: `await client.submit(...)`; many groups in flight on one socket."""
 
-    def __init__(self, endpoint: str):
+    def __init__(self, endpoint: str, keys: ClientKeys | None = None):
         self.ctx = zmq.asyncio.Context.instance()
-        self._sock = self.ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
-        self._sock.connect(endpoint)
+        self._sock = _dealer(self.ctx, endpoint, keys)
         self._futures: dict[str, asyncio.Future] = {}
         self._pongs: dict[int, asyncio.Future] = {}
         self._nonce = itertools.count(1)

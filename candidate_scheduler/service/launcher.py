@@ -20,6 +20,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from candidate_scheduler.service.processes import ChildProcess
 
@@ -52,11 +53,12 @@ class SchedulerHandle:
     metrics: str | None
     compat: str | None
     workers: list[ChildProcess] = field(default_factory=list)
+    keys: Any = None  # an admin's ClientKeys when the scheduler takes keys (--curve-dir)
 
     def client(self, **kwargs):
         from candidate_scheduler.service.client import Client
 
-        return Client(self.request, self.control, **kwargs)
+        return Client(self.request, self.control, **{"keys": self.keys, **kwargs})
 
     def wait_workers(self, n: int, timeout_s: float = 120.0, poll_s: float = 0.05) -> dict:
         """Poll STATS until at least `n` workers are registered; returns that STATS detail. Fails at
@@ -134,8 +136,13 @@ class Launcher:
             value = found.get(key)
             return None if value in (None, "off") else value
 
+        keys = None
+        if "--curve-dir" in extra:  # the key directory's admin pair (`keys DIR` writes one)
+            from candidate_scheduler.service.keys import ClientKeys
+
+            keys = ClientKeys.load(extra[list(extra).index("--curve-dir") + 1])
         return SchedulerHandle(proc, found["request endpoint"], found["control endpoint"], found["worker link"],
-                               endpoint("metrics"), endpoint("sglang compat"))
+                               endpoint("metrics"), endpoint("sglang compat"), keys=keys)
 
     def worker(self, handle, adapter: str = "null", capacity: int | None = 8, *extra: str,
                model: str | Path | None = None, device: str | None = None, step_delay: float | None = None,

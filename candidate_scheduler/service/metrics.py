@@ -79,6 +79,9 @@ PROTOCOL_ERROR_KINDS = (
 )
 # the engine's events (core/engine.py), plus the shell's own loop: where code raised
 EVENTS = ("submit", "register", "heartbeat", "result", "tick", "cancel", "shutdown", "schedule", "shell", OTHER)
+# the tenants named in the key directory (core/access.py): set per instance, see SchedulerMetrics
+CONFIGURED_TENANTS = ("<configured tenants>",)
+ACTIONS = ("submit", "cancel", "status", "stats", "drain", "shutdown", "compat_report", OTHER)
 COMPAT_REQUEST_TYPES = ("req", "req_list", "ping", "shutdown", "warmup", "control", "unknown", OTHER)
 
 # --- Buckets -------------------------------------------------------------------------------------------
@@ -194,6 +197,15 @@ METRICS = (
     _define(Counter, "protocol_errors_total", "Messages refused, by socket and kind.",
             socket=SOCKETS, kind=PROTOCOL_ERROR_KINDS),
     _define(Counter, "compat_requests_total", "sglang-compat messages, by type.", type=COMPAT_REQUEST_TYPES),
+    # Tenants (core/tenants.py) and rights (core/access.py).
+    _define(Counter, "tenant_groups_total", "Groups answered, by tenant and outcome (refusals included).",
+            tenant=CONFIGURED_TENANTS, outcome=OUTCOMES),
+    _define(Counter, "tenant_candidates_total", "Candidates served to groups answered done, by tenant.",
+            tenant=CONFIGURED_TENANTS),
+    _define(Histogram, "tenant_queue_wait_seconds", "Receipt to first dispatch, per group, by tenant.",
+            SECONDS_BUCKETS, tenant=CONFIGURED_TENANTS),
+    _define(Counter, "forbidden_total", "Requests refused `forbidden` (not the principal's right), by action.",
+            action=ACTIONS),
 )
 
 
@@ -205,9 +217,10 @@ class SchedulerMetrics:
 
     With no registry a fresh one is made (never the global default: a second instance in the same
     process, as in tests, must not collide) and the process/platform/GC collectors are added to it.
+    `tenants`: the tenant names of the key directory; any other tenant is recorded as "other".
     """
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, tenants: Iterable[str] = ()) -> None:
         if registry is None:
             registry = CollectorRegistry()
             prometheus_client.ProcessCollector(registry=registry)
@@ -221,7 +234,9 @@ class SchedulerMetrics:
         )
         self.build_info.labels(__version__, platform.python_version()).set(1)
         self._children: dict[str, dict[tuple[str, ...], Any]] = {}
+        self.tenants = (*sorted({"default", *tenants} - {OTHER}), OTHER)
         for kind, name, documentation, buckets, labels in METRICS:
+            labels = {k: self.tenants if v is CONFIGURED_TENANTS else v for k, v in labels.items()}
             extra = {} if buckets is None else {"buckets": buckets}
             metric = kind(PREFIX + name, documentation, list(labels), registry=registry, **extra)
             # Create every labelled child at 0 so each series exists from the first scrape: rate() and
@@ -262,6 +277,18 @@ class SchedulerMetrics:
 
     def queue_wait(self, seconds: float) -> None:
         self.queue_wait_seconds.observe(seconds)
+
+    def tenant_group(self, tenant: str, outcome: object, served_candidates: int) -> None:
+        t = clip_label(tenant, self.tenants)
+        self._children["tenant_groups_total"][(t, clip_label(outcome, OUTCOMES))].inc()
+        if served_candidates:
+            self._children["tenant_candidates_total"][(t,)].inc(served_candidates)
+
+    def tenant_queue_wait(self, tenant: str, seconds: float) -> None:
+        self._children["tenant_queue_wait_seconds"][(clip_label(tenant, self.tenants),)].observe(seconds)
+
+    def forbidden(self, action: object) -> None:
+        self._children["forbidden_total"][(clip_label(action, ACTIONS),)].inc()
 
     def physical_batch(self, rows: int, capacity: int) -> None:
         """A physical batch was dispatched to a worker of `capacity` rows."""

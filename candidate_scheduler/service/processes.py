@@ -8,6 +8,7 @@ compat bridge, the openpi front) relays a child's output to ours once it has sai
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -76,13 +77,13 @@ class ChildProcess:
                 self.proc.wait(timeout=10)
 
 
-def spawn_listening(cmd: list[str], pattern: str, name: str,
-                    timeout_s: float) -> tuple[subprocess.Popen, str | None]:
+def spawn_listening(cmd: list[str], pattern: str, name: str, timeout_s: float,
+                    env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str | None]:
     """Start `cmd` and wait until it prints a line matching `pattern` (one group: the address it
     listens on). Returns (process, address); address is None when the child exited or stayed silent
     for `timeout_s`, and a silent child is killed. Every other line of its stdout is relayed to ours,
-    from a daemon thread named `name`."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    from a daemon thread named `name`. `env`: variables added to this process's environment."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=None if env is None else {**os.environ, **env})
     listening = threading.Event()
     found: list[str] = []
 

@@ -27,8 +27,19 @@ import zmq
 
 from candidate_scheduler import convert, protocol
 from candidate_scheduler.core import messages
+from candidate_scheduler.core.access import (
+    DEFAULT_TENANT,
+    FORBIDDEN,
+    LOCAL,
+    Action,
+    Principal,
+    Role,
+    acting_for,
+    denied,
+)
 from candidate_scheduler.core.engine import Engine, EngineConfig
 from candidate_scheduler.service.endpoints import bind_socket, is_loopback_endpoint
+from candidate_scheduler.service.keys import CLIENTS_DOMAIN, WORKERS_DOMAIN, Authenticator, ClientKeys, Directory
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +61,18 @@ class SchedulerConfig:
     metrics_host: str = DEFAULT_HOST
     metrics_port: int | None = 9464  # None: no HTTP exporter
     tick_s: float = 0.05
-    curve_dir: str | None = None  # holds server.key_secret and authorized_clients/*.key
+    curve_dir: str | None = None  # the key directory (service/keys.py): with it, every socket needs a key
+    insecure: bool = False  # the user said --insecure: sockets off loopback without keys are allowed
     engine: EngineConfig = field(default_factory=EngineConfig)
+
+
+class StartupRefused(RuntimeError):
+    """The scheduler will not start as configured; the message is one line that says the fix."""
+
+
+_ACTIONS = {protocol.Kind.CANCEL: Action.CANCEL, protocol.Kind.STATUS: Action.STATUS,
+            protocol.Kind.STATS: Action.STATS, protocol.Kind.DRAIN: Action.DRAIN,
+            protocol.Kind.SHUTDOWN: Action.SHUTDOWN, protocol.Kind.COMPAT_REPORT: Action.COMPAT_REPORT}
 
 
 @dataclass(frozen=True)
@@ -74,45 +95,83 @@ class Scheduler:
         self.ctx = ctx or zmq.Context()
         self.stopping = threading.Event()
         self.bound: dict[str, str] = {}
-        self._authenticator = None
+        self.insecure_sockets: list[str] = []  # bound off loopback without keys, under --insecure
+        self.directory: Directory | None = None
+        self._authenticator: Authenticator | None = None
+        self._server_public: bytes | None = None
 
     # ---- sockets ----------------------------------------------------------------------------------
     def bind(self) -> dict[str, str]:
-        def router(endpoint: str, name: str) -> zmq.Socket:
+        """Bind the three sockets; StartupRefused (nothing bound) when one would be open off loopback
+        without keys and the user did not say --insecure."""
+        endpoints = {"request": self.config.request_endpoint, "control": self.config.control_endpoint,
+                     "worker": self.config.worker_endpoint}
+        public = [name for name, ep in endpoints.items() if not is_loopback_endpoint(ep)]
+        if self.config.curve_dir is None and public and not self.config.insecure:
+            raise StartupRefused(
+                f"refusing to bind the {_names(public)} socket{'s' if len(public) > 1 else ''} off loopback "
+                f"({', '.join(endpoints[n] for n in public)}) without CURVE keys: pass --curve-dir DIR "
+                "(`candidate-scheduler keys DIR` writes one), or --insecure to let anyone who can reach them in")
+        if self.config.curve_dir is not None:
+            self._start_authenticator(self.config.curve_dir)
+        elif public:
+            self.insecure_sockets = public
+            log.warning("INSECURE: the %s socket(s) listen off loopback without authentication (--insecure)",
+                        ", ".join(public))
+
+        def router(name: str) -> zmq.Socket:
             sock = self.ctx.socket(zmq.ROUTER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
             sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
             if name == "worker":
                 sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting worker takes its identity back
-                self._secure_worker_link(sock, endpoint)
-            self.bound[name] = bind_socket(sock, endpoint)
+            if self._authenticator is not None:
+                sock.zap_domain = (WORKERS_DOMAIN if name == "worker" else CLIENTS_DOMAIN).encode()
+                sock.curve_secretkey = self._server_secret
+                sock.curve_publickey = self._server_public
+                sock.curve_server = True
+            self.bound[name] = bind_socket(sock, endpoints[name])
             return sock
 
-        self.request_sock = router(self.config.request_endpoint, "request")
-        self.control_sock = router(self.config.control_endpoint, "control")
-        self.worker_sock = router(self.config.worker_endpoint, "worker")
+        self.request_sock = router("request")
+        self.control_sock = router("control")
+        self.worker_sock = router("worker")
         return dict(self.bound)
 
-    def _secure_worker_link(self, sock, endpoint: str) -> None:
-        if self.config.curve_dir is None:
-            if not is_loopback_endpoint(endpoint):
-                raise RuntimeError(
-                    f"refusing to bind the worker link on non-loopback {endpoint} without CURVE keys: "
-                    "pass --curve-dir (see `candidate-scheduler keys`)"
-                )
-            return
+    def _start_authenticator(self, curve_dir: str) -> None:
         from zmq.auth import load_certificate
-        from zmq.auth.thread import ThreadAuthenticator
 
-        public, secret = load_certificate(os.path.join(self.config.curve_dir, "server.key_secret"))
-        auth = ThreadAuthenticator(self.ctx)
-        auth.start()
-        auth.configure_curve(domain="*", location=os.path.join(self.config.curve_dir, "authorized_clients"))
+        try:
+            self._server_public, self._server_secret = load_certificate(os.path.join(curve_dir, "server.key_secret"))
+            self.directory = Directory.load(curve_dir)
+        except (OSError, ValueError) as exc:
+            raise StartupRefused(f"cannot use the key directory {curve_dir}: {exc} "
+                                 f"(`candidate-scheduler keys {curve_dir}` writes one)") from exc
+        auth = Authenticator(self.ctx, self.directory)
+        auth.start_for_domains()
         self._authenticator = auth
-        sock.curve_secretkey = secret
-        sock.curve_publickey = public
-        sock.curve_server = True
+
+    def use_metrics(self, metrics: Any | None) -> None:
+        """The metrics sink, made once the tenants it labels are known (bind reads the key directory)."""
+        if metrics is not None:
+            self.engine.metrics = self.metrics = metrics
+
+    @property
+    def secure(self) -> bool:
+        return self._authenticator is not None
+
+    def proxy_keys(self, name: str) -> ClientKeys | None:
+        """A run-time key pair for a front this process starts (the openpi websocket, the sglang bridge),
+        authorised in memory as a proxy principal; None when the sockets take no keys."""
+        if self._authenticator is None:
+            return None
+        keys = ClientKeys.ephemeral(self._server_public)
+        self._authenticator.admit(Principal(name, DEFAULT_TENANT, Role.PROXY), keys.public)
+        return keys
+
+    def tenant_names(self) -> list[str]:
+        return [] if self.directory is None else self.directory.tenants()
 
     def close(self) -> None:
         # The client-facing sockets linger, and the context is terminated (waiting <= 2 s), so the last
@@ -162,21 +221,33 @@ class Scheduler:
 
     def _pump(self, sock, handler, limit: int | None = _BURST) -> int:
         """Handle up to `limit` waiting messages of one socket; how many it handled."""
+        # on a client socket under CURVE, each message names its sender (ZAP's User-Id, service/keys.py)
+        named = self.secure and sock is not self.worker_sock
         n = 0
         while limit is None or n < limit:
             try:
-                frames = sock.recv_multipart(flags=zmq.NOBLOCK)
+                frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=not named)
             except zmq.Again:
                 return n
             n += 1
             try:
-                handler(frames)
+                principal = LOCAL
+                if named:
+                    principal = self._principal(frames[-1].get("User-Id"))
+                    frames = [f.bytes for f in frames]
+                handler(frames, principal)
             except Exception:  # noqa: BLE001 - the loop must outlive any one message
                 # The engine answers its own faults (InternalFault); this is the shell's own code.
                 log.exception("handler failed; the service keeps serving")
                 self.engine.counters["handler_errors"] += 1
                 self.metrics.internal_error("shell")
         return n
+
+    def _principal(self, user_id: str) -> Principal:
+        principal = self.directory.get(user_id) if self.directory is not None else None
+        if principal is None:  # ZAP admitted only keys it knows: a bug, never a caller's doing
+            raise RuntimeError(f"a message from an unknown principal {user_id!r}")
+        return principal
 
     def _run(self, event, *args, **kwargs) -> None:
         self._send_all(event(*args, **kwargs))
@@ -218,20 +289,28 @@ class Scheduler:
             raise TypeError(f"no sender for {type(msg).__name__}")
 
     # ---- request socket -----------------------------------------------------------------------------------
-    def _on_request(self, frames: list[bytes]) -> None:
+    def _on_request(self, frames: list[bytes], sender: Principal) -> None:
         read_at = time.perf_counter()
         read = self._read_client(self.request_sock, "request", frames, protocol.REQUEST_KINDS)
         if read is None:
             return
         identity, delimited, _kind, msg = read
         client, now = ClientRef(identity, delimited, read_at), time.monotonic()
+        lookup = self.directory.get if self.directory is not None else (lambda _name: None)
+        principal, why = acting_for(sender, msg.on_behalf, lookup)
+        why = why or denied(principal, Action.SUBMIT)
+        if why is not None:
+            self.metrics.forbidden(Action.SUBMIT.value)
+            self._run(self.engine.refuse, client, msg.request_id, "rejected", FORBIDDEN, why)
+            return
+        via = sender.name if principal is not sender else None
         try:
             sub = convert.submission_from_wire(msg)
         except protocol.ProtocolError as exc:  # an array that cannot be decoded: the request is invalid
             self.metrics.group_received()
             self._run(self.engine.refuse, client, msg.request_id, "invalid", exc.kind, str(exc))
             return
-        self._run(self.engine.submit, client, sub, now, plan=False)
+        self._run(self.engine.submit, client, sub, now, plan=False, principal=principal, via=via)
 
     def _read_client(self, sock, socket_name: str, frames: list[bytes], allowed) -> tuple | None:
         """A client's message, read from the request or the control socket: an unreadable one is
@@ -255,7 +334,7 @@ class Scheduler:
         sock.send_multipart(protocol.reply_frames(frames[0], delimited, protocol.Kind.ERROR, reply))
 
     # ---- worker link ------------------------------------------------------------------------------------------
-    def _on_worker(self, frames: list[bytes]) -> None:
+    def _on_worker(self, frames: list[bytes], _principal: Principal) -> None:
         try:
             identity, _delimited, kind, msg = _read(frames, protocol.WORKER_KINDS)
         except protocol.ProtocolError as exc:
@@ -270,27 +349,34 @@ class Scheduler:
             self._run(self.engine.worker_result, identity, convert.worker_result_from_wire(msg), now, plan=False)
 
     # ---- control socket ---------------------------------------------------------------------------------------
-    def _on_control(self, frames: list[bytes]) -> None:
+    def _on_control(self, frames: list[bytes], principal: Principal) -> None:
         read = self._read_client(self.control_sock, "control", frames, protocol.CONTROL_KINDS)
         if read is None:
             return
         identity, delimited, kind, msg = read
-        answer, out = self._control(kind, msg)
+        why = denied(principal, _ACTIONS[kind]) if kind in _ACTIONS else None
+        if why is not None:  # an action outside the role; whose group it is, the engine checks
+            self.metrics.forbidden(_ACTIONS[kind].value)
+            answer, out = messages.ControlAnswer(ok=False, error=why, error_code=FORBIDDEN), []
+        else:
+            answer, out = self._control(kind, msg, principal)
         reply = protocol.ControlReply(ok=answer.ok, changed=answer.changed, state=answer.state,
-                                      detail=dict(answer.detail), error=answer.error)
+                                      detail=dict(answer.detail), error=answer.error, error_code=answer.error_code)
         self.control_sock.send_multipart(protocol.reply_frames(identity, delimited, protocol.Kind.CONTROL_REPLY, reply))
         self._send_all(out)
-        if kind is protocol.Kind.SHUTDOWN:
+        if kind is protocol.Kind.SHUTDOWN and answer.ok:
             self.stopping.set()
 
-    def _control(self, kind: protocol.Kind, msg) -> tuple[messages.ControlAnswer, list]:
+    def _control(self, kind: protocol.Kind, msg, principal: Principal) -> tuple[messages.ControlAnswer, list]:
         engine = self.engine
         if kind is protocol.Kind.CANCEL:
-            return engine.cancel(msg.request_id, time.monotonic())
+            return engine.cancel(msg.request_id, time.monotonic(), principal)
         if kind is protocol.Kind.STATUS:
-            return engine.status(msg.request_id), []
+            return engine.status(msg.request_id, principal), []
         if kind is protocol.Kind.STATS:
-            return messages.ControlAnswer(ok=True, detail=engine.stats()), []
+            security = {"curve": self.secure, "insecure": bool(self.insecure_sockets),
+                        "insecure_sockets": list(self.insecure_sockets), "asked_by": principal.name}
+            return messages.ControlAnswer(ok=True, detail={**engine.stats(), "security": security}), []
         if kind is protocol.Kind.DRAIN:
             return engine.drain(), []
         if kind is protocol.Kind.SHUTDOWN:
@@ -304,6 +390,10 @@ class Scheduler:
                 self.metrics.protocol_error("compat", name, max(0, min(int(n), 100_000)))
             return messages.ControlAnswer(ok=True), []
         return messages.ControlAnswer(ok=False, error=f"unsupported control kind {kind.name}"), []
+
+
+def _names(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def _read(frames: list[bytes], allowed) -> tuple[bytes, bool, protocol.Kind, Any]:

@@ -9,6 +9,7 @@ import pytest
 
 from candidate_scheduler.core import deadlines, reducers
 from candidate_scheduler.core import engine as engine_module
+from candidate_scheduler.core import intake as intake_module
 from candidate_scheduler.core.messages import InternalFault, SliceOutcome
 from candidate_scheduler.core.outcomes import Verdict, classify
 from candidate_scheduler.core.planning import WorkerSlot
@@ -58,14 +59,14 @@ def test_admission_that_raises_fails_that_group_alone(monkeypatch):
 def test_validation_code_that_raises_before_the_group_is_kept_still_answers_it(monkeypatch):
     h = Harness()
     h.register("w1")
-    real = engine_module.validate
+    real = intake_module.validate
 
     def validate(sub):
         if sub.request_id == "bad":
             raise RuntimeError("injected")
         return real(sub)
 
-    monkeypatch.setattr(engine_module, "validate", validate)
+    monkeypatch.setattr(intake_module, "validate", validate)
     h.submit("bad", count=2)
     r = h.reply("bad")
     assert r.status == "failed" and r.error_code == "internal_error" and "injected" in r.error

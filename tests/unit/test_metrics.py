@@ -61,7 +61,7 @@ def test_naming_follows_prometheus_practice(registry, sm):
             # the ten values of metrics.ROW_LABELS, "result" hit or miss).
             assert set(sample.labels) <= {
                 "api", "mode", "outcome", "reason", "state", "kind", "socket", "type", "le",
-                "version", "python_version", "rows", "result",
+                "version", "python_version", "rows", "result", "tenant", "action",
             }, sample
 
 

@@ -1,0 +1,80 @@
+"""The engine's intake: a submission checked, refused or kept, then admitted or refused at receipt.
+
+`Intake` holds no state of its own: it is the part of the engine (core/engine.py) that takes new
+groups, kept in its own file as core/control.py and core/worker_link.py keep theirs. The refusals come
+in a fixed order -- an unreadable id, a duplicate, draining, the scheduler's and then the tenant's limit
+on groups in flight, an invalid request -- and each is one typed reply; nothing is kept before they pass.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Any
+
+from candidate_scheduler.core import deadlines
+from candidate_scheduler.core.access import Principal
+from candidate_scheduler.core.errors import CandidateContractError
+from candidate_scheduler.core.group import Group
+from candidate_scheduler.core.request import Submission, check_request_id, validate
+
+
+class Intake:
+    def __init__(self, engine):
+        self.engine = engine
+
+    def submit(self, client: Any, sub: Submission, principal: Principal, owners: tuple[str, ...],
+               stored: list) -> None:
+        e = self.engine
+        e.metrics.group_received()
+        rid, tenant = sub.request_id, principal.tenant
+
+        def refuse(status: str, code: str, message: str, field: str | None = None) -> None:
+            e.outbox.extend(e.refuse(client, rid, status, code, message, field))
+            e.metrics.tenant_group(tenant, status, 0)
+
+        try:
+            check_request_id(rid)
+        except CandidateContractError as exc:
+            return refuse("invalid", exc.code, exc.detail, "request_id")
+        if rid in e.groups:
+            return refuse("invalid", "duplicate_request_id", f"request {rid!r} is already in flight", "request_id")
+        if e.draining:
+            return refuse("rejected", "draining", "the scheduler is draining and admits no new groups")
+        if len(e.groups) >= e.config.max_queued_groups:
+            return refuse("overloaded", "overloaded", f"{len(e.groups)} groups in flight; try again later")
+        over = e.tenants.over_limit(principal)
+        if over is not None:
+            return refuse("overloaded", "tenant_overloaded", over)
+        try:
+            request = validate(sub)
+            # derives the seeds: a bad base seed raises here
+            group = Group(request, client, e.now, e.clock, e.stopwatch)
+        except CandidateContractError as exc:
+            return refuse("invalid", exc.code, str(exc), exc.field)
+        except (ValueError, TypeError) as exc:
+            return refuse("invalid", getattr(exc, "kind", "bad_request"), str(exc))
+        group.tenant = tenant
+        e.groups[rid] = group
+        e.tenants.kept(rid, tenant, owners)
+        stored.append(group)
+        e.serial += 1
+        group.serial = e.serial
+        e.metrics.candidates_per_group(request.spec.count)
+        if group.deadline is not None:
+            heapq.heappush(e.expiries, (group.deadline, group.serial, rid))
+        if not e.workers:
+            e.waiting[rid] = None  # admitted as soon as a worker registers
+            return None
+        predicted = None if group.deadline is None else deadlines.refuse_at_receipt(
+            e.snapshot(e.now), e.group_view(group, order=e.order_of(group)))
+        if predicted is not None:
+            e.metrics.deadline_refusal()
+            when = f"in {predicted - e.now:.3f} s" if math.isfinite(predicted) else "after the deadline"
+            group.fail("deadline_unmeetable",
+                       f"predicted completion {when} (at {request.spec.min_count} candidates) "
+                       f"misses the deadline of {request.deadline_s:.3f} s", field="deadline_s")
+            e.end(group)
+            return None
+        e.admit(group)
+        return None

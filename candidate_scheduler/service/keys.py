@@ -1,0 +1,263 @@
+"""The key directory: who may talk to the scheduler, as files (`candidate-scheduler keys` writes them).
+
+```
+DIR/server.key, server.key_secret     the scheduler's CURVE pair; everyone who connects needs server.key
+DIR/NAME.key, NAME.key_secret         NAME's CURVE pair: hand NAME.key_secret and server.key to NAME
+DIR/authorized_clients/NAME.key       NAME's public key, with its role and tenant as metadata
+DIR/NAME.token                        NAME's bearer token (openpi websocket, HTTP): hand it to NAME
+DIR/authorized_tokens/NAME.json       the token's SHA-256, role and tenant (the token itself is not kept)
+```
+
+`keys DIR` with no names writes the scheduler's pair, a worker pair named `client` (the name the worker
+looks for: `worker --curve-dir DIR`) and an `admin` pair, each only if missing. A public key with no
+role metadata is a worker's (what `keys` wrote before roles existed).
+
+`Directory.load(DIR)` reads the authorised keys and tokens into principals (core/access.py); the
+scheduler's ZAP handler (`Authenticator`) admits a CURVE key on a socket's domain only if its role
+belongs there, and names the connection by its principal, which the shell reads back per message
+(ZMQ's `User-Id` property).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import hmac
+import json
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
+
+from candidate_scheduler.core.access import DEFAULT_TENANT, Principal, Role, check_name
+
+SERVER = "server"
+WORKER_KEY = "client"  # the worker's pair: the name `worker --curve-dir DIR` has always read
+ADMIN_KEY = "admin"
+CLIENTS_DOMAIN = "clients"  # the request and control sockets
+WORKERS_DOMAIN = "workers"  # the worker link
+
+
+class KeyDirError(ValueError):
+    """A key directory that cannot be used as it is (missing or malformed file): one line says which."""
+
+
+def _write_public(path: Path, public: bytes, metadata: dict[str, str]) -> None:
+    # pyzmq writes metadata only into the secret file; the scheduler reads the public one
+    lines = [f"#   ZeroMQ CURVE public certificate, written {datetime.datetime.now():%Y-%m-%d %H:%M:%S} "
+             "by candidate-scheduler keys", "metadata"]
+    lines += [f'    {k} = "{v}"' for k, v in metadata.items()]
+    lines += ["curve", f'    public-key = "{public.decode("ascii")}"', ""]
+    path.write_text("\n".join(lines))
+
+
+def _metadata(path: Path) -> dict[str, str]:
+    out, section = {}, None
+    for raw in path.read_text(encoding="utf8").splitlines():
+        if not raw.strip() or raw.lstrip().startswith("#"):
+            continue
+        if not raw.startswith((" ", "\t")):
+            section = raw.strip()
+        elif section == "metadata" and "=" in raw:
+            k, v = raw.split("=", 1)
+            out[k.strip()] = v.strip().strip('"')
+    return out
+
+
+def add_key(key_dir: str | os.PathLike, name: str, role: Role | str = Role.CLIENT,
+            tenant: str = DEFAULT_TENANT) -> Path:
+    """A new CURVE pair for `name`, authorised with its role and tenant; refuses to overwrite one."""
+    d = Path(key_dir)
+    principal = Principal(name, tenant, Role(role))
+    if (d / f"{name}.key_secret").exists():
+        raise KeyDirError(f"{d / (name + '.key_secret')} exists; remove it first to replace the key")
+    (d / "authorized_clients").mkdir(parents=True, exist_ok=True)
+    _public_file, secret_file = zmq.auth.create_certificates(str(d), name)
+    os.chmod(secret_file, 0o600)
+    public, _ = zmq.auth.load_certificate(secret_file)
+    _write_public(d / "authorized_clients" / f"{name}.key", public,
+                  {"role": principal.role.value, "tenant": principal.tenant})
+    return Path(secret_file)
+
+
+def add_token(key_dir: str | os.PathLike, name: str, role: Role | str = Role.CLIENT,
+              tenant: str = DEFAULT_TENANT) -> str:
+    """A new bearer token for `name`: written to DIR/NAME.token (0600), its hash authorised."""
+    d = Path(key_dir)
+    principal = Principal(name, tenant, Role(role))
+    if principal.role is Role.WORKER:
+        raise KeyDirError("a worker connects with a CURVE key, not a token")
+    if (d / f"{name}.token").exists():
+        raise KeyDirError(f"{d / (name + '.token')} exists; remove it first to replace the token")
+    (d / "authorized_tokens").mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(32)
+    fd = os.open(d / f"{name}.token", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    record = {"sha256": _digest(token), "role": principal.role.value, "tenant": principal.tenant}
+    (d / "authorized_tokens" / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
+    return token
+
+
+def init_dir(key_dir: str | os.PathLike) -> list[str]:
+    """The scheduler's pair, a worker pair and an admin pair, each only if missing; what it wrote."""
+    d = Path(key_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    wrote = []
+    if not (d / "server.key_secret").exists():
+        zmq.auth.create_certificates(str(d), SERVER)
+        os.chmod(d / "server.key_secret", 0o600)
+        wrote.append(f"{d}/server.key[_secret]")
+    for name, role in ((WORKER_KEY, Role.WORKER), (ADMIN_KEY, Role.ADMIN)):
+        if not (d / f"{name}.key_secret").exists():
+            add_key(d, name, role)
+            wrote.append(f"{d}/{name}.key[_secret] ({role.value})")
+    return wrote
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode("utf8")).hexdigest()
+
+
+def read_token(path: str | os.PathLike) -> str:
+    return Path(path).read_text(encoding="utf8").strip()
+
+
+@dataclass
+class Directory:
+    """The principals of a key directory, by name, by public key (z85) and by token digest."""
+
+    by_name: dict[str, Principal] = field(default_factory=dict)
+    by_key: dict[bytes, Principal] = field(default_factory=dict)  # z85-encoded, as pyzmq loads them
+    by_token: dict[str, Principal] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, key_dir: str | os.PathLike) -> Directory:
+        d, out = Path(key_dir), cls()
+        for path in sorted((d / "authorized_clients").glob("*.key")):
+            try:
+                public, _ = zmq.auth.load_certificate(str(path))
+                meta = _metadata(path)
+                principal = Principal(check_name("principal", path.stem), meta.get("tenant", DEFAULT_TENANT),
+                                      Role(meta.get("role", Role.WORKER.value)))
+            except (OSError, ValueError) as exc:
+                raise KeyDirError(f"{path}: {exc}") from exc
+            out.add(principal, key=public)
+        for path in sorted((d / "authorized_tokens").glob("*.json")):
+            try:
+                rec = json.loads(path.read_text(encoding="utf8"))
+                principal = Principal(check_name("principal", path.stem), rec.get("tenant", DEFAULT_TENANT),
+                                      Role(rec.get("role", Role.CLIENT.value)))
+                digest = str(rec["sha256"])
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise KeyDirError(f"{path}: {exc!r}") from exc
+            out.add(principal, digest=digest)
+        return out
+
+    def add(self, principal: Principal, key: bytes | None = None, digest: str | None = None) -> None:
+        known = self.by_name.get(principal.name)
+        if known is not None and known != principal:
+            raise KeyDirError(f"{principal.name!r} is authorised twice with different roles or tenants")
+        self.by_name[principal.name] = principal
+        if key is not None:
+            self.by_key[key] = principal
+        if digest is not None:
+            self.by_token[digest] = principal
+
+    def get(self, name: str) -> Principal | None:
+        return self.by_name.get(name)
+
+    def for_token(self, token: str | None) -> Principal | None:
+        """The principal of a bearer token (compared by digest, in constant time per entry)."""
+        if not token:
+            return None
+        digest = _digest(token)
+        for known, principal in self.by_token.items():
+            if hmac.compare_digest(known, digest):
+                return principal
+        return None
+
+    def tenants(self) -> list[str]:
+        return sorted({p.tenant for p in self.by_name.values()})
+
+
+class Authenticator(ThreadAuthenticator):
+    """ZAP for the scheduler's sockets: a key is admitted on a domain only if its role belongs there,
+    and the connection is named by its principal (the shell reads it back as `User-Id`)."""
+
+    def __init__(self, ctx: zmq.Context, directory: Directory):
+        super().__init__(ctx)
+        self.directory = directory
+        self.principals = dict(directory.by_key)  # z85 public key -> principal
+
+    def admit(self, principal: Principal, public_z85: bytes) -> None:
+        """Authorise a key made at run time (a front this process started): in memory only."""
+        self.directory.add(principal, key=public_z85)
+        self.principals[public_z85] = principal
+
+    def start_for_domains(self) -> None:
+        self.start()
+        for domain in (CLIENTS_DOMAIN, WORKERS_DOMAIN):
+            self.configure_curve_callback(domain, _Check(self, domain))
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        principal = self.principals.get(z85.encode(client_public_key))
+        return principal.name if principal is not None else ""
+
+
+class _Check:
+    def __init__(self, auth: Authenticator, domain: str):
+        self.auth, self.domain = auth, domain
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        principal = self.auth.principals.get(key)
+        if principal is None:
+            return False
+        return (principal.role is Role.WORKER) == (self.domain == WORKERS_DOMAIN)
+
+
+@dataclass(frozen=True)
+class ClientKeys:
+    """What a client needs to reach a CURVE-protected scheduler: the server's public key and its pair."""
+
+    server_public: bytes
+    public: bytes
+    secret: bytes
+
+    @classmethod
+    def load(cls, key_dir: str | os.PathLike, name: str = ADMIN_KEY) -> ClientKeys:
+        d = Path(key_dir)
+        try:
+            server_public, _ = zmq.auth.load_certificate(str(d / "server.key"))
+            public, secret = zmq.auth.load_certificate(str(d / f"{name}.key_secret"))
+        except (OSError, ValueError) as exc:
+            raise KeyDirError(f"cannot read the keys of {name!r} in {d} (server.key and {name}.key_secret): {exc}") from exc
+        if secret is None:
+            raise KeyDirError(f"{d / (name + '.key_secret')} holds no secret key")
+        return cls(server_public, public, secret)
+
+    @classmethod
+    def ephemeral(cls, server_public: bytes) -> ClientKeys:
+        public, secret = zmq.curve_keypair()
+        return cls(server_public, public, secret)
+
+    def apply(self, sock: zmq.Socket) -> None:
+        sock.curve_serverkey = self.server_public
+        sock.curve_publickey = self.public
+        sock.curve_secretkey = self.secret
+
+    def to_env(self) -> str:
+        return ",".join(k.decode("ascii") for k in (self.server_public, self.public, self.secret))  # no "," in Z85
+
+    @classmethod
+    def from_env(cls, text: str) -> ClientKeys:
+        server_public, public, secret = (part.encode("ascii") for part in text.split(","))
+        return cls(server_public, public, secret)
+
+
+ENV_KEYS = "CANDIDATE_SCHEDULER_CLIENT_KEYS"  # how serve hands a front it starts its run-time pair
