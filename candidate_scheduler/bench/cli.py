@@ -1,9 +1,9 @@
-"""`candidate-scheduler bench` / `python -m candidate_scheduler.bench`: the method, load, deadline and fleet
-benchmarks.
+"""`candidate-scheduler bench` / `python -m candidate_scheduler.bench`: the method, load, deadline, fleet and
+fairness benchmarks.
 
-The default run (`make bench`) does all four, one after the other. `--load` runs the load benchmark only,
-`--deadline` the deadline benchmark only, `--fleet` the fleet benchmark only, `--no-load` the method
-benchmark only; the smoke run (`--smoke`) is the method benchmark's unless one of those is given."""
+The default run (`make bench`) does all five, one after the other. `--load` runs the load benchmark only,
+`--deadline` the deadline benchmark only, `--fleet` the fleet benchmark only, `--fairness` the fairness
+benchmark only, `--no-load` the method benchmark only; the smoke run (`--smoke`) is the method benchmark's unless one of those is given."""
 
 from __future__ import annotations
 
@@ -14,22 +14,24 @@ from candidate_scheduler.arg_types import margin_quantile
 from candidate_scheduler.bench.common import DEFAULT_MODEL, DEFAULT_OUT
 
 
-def parts(args) -> tuple[bool, bool, bool, bool]:
-    """(run the method, the load, the deadline, the fleet benchmark) for these arguments."""
+def parts(args) -> tuple[bool, bool, bool, bool, bool]:
+    """(run the method, the load, the deadline, the fleet, the fairness benchmark) for these arguments."""
     if getattr(args, "load", False):
-        return False, True, False, False
+        return False, True, False, False, False
     if getattr(args, "deadline", False):
-        return False, False, True, False
+        return False, False, True, False, False
     if getattr(args, "fleet", False):
-        return False, False, False, True
+        return False, False, False, True, False
+    if getattr(args, "fairness", False):
+        return False, False, False, False, True
     if getattr(args, "no_load", False):
-        return True, False, False, False
+        return True, False, False, False, False
     full = not getattr(args, "smoke", False)
-    return True, full, full, full
+    return True, full, full, full, full
 
 
 def main(args) -> int:
-    run_methods, run_load, run_deadline, run_fleet = parts(args)
+    run_methods, run_load, run_deadline, run_fleet, run_fairness = parts(args)
     if run_methods:
         from candidate_scheduler.bench.report import summary, write_outputs
         from candidate_scheduler.bench.run import run
@@ -56,6 +58,10 @@ def main(args) -> int:
         from candidate_scheduler.bench.fleet import run_fleet_bench
 
         run_fleet_bench(args.out, smoke=args.smoke, plot=not args.no_plots, baseline=args.fleet_baseline)
+    if run_fairness:
+        from candidate_scheduler.bench.fairness import run_fairness_bench
+
+        run_fairness_bench(args.out, smoke=args.smoke, plot_it=not args.no_plots)
     return 0
 
 
@@ -76,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--fleet", action="store_true",
                        help="run only the fleet benchmark: the engine against queue depth, and the scheduler against "
                             "1-32 null workers over ZMQ (--smoke: 1 and 4 workers, small bursts)")
+    which.add_argument("--fairness", action="store_true",
+                       help="run only the fairness benchmark: one tenant floods, another's group every 100 ms, with "
+                            "and without fair queueing")
     which.add_argument("--no-load", action="store_true", help="run only the method benchmark")
 
     m = p.add_argument_group("method benchmark")

@@ -177,14 +177,22 @@ def drive(endpoint: str, frames: list, send_at: list[float] | None, timeout_s: f
     return {"t0": t0, "sent": sent, "last_sent": last_sent, "replies": got}
 
 
-def check(workload: Workload, counts: list[int], image: np.ndarray, replies: dict) -> dict:
-    """One reply per group; every `done` action is the null model's answer for its seeds."""
+def null_model_action(image: np.ndarray, seeds: list[int], steps: int = STEPS, side: int = SIDE) -> np.ndarray:
+    """The reduced ("mean") action the null model answers for these candidate seeds: [1, H, D]."""
     from candidate_scheduler.core import reducers
     from candidate_scheduler.core.work import SamplingSpec
     from candidate_scheduler.worker.null_adapter import NullAdapter
 
-    sampling = SamplingSpec(height=SIDE, width=SIDE, steps=STEPS)
+    sampling = SamplingSpec(height=side, width=side, steps=steps)
     mean = float(np.asarray(image, dtype=np.float64).mean())
+    stacked = np.stack([NullAdapter.expected(s, mean, sampling)[None] for s in seeds])
+    return reducers.reduce("mean", stacked)[0]
+
+
+def check(workload: Workload, counts: list[int], image: np.ndarray, replies: dict) -> dict:
+    """One reply per group; every `done` action is the null model's answer for its seeds."""
+    from candidate_scheduler import protocol
+
     statuses: dict[str, int] = {}
     wrong = 0
     for index in range(workload.groups):
@@ -192,12 +200,9 @@ def check(workload: Workload, counts: list[int], image: np.ndarray, replies: dic
         statuses[r.status] = statuses.get(r.status, 0) + 1
         if r.status != "done":
             continue
-        from candidate_scheduler import protocol
-
         seeds = list(r.candidate_seeds)
-        stacked = np.stack([NullAdapter.expected(s, mean, sampling)[None] for s in seeds])
-        want = reducers.reduce("mean", stacked)[0]  # [1, H, D]: the one observation's action
-        if len(seeds) != counts[index] or not np.array_equal(protocol.array_from_wire(r.action), want):
+        if len(seeds) != counts[index] or not np.array_equal(protocol.array_from_wire(r.action),
+                                                             null_model_action(image, seeds)):
             wrong += 1
     return {"statuses": statuses, "wrong_results": wrong, "replies": len(replies), "groups": workload.groups}
 

@@ -1,0 +1,132 @@
+"""A client host's side of tests/integration/test_multihost.py, run inside the client's namespace:
+`python remote_client.py JOB.json` prints one JSON line of what it saw. JOB: request / control
+endpoints (as this host reaches them), keys_dir, scenario."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import threading
+import time
+
+import zmq
+
+from candidate_scheduler.service.client import Client, Forbidden, make_request, synthetic_image
+from candidate_scheduler.service.keys import ClientKeys
+
+IMAGE = synthetic_image()
+
+
+def client(job: dict, name: str | None, timeout_s: float = 30.0, request: str | None = None) -> Client:
+    keys = None if name is None else ClientKeys.load(job["keys_dir"], name)
+    return Client(request or job["request"], job["control"], timeout_s=timeout_s, keys=keys)
+
+
+def keyed(job: dict) -> dict:
+    out = {}
+    with client(job, "robot-a") as a, client(job, "robot-b") as b:
+        rid = a.send(make_request(IMAGE, "pick", count=2, steps=60, request_id="group-of-a"))
+        deadline = time.monotonic() + 20
+        while a.status(rid).state not in ("running", "done") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        cancel = b.cancel(rid)
+        out["b_cancels_a"] = [cancel.ok, cancel.error_code]
+        out["b_status_of_a"] = b.status(rid).error_code
+        out["b_shutdown"] = b.shutdown().error_code
+        out["b_drain"] = b.drain().error_code
+        try:
+            b.stats()
+            out["b_stats"] = "allowed"
+        except Forbidden:
+            out["b_stats"] = "forbidden"
+        out["b_own_group"] = b.submit(IMAGE, "pick", count=3, steps=4, timeout_s=30).status
+        out["a_group"] = a.wait(rid, timeout_s=60).status
+        out["a_status_after"] = a.status(rid).state
+    with client(job, "admin") as admin:
+        stats = admin.stats()
+        out["admin_stats_security"] = stats["security"]
+        out["workers"] = len(stats["workers"])
+        out["admin_status_of_a"] = admin.status("group-of-a").state
+    return out
+
+
+def refused(job: dict) -> dict:
+    """A keyless client and a client with a key nobody authorised: no reply, nothing admitted."""
+    out = {}
+    keyless = Client(job["request"], job["control"], timeout_s=3)
+    rogue_public, rogue_secret = zmq.curve_keypair()
+    server = ClientKeys.load(job["keys_dir"], "robot-a").server_public
+    rogue = Client(job["request"], job["control"], timeout_s=3, keys=ClientKeys(server, rogue_public, rogue_secret))
+    for name, c in (("keyless", keyless), ("wrong_key", rogue)):
+        try:
+            r = c.submit(IMAGE, "pick", count=1, steps=4, request_id=f"from-{name}", timeout_s=3)
+            out[name] = r.status
+        except TimeoutError:
+            out[name] = "no reply"
+        c.close()
+    with client(job, "admin") as admin:
+        out["admitted"] = [admin.status(f"from-{n}").state for n in ("keyless", "wrong_key")]
+    return out
+
+
+class TamperingProxy:
+    """A TCP relay on this host that flips one byte of the first client->scheduler chunk sent after
+    the CURVE handshake (a MESSAGE command: its box no longer authenticates)."""
+
+    def __init__(self, target: str, after_s: float = 0.5):
+        host, port = target[len("tcp://"):].rsplit(":", 1)
+        self.target = (host, int(port))
+        self.after_s = after_s
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.tampered = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            conn, _ = self.listener.accept()
+            upstream = socket.create_connection(self.target)
+            since = time.monotonic()
+            threading.Thread(target=self._pump, args=(conn, upstream, since, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, conn, since, False), daemon=True).start()
+
+    def _pump(self, src, dst, since: float, tamper: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if tamper and not self.tampered and time.monotonic() - since > self.after_s and len(data) > 40:
+                    data = bytearray(data)
+                    data[len(data) // 2] ^= 0x55
+                    data = bytes(data)
+                    self.tampered += 1
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+
+def tampered(job: dict) -> dict:
+    proxy = TamperingProxy(job["request"])
+    c = client(job, "robot-a", request=f"tcp://127.0.0.1:{proxy.port}")
+    time.sleep(1.0)  # the handshake goes through untouched
+    try:
+        r = c.submit(IMAGE, "pick", count=1, steps=4, request_id="tampered", timeout_s=4)
+        reply = r.status
+    except TimeoutError:
+        reply = "no reply"
+    c.close()
+    with client(job, "admin") as admin:
+        admitted = admin.status("tampered").state
+    with client(job, "robot-a") as a:  # the same key, untampered, still served
+        after = a.submit(IMAGE, "pick", count=1, steps=4, timeout_s=30).status
+    return {"reply": reply, "tampered_chunks": proxy.tampered, "admitted": admitted, "untampered_after": after}
+
+
+if __name__ == "__main__":
+    job = json.loads(open(sys.argv[1]).read())
+    print(json.dumps({"keyed": keyed, "refused": refused, "tampered": tampered}[job["scenario"]](job)), flush=True)
