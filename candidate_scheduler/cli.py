@@ -214,8 +214,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("http", "sglang's own HTTP server pointed at this scheduler's compat socket", commands.cmd_http)
     p.add_argument("--compat-port", type=int, default=server.DEFAULT_COMPAT_PORT, help="the compat socket's port")
     p.add_argument("--model", default=DEFAULT_MODEL, help="checkpoint whose configs sglang's server reads")
-    p.add_argument("--http-host", default="127.0.0.1", help="HTTP bind address")
+    p.add_argument("--http-host", default="127.0.0.1",
+                   help="HTTP bind address; off loopback it requires --tokens (or --insecure)")
     p.add_argument("--http-port", type=int, default=30000, help="HTTP port")
+    p.add_argument("--tokens", metavar="DIR", default=None,
+                   help="require a bearer token of this key directory (its authorized_tokens/; `candidate-scheduler "
+                        "keys DIR --token NAME`) on every route but GET /liveness and /health, even on loopback: "
+                        "'Authorization: Bearer <token>'. The compat bridge is one principal for all HTTP clients, "
+                        "so the bridge's tenant applies, not the token's. None: no authentication, loopback only")
+    p.add_argument("--insecure", action="store_true",
+                   help="without --tokens, allow a non-loopback --http-host anyway: anyone who reaches it can "
+                        "submit work (loud warning)")
     return parser
 
 

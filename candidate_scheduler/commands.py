@@ -77,7 +77,10 @@ def _spawn_bridge(args, bound: dict[str, str], keys) -> tuple[subprocess.Popen |
 
 
 def _serve(args, on_ready=None) -> None:
+    from candidate_scheduler.service.openpi.launch import openpi_bind, spawn_openpi_front
+
     config = _config(args)
+    openpi_bind(args)  # a front that may not bind where asked refuses the start before anything binds
     scheduler = server.Scheduler(config)
     bound = scheduler.bind()
     tenants = sorted({*scheduler.tenant_names(), *(t.name for t in config.engine.tenants)})
@@ -91,11 +94,11 @@ def _serve(args, on_ready=None) -> None:
     print(f"candidate-scheduler: control endpoint  {bound['control']}", flush=True)
     print(f"candidate-scheduler: worker link       {bound['worker']}", flush=True)
     print(f"candidate-scheduler: metrics           {metrics_url or 'off'}", flush=True)
-    from candidate_scheduler.service.openpi.launch import spawn_openpi_front
 
     bridge = openpi = None
     try:
-        openpi, openpi_url = spawn_openpi_front(args, bound, keys=scheduler.proxy_keys("openpi-front"))
+        front_keys = scheduler.proxy_keys("openpi-front") if args.openpi_port is not None else None
+        openpi, openpi_url = spawn_openpi_front(args, bound, keys=front_keys)
         print(f"candidate-scheduler: openpi policy     {openpi_url or 'off'}", flush=True)
         bridge, compat = _spawn_bridge(args, bound, None if args.no_compat else scheduler.proxy_keys("sglang-bridge"))
         # printed last: launchers wait for this line
@@ -352,9 +355,29 @@ def cmd_bench(args) -> int:
 
 
 def cmd_http(args) -> int:
+    """sglang's HTTP server on the compat socket. Off loopback it needs --tokens (or --insecure):
+    StartupRefused, one line, before sglang is imported."""
+    from candidate_scheduler.service.endpoints import is_loopback_host
+    from candidate_scheduler.service.keys import load_tokens
+
+    tokens = None
+    if args.tokens is not None:
+        tokens = load_tokens(args.tokens)  # KeyDirError: one line
+        if not tokens.by_token:
+            print(f"candidate-scheduler http: note: no tokens in {args.tokens}/authorized_tokens: every request "
+                  f"but the health probes is refused (`candidate-scheduler keys {args.tokens} --token NAME`, "
+                  "then restart)", file=sys.stderr, flush=True)
+    elif not is_loopback_host(args.http_host):
+        if not args.insecure:
+            raise server.StartupRefused(
+                f"refusing to serve HTTP on {args.http_host} without tokens: pass --tokens DIR (`candidate-scheduler "
+                "keys DIR --token NAME` writes one), bind loopback, or pass --insecure to let anyone who reaches it "
+                "submit work")
+        print("!" * 78 + f"\nWARNING: the HTTP server is bound to NON-LOOPBACK {args.http_host} WITHOUT tokens "
+              "(--insecure):\nanyone who reaches this port can submit work.\n" + "!" * 78, file=sys.stderr, flush=True)
     from candidate_scheduler.compat.http import run_http_server
 
-    run_http_server(args.compat_port, args.model, args.http_host, args.http_port)
+    run_http_server(args.compat_port, args.model, args.http_host, args.http_port, tokens=tokens)
     return 0
 
 

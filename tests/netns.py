@@ -53,10 +53,10 @@ class Hosts:
             self._delete(made)
             raise
 
-    def python(self, host: str) -> str:
-        """An executable that runs this venv's Python in `host`'s namespace."""
-        path = self.tmp_path / f"python-in-{host}"
-        path.write_text(f"#!/bin/sh\nexec ip netns exec {self.names[host]} {sys.executable} \"$@\"\n")
+    def python(self, host: str, interpreter: str = sys.executable) -> str:
+        """An executable that runs `interpreter` (default: this venv's Python) in `host`'s namespace."""
+        path = self.tmp_path / f"python-in-{host}-{abs(hash(interpreter)) % 10**8}"
+        path.write_text(f"#!/bin/sh\nexec ip netns exec {self.names[host]} {interpreter} \"$@\"\n")
         path.chmod(0o755)
         return str(path)
 

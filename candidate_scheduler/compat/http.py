@@ -5,10 +5,21 @@
 the request side carries ``parameters.candidates``, the response side labels candidate rows, and
 ``GET /v1/actions/metadata`` (and the metadata frame of the action websockets) declares what
 candidate_scheduler serves. sglang's builder passes ``domain_name`` through unresolved; the bridge
-resolves it (`core.embodiments`), and the request shim refuses an unknown one up front."""
+resolves it (`core.embodiments`), and the request shim refuses an unknown one up front.
+
+Bearer tokens (``run_http_server(..., tokens=Directory)``, `candidate-scheduler http --tokens DIR`):
+`install_token_auth` wraps sglang's app in `TokenAuth`, so every HTTP route and websocket handshake
+except ``GET /liveness`` and ``GET /health`` answers 401 (a JSON ``{"detail": ...}`` body, as FastAPI's
+errors) without ``Authorization: Bearer <token>`` (or ``Api-Key <token>``) of the key directory.
+
+Who the scheduler sees: this server talks to the compat bridge over sglang's own pickle socket, on
+loopback, and the bridge is ONE principal for every HTTP client (the proxy key `serve` gives it, or the
+local admin when the scheduler takes no keys). The token decides who gets in; it does not travel to the
+scheduler, so every HTTP client's groups count against the bridge's tenant, not its token's."""
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -23,6 +34,7 @@ from candidate_scheduler.core.reducers import BUILTIN_REDUCERS
 from candidate_scheduler.core.spec import SeedPolicy
 
 _SHIMS_INSTALLED = False
+OPEN_PATHS = frozenset({"/liveness", "/health"})  # GET without a token: liveness and readiness probes
 
 
 def _action_value(values: Any, preserve_numpy: bool) -> dict[str, Any]:
@@ -149,6 +161,64 @@ def install_http_shims() -> None:
     _SHIMS_INSTALLED = True
 
 
+class TokenAuth:
+    """ASGI middleware: a request (or websocket handshake) needs a bearer token of `tokens`
+    (`Directory.for_token`), except GET/HEAD of `OPEN_PATHS` and CORS preflights (sglang's CORS
+    middleware answers those itself, without running a route). Refused: HTTP 401, ``{"detail": why}``."""
+
+    def __init__(self, app, tokens):
+        self.app, self.tokens = app, tokens
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] not in ("http", "websocket") or self._open(scope):
+            return await self.app(scope, receive, send)
+        from candidate_scheduler.service.keys import authenticate
+
+        values = [v.decode("latin-1") for k, v in scope.get("headers", ()) if k.lower() == b"authorization"]
+        principal, why = authenticate(self.tokens, values)
+        if principal is not None:
+            scope.setdefault("state", {})["principal"] = principal  # request.state.principal
+            return await self.app(scope, receive, send)
+        body = json.dumps({"detail": f"unauthorized: {why}"}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                   (b"www-authenticate", b'Bearer realm="candidate_scheduler"')]
+        if scope["type"] == "http":
+            await send({"type": "http.response.start", "status": 401, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await receive()  # websocket.connect
+        if "websocket.http.response" in scope.get("extensions", {}):
+            await send({"type": "websocket.http.response.start", "status": 401, "headers": headers})
+            await send({"type": "websocket.http.response.body", "body": body})
+        else:
+            await send({"type": "websocket.close", "code": 1008})  # policy violation: the server answers 403
+
+    @staticmethod
+    def _open(scope) -> bool:
+        if scope["type"] != "http":
+            return False
+        method = scope.get("method", "GET")
+        if method in ("GET", "HEAD") and scope.get("path") in OPEN_PATHS:
+            return True
+        headers = {k.lower() for k, _ in scope.get("headers", ())}
+        return method == "OPTIONS" and b"origin" in headers and b"access-control-request-method" in headers
+
+
+def install_token_auth(tokens) -> None:
+    """`TokenAuth` around the app sglang's `launch_http_server_only` builds (this process only)."""
+    from sglang.multimodal_gen.runtime import launch_server
+
+    original = getattr(launch_server.create_app, "__wrapped__", launch_server.create_app)
+
+    def create_app(*args, **kwargs):
+        app = original(*args, **kwargs)
+        app.add_middleware(TokenAuth, tokens=tokens)  # outermost: before sglang's own middleware
+        return app
+
+    create_app.__wrapped__ = original
+    launch_server.create_app = create_app
+
+
 def make_http_server_args(compat_endpoint_port: int, model_dir: str, host: str = "127.0.0.1", port: int = 30000,
                           **server_kwargs: Any):
     """sglang ServerArgs for an HTTP-only server whose scheduler is the compat bridge on
@@ -176,13 +246,16 @@ def make_http_server_args(compat_endpoint_port: int, model_dir: str, host: str =
 
 
 def run_http_server(compat_endpoint_port: int, model_dir: str, host: str = "127.0.0.1", port: int = 30000,
-                    **server_kwargs: Any) -> None:
+                    *, tokens=None, **server_kwargs: Any) -> None:
     """Run sglang's own FastAPI server (blocking) with the compat bridge as its scheduler, so
     ``POST /v1/actions/generations`` (and /v1/actions/metadata, the websocket) are served by
-    candidate_scheduler. Extra keyword arguments go to sglang's ServerArgs (e.g. warmup_mode,
-    batching_max_size)."""
+    candidate_scheduler. `tokens`: a key directory (`service.keys.Directory`) whose bearer tokens every
+    route but the health probes requires (`TokenAuth`); None: no authentication. Extra keyword arguments
+    go to sglang's ServerArgs (e.g. warmup_mode, batching_max_size)."""
     sa = make_http_server_args(compat_endpoint_port, model_dir, host, port, **server_kwargs)
     install_http_shims()
+    if tokens is not None:
+        install_token_auth(tokens)
     from sglang.multimodal_gen.runtime.launch_server import launch_http_server_only
 
     launch_http_server_only(sa)

@@ -9,7 +9,8 @@ the machine's own users are trusted, as before keys existed.
 Roles:
 - client: submits groups, and cancels and queries the groups it submitted;
 - proxy: a front that acts for many clients (the openpi websocket, the sglang bridge): a client, which
-  may also submit *on behalf of* a client it authenticated itself (its token), whose tenant then applies;
+  may also submit *on behalf of* a client it authenticated itself (its token), whose tenant then applies,
+  and read stats (the model's capability, for its metadata);
 - admin: everything, including stats, drain and shutdown and other principals' groups;
 - worker: the worker link only (the ZAP domain keeps workers off the client sockets and clients off it).
 
@@ -70,7 +71,8 @@ LOCAL = Principal("local", DEFAULT_TENANT, Role.ADMIN)  # loopback without keys:
 _CLIENT_ACTIONS = frozenset({Action.SUBMIT, Action.CANCEL, Action.STATUS})
 RIGHTS: dict[Role, frozenset[Action]] = {
     Role.CLIENT: _CLIENT_ACTIONS,
-    Role.PROXY: _CLIENT_ACTIONS | {Action.COMPAT_REPORT},
+    # a front reads stats for the model's capability (its metadata) and reports its own counts
+    Role.PROXY: _CLIENT_ACTIONS | {Action.STATS, Action.COMPAT_REPORT},
     Role.ADMIN: frozenset(Action),
     Role.WORKER: frozenset(),
 }

@@ -260,4 +260,42 @@ class ClientKeys:
         return cls(server_public, public, secret)
 
 
+# ---- bearer tokens on the websocket and HTTP fronts ---------------------------------------------------
+
+AUTH_SCHEMES = ("bearer", "api-key")  # openpi-client sends its api_key as "Api-Key <key>"
+
+
+def bearer_token(authorization: list[str]) -> tuple[str | None, str]:
+    """The token of the `Authorization` header values of a request, or None and why not (one line,
+    never echoing what was sent)."""
+    if not authorization:
+        return None, "no Authorization header: send 'Authorization: Bearer <token>'"
+    if len(authorization) > 1:
+        return None, "more than one Authorization header"
+    scheme, _, token = authorization[0].strip().partition(" ")
+    if scheme.lower() not in AUTH_SCHEMES or not token.strip():
+        return None, "the Authorization header must be 'Bearer <token>' or 'Api-Key <token>'"
+    return token.strip(), ""
+
+
+def authenticate(tokens: Directory, authorization: list[str]) -> tuple[Principal | None, str]:
+    """The principal whose token the header carries (`Directory.for_token`: by digest, in constant
+    time per entry), or None and why not."""
+    token, why = bearer_token(authorization)
+    if token is None:
+        return None, why
+    principal = tokens.for_token(token)
+    return (principal, "") if principal is not None else (None, "unknown or revoked token")
+
+
+def load_tokens(key_dir: str) -> Directory:
+    """The key directory whose `authorized_tokens/` a front requires; KeyDirError (one line) when it
+    is not a directory or a record is malformed. A directory without tokens loads (every connection is
+    then refused until one is added and the front restarted; `Directory.by_token` is empty)."""
+    if not Path(key_dir).is_dir():
+        raise KeyDirError(f"--tokens {key_dir}: no such directory (`candidate-scheduler keys {key_dir} "
+                          "--token NAME` writes one)")
+    return Directory.load(key_dir)
+
+
 ENV_KEYS = "CANDIDATE_SCHEDULER_CLIENT_KEYS"  # how serve hands a front it starts its run-time pair

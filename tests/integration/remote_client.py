@@ -127,6 +127,47 @@ def tampered(job: dict) -> dict:
     return {"reply": reply, "tampered_chunks": proxy.tampered, "admitted": admitted, "untampered_after": after}
 
 
+def http(job: dict) -> dict:
+    """sglang's HTTP API on the scheduler's host (`candidate-scheduler http --tokens`): a bearer token in,
+    none and a wrong one out."""
+    import base64
+    import io
+    import urllib.error
+    import urllib.request
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(IMAGE).save(buf, format="PNG")
+    body = {"request_id": "over-http", "input": {"task": "pick", "observation": {"image": {
+        "b64_json": base64.b64encode(buf.getvalue()).decode()}}},
+        "parameters": {"height": 64, "width": 64, "num_inference_steps": 2, "action_horizon": 4, "domain_id": 0,
+                       "raw_action_dim": 7, "guidance_scale": 1.0, "fps": 5, "seed": 3}}
+
+    def post(token: str | None) -> int:
+        headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+        req = urllib.request.Request(job["http"] + "/v1/actions/generations", data=json.dumps(body).encode(),
+                                     headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    deadline = time.monotonic() + 240  # sglang's server imports for a while on the scheduler's host
+    while True:
+        try:
+            with urllib.request.urlopen(job["http"] + "/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError("the HTTP server never became healthy")
+        time.sleep(0.5)
+    return {"no_token": post(None), "wrong_token": post("not-a-token"), "token": post(job["token"])}
+
+
 if __name__ == "__main__":
     job = json.loads(open(sys.argv[1]).read())
-    print(json.dumps({"keyed": keyed, "refused": refused, "tampered": tampered}[job["scenario"]](job)), flush=True)
+    print(json.dumps({"keyed": keyed, "refused": refused, "tampered": tampered, "http": http}[job["scenario"]](job)), flush=True)

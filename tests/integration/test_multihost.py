@@ -1,8 +1,9 @@
 """Multi-host, for real: the scheduler, a worker and the clients in three network namespaces joined by
 veth pairs (tests/netns.py), so every connection crosses a non-loopback link. With a key directory, a
-keyed worker and keyed clients work across them; a keyless client, a client with an unauthorised key
-and a tampered frame are refused and admit nothing; one client can neither cancel another's group nor
-drain or shut the scheduler down."""
+keyed worker, keyed native clients, openpi's own client with a token and sglang's HTTP API with a token
+(through the compat bridge) work across them; a keyless client, a client with an unauthorised key, a
+wrong token and a tampered frame are refused and admit nothing; one client can neither cancel
+another's group nor drain or shut the scheduler down."""
 
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from candidate_scheduler.service.keys import add_key, add_token, init_dir, read_token
+from candidate_scheduler.service.launcher import Launcher
 from tests.conftest import ENV, MODEL_DIR
 from tests.netns import Hosts, NamespacesUnavailable
 
-from candidate_scheduler.service.keys import add_key, init_dir
-from candidate_scheduler.service.launcher import Launcher
-
 HERE = Path(__file__).resolve().parent
+OPENPI_PORT = 8000  # fixed: the scheduler's namespace is new, so nothing else listens there
+HTTP_PORT = 30000
 ROOT = HERE.parents[1]
 
 
@@ -39,6 +41,8 @@ def keys(tmp_path_factory) -> Path:
     init_dir(d)
     add_key(d, "robot-a", "client", "robots")
     add_key(d, "robot-b", "client", "robots")
+    add_token(d, "arm-1", "client", "robots")
+    add_token(d, "web-user", "client", "default")
     return d
 
 
@@ -50,7 +54,12 @@ def remote(hosts, keys, tmp_path_factory):
     on_scheduler = Launcher(logs / "scheduler", python=hosts.python("scheduler"), env=ENV, model=MODEL_DIR)
     on_worker = Launcher(logs / "worker", python=hosts.python("worker"), env=ENV)
     try:
-        sched = on_scheduler.scheduler("--host", "0.0.0.0", "--curve-dir", str(keys), "--heartbeat-timeout", "5")
+        sched = on_scheduler.scheduler("--host", "0.0.0.0", "--curve-dir", str(keys), "--heartbeat-timeout", "5",
+                                       "--openpi-port", str(OPENPI_PORT), "--compat-host", "127.0.0.1", compat=True)
+        # sglang's HTTP server beside the bridge, open to other hosts with tokens
+        on_scheduler.start([hosts.python("scheduler"), "-m", "candidate_scheduler.cli", "http", "--compat-port",
+                            sched.compat.rsplit(":", 1)[1], "--model", str(MODEL_DIR), "--http-host", "0.0.0.0",
+                            "--http-port", str(HTTP_PORT), "--tokens", str(keys)], "http")
         worker_keys = logs / "worker-keys"  # what the worker host is given: the server's public key, its pair
         worker_keys.mkdir()
         for name in ("server.key", "client.key_secret"):
@@ -64,7 +73,9 @@ def remote(hosts, keys, tmp_path_factory):
             job = job_dir / f"{scenario}.json"
             job.write_text(json.dumps({"scenario": scenario, "keys_dir": str(keys),
                                        "request": hosts.scheduler_seen_from("client", sched.request),
-                                       "control": hosts.scheduler_seen_from("client", sched.control)}))
+                                       "control": hosts.scheduler_seen_from("client", sched.control),
+                                       "http": f"http://{hosts.addresses['scheduler@client']}:{HTTP_PORT}",
+                                       "token": read_token(keys / "web-user.token")}))
             out = subprocess.run([hosts.python("client"), str(HERE / "remote_client.py"), str(job)], env=ENV,
                                  cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
             assert out.returncode == 0, out.stderr[-3000:]
@@ -110,3 +121,28 @@ def test_the_scheduler_listens_off_loopback_only_on_its_own_host(remote, hosts):
                             f"sys.exit(s.connect_ex(('{hosts.addresses['scheduler@client']}', "
                             f"{sched.request.rsplit(':', 1)[1]})) == 0)"], capture_output=True, timeout=10)
     assert probe.returncode == 0
+
+
+def test_openpi_client_with_a_token_across_hosts_and_without_one_refused(remote, hosts, keys, tmp_path):
+    from tests.compat import openpi_client_env
+    from tests.compat.test_front_tokens import ROBOT
+
+    robot = tmp_path / "robot.py"
+    robot.write_text(ROBOT)
+    job = tmp_path / "attempts.json"
+    job.write_text(json.dumps([{"api_key": read_token(keys / "arm-1.token"), "steps": 4},
+                               {"api_key": None, "steps": 4}, {"api_key": "wrong", "steps": 4}]))
+    python = hosts.python("client", str(openpi_client_env.client_python()))
+    url = f"ws://{hosts.addresses['scheduler@client']}:{OPENPI_PORT}"
+    out = subprocess.run([python, str(robot), url, str(job)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    token, none, wrong = (json.loads(line) for line in out.stdout.strip().splitlines())
+    assert token["ok"] and token["shape"][0] == 4, token
+    assert not none["ok"] and none["status"] == 401, none
+    assert not wrong["ok"] and wrong["status"] == 401, wrong
+
+
+def test_sglang_http_with_a_token_across_hosts_through_the_bridge(remote):
+    _sched, run = remote
+    seen = run("http", timeout_s=300)
+    assert seen == {"no_token": 401, "wrong_token": 401, "token": 200}, seen

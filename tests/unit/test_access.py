@@ -35,6 +35,7 @@ WORKER = Principal("gpu-1", "default", Role.WORKER)
     (ALICE, Action.SHUTDOWN, None, False),
     (ALICE, Action.COMPAT_REPORT, None, False),
     (FRONT, Action.COMPAT_REPORT, None, True),
+    (FRONT, Action.STATS, None, True),
     (FRONT, Action.CANCEL, ("alice", "openpi-front"), True),  # a group it sent for alice
     (FRONT, Action.SHUTDOWN, None, False),
     (ADMIN, Action.CANCEL, ("bob",), True),

@@ -11,6 +11,16 @@ Each observation becomes ONE native group on the scheduler's request socket (one
 `AsyncClient`, many groups in flight), so robots connected at the same time are co-batched by the
 scheduler. A robot that disconnects mid-call has its group cancelled (control socket).
 
+Authentication (`FrontConfig.tokens`, the front's `--tokens DIR`): the websocket handshake must carry
+`Authorization: Bearer <token>` (or openpi-client's `api_key`: `Authorization: Api-Key <token>`) whose
+hash is in the key directory's `authorized_tokens/`; checked in `process_request`, before the upgrade,
+so a missing or unknown token is an HTTP 401 with a one-line body and nothing reaches the scheduler.
+When the front reaches the scheduler with CURVE keys (`FrontConfig.keys`: a proxy principal), each
+observation of an authenticated connection is submitted on behalf of the token's principal, so its
+tenant's limits and fair share apply and it may cancel and query those groups too. Without keys (a
+scheduler on loopback, which names every local caller its admin and knows no principals) the groups are
+the front's own; the token still decides who gets in. `GET /healthz` needs no token.
+
 Frame limits: frames up to `max_frame_bytes` are read; over it, up to twice that, the frame is read
 and refused with a text frame (the connection stays); past twice that, the websocket library closes
 the connection with 1009 (message too big) before buffering it, which is all RFC 6455 allows.
@@ -25,9 +35,10 @@ import itertools
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+import msgspec
 import websockets
 import websockets.asyncio.server
 import zmq
@@ -35,7 +46,9 @@ import zmq.asyncio
 
 from candidate_scheduler import convert, protocol
 from candidate_scheduler.core import reducers
+from candidate_scheduler.core.access import FORBIDDEN, Principal
 from candidate_scheduler.service.client import AsyncClient, ServiceError
+from candidate_scheduler.service.keys import ClientKeys, Directory, authenticate
 from candidate_scheduler.service.openpi import msgpack_numpy, observation
 
 log = logging.getLogger("candidate_scheduler.service.openpi")
@@ -56,7 +69,11 @@ class FrontConfig:
     model_name: str = "cosmos3"
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     request_timeout_s: float | None = None
+    tokens: Directory | None = None  # bearer tokens every connection needs (None: no authentication)
+    keys: ClientKeys | None = None  # this front's CURVE keys, for a scheduler that requires them
 
+
+# ---- bearer tokens (shared with compat/http.py) ---------------------------------------------------------
 
 class _Refusal(Exception):
     """An observation answered with a text frame; `kind` is a short label for the stats."""
@@ -71,8 +88,8 @@ class ControlLink:
     request at a time; a reply that does not come in time drops the socket, so a late reply can
     never be read as the answer to the next request."""
 
-    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str):
-        self.ctx, self.endpoint = ctx, endpoint
+    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, keys: ClientKeys | None = None):
+        self.ctx, self.endpoint, self.keys = ctx, endpoint, keys
         self._sock: zmq.asyncio.Socket | None = None
         self._lock = asyncio.Lock()
 
@@ -81,6 +98,8 @@ class ControlLink:
             if self._sock is None:
                 self._sock = self.ctx.socket(zmq.DEALER)
                 self._sock.setsockopt(zmq.LINGER, 0)
+                if self.keys is not None:
+                    self.keys.apply(self._sock)
                 self._sock.connect(self.endpoint)
             await self._sock.send_multipart(protocol.encode(kind, payload))
             if not await self._sock.poll(int(timeout_s * 1000)):
@@ -103,9 +122,9 @@ class OpenpiFront:
     def __init__(self, config: FrontConfig):
         self.config = config
         self.stats: collections.Counter = collections.Counter()  # event tallies, for logs and tests
-        self.client = AsyncClient(config.scheduler_request)
+        self.client = AsyncClient(config.scheduler_request, keys=config.keys)
         self.control = None if config.scheduler_control is None else ControlLink(
-            zmq.asyncio.Context.instance(), config.scheduler_control)
+            zmq.asyncio.Context.instance(), config.scheduler_control, config.keys)
         self._server: websockets.asyncio.server.Server | None = None
         self._stats_cache: tuple[float, dict] | None = None
         self._conn_ids = itertools.count(1)
@@ -119,7 +138,7 @@ class OpenpiFront:
             compression=None,  # as openpi's server and client: arrays do not compress
             max_size=2 * cfg.max_frame_bytes,
             max_queue=4,  # a robot sends one observation and waits; a few frames of slack is plenty
-            process_request=_health_check,
+            process_request=self._process_request,
         )
         host, port = self._server.sockets[0].getsockname()[:2]
         self.url = f"ws://{_url_host(host)}:{port}"
@@ -149,7 +168,9 @@ class OpenpiFront:
         if self._stats_cache is not None and now - self._stats_cache[0] < STATS_CACHE_S:
             return self._stats_cache[1]
         reply = await self.control.ask(protocol.Kind.STATS, protocol.Empty(), STATS_TIMEOUT_S)
-        if reply is None or not reply.ok:
+        if reply is not None and not reply.ok and reply.error_code == FORBIDDEN:
+            info = {"reachable": True}  # it answered, but this front's key may not read its stats
+        elif reply is None or not reply.ok:
             info = {"reachable": False}
         else:
             workers = reply.detail.get("workers", {}) or {}
@@ -210,7 +231,9 @@ class OpenpiFront:
     async def _handler(self, ws: websockets.asyncio.server.ServerConnection) -> None:
         conn = next(self._conn_ids)
         self.stats["connections"] += 1
-        log.info("connection %d from %s", conn, ws.remote_address)
+        principal: Principal | None = getattr(ws, "principal", None)  # set by _process_request
+        log.info("connection %d from %s%s", conn, ws.remote_address,
+                 "" if principal is None else f" ({principal.name}, tenant {principal.tenant})")
         prev_total_s = None
         calls = itertools.count(1)
         try:
@@ -220,7 +243,7 @@ class OpenpiFront:
                 self.stats["calls"] += 1
                 try:
                     answer = await self._answer(ws, message, f"openpi-{conn}-{next(calls)}-{uuid.uuid4().hex[:8]}",
-                                                prev_total_s)
+                                                prev_total_s, principal)
                 except _Refusal as exc:
                     self.stats[f"error:{exc.kind}"] += 1
                     await ws.send(f"candidate_scheduler openpi: {exc}")
@@ -240,7 +263,8 @@ class OpenpiFront:
             pass
         log.info("connection %d closed", conn)
 
-    async def _answer(self, ws, message, request_id: str, prev_total_s: float | None) -> bytes:
+    async def _answer(self, ws, message, request_id: str, prev_total_s: float | None,
+                      principal: Principal | None = None) -> bytes:
         if isinstance(message, str):
             self.stats["refused"] += 1
             raise _Refusal("text_frame", "expected a binary msgpack-numpy frame (an observation dict), got a text frame")
@@ -250,7 +274,7 @@ class OpenpiFront:
                                        f"{self.config.max_frame_bytes}-byte limit")
         try:
             # decoding and image conversion take milliseconds for big images: off the event loop
-            call = await asyncio.to_thread(self._translate, message, request_id)
+            call = await asyncio.to_thread(self._translate, message, request_id, principal)
         except msgpack_numpy.WireError as exc:
             self.stats["refused"] += 1
             raise _Refusal(exc.kind, str(exc)) from None
@@ -268,8 +292,12 @@ class OpenpiFront:
         self.stats["done"] += 1
         return msgpack_numpy.packb(out)
 
-    def _translate(self, message: bytes, request_id: str) -> observation.Call:
-        return observation.translate(msgpack_numpy.unpackb(message), self.config.defaults, request_id)
+    def _translate(self, message: bytes, request_id: str, principal: Principal | None = None) -> observation.Call:
+        call = observation.translate(msgpack_numpy.unpackb(message), self.config.defaults, request_id)
+        if principal is not None and self.config.keys is not None:
+            # a scheduler that authenticates this front knows the token's principal: its tenant applies
+            call = replace(call, submit=msgspec.structs.replace(call.submit, on_behalf=principal.name))
+        return call
 
     async def _submit(self, ws, call: observation.Call):
         """The native result, or a _Refusal. Cancels the group when the robot goes away or the call
@@ -300,12 +328,23 @@ class OpenpiFront:
         if self.control is not None:
             await self.control.ask(protocol.Kind.CANCEL, protocol.CancelRequest(request_id=rid), STATS_TIMEOUT_S)
 
-
-def _health_check(connection, request):
-    """GET /healthz answers 200 without a websocket handshake, as openpi's server does."""
-    if request.path == "/healthz":
-        return connection.respond(http.HTTPStatus.OK, "OK\n")
-    return None
+    def _process_request(self, connection, request):
+        """Before the upgrade: GET /healthz answers 200 without a websocket handshake, as openpi's server
+        does; with tokens, a handshake without a known one is an HTTP 401 (one line, no traceback, nothing
+        submitted). The principal rides on the connection to `_handler`."""
+        if request.path == "/healthz":
+            return connection.respond(http.HTTPStatus.OK, "OK\n")
+        if self.config.tokens is None:
+            return None
+        principal, why = authenticate(self.config.tokens, request.headers.get_all("Authorization"))
+        if principal is None:
+            self.stats["unauthorized"] += 1
+            log.warning("refused a connection from %s: %s", connection.remote_address, why)
+            response = connection.respond(http.HTTPStatus.UNAUTHORIZED, f"candidate_scheduler openpi: {why}\n")
+            response.headers["WWW-Authenticate"] = 'Bearer realm="candidate_scheduler openpi"'
+            return response
+        connection.principal = principal
+        return None
 
 
 def _url_host(host: str) -> str:

@@ -3,6 +3,11 @@
     python -m candidate_scheduler.service.openpi --scheduler-request tcp://127.0.0.1:5555 \\
         --scheduler-control tcp://127.0.0.1:5556 --bind 127.0.0.1 --port 8000 [--count 8 --reducer medoid ...]
 
+Who may connect: with `--tokens DIR` every connection needs a bearer token of that key directory (even
+on loopback); without it the front is unauthenticated and binds loopback only, unless `--insecure` (a
+loud warning). `serve` hands the front its tokens (`--openpi-tokens`, by default its `--curve-dir`) and,
+when its sockets take CURVE keys, a run-time proxy key pair in the environment (`keys.ENV_KEYS`).
+
 The server-wide defaults (`--count`, `--reducer`, `--steps`, ...) are one list of flags, added to the
 front's own parser bare and to `serve` / `up` with an `openpi-` prefix (`--openpi-count`), so the two
 never drift apart. Unset, every default is the native protocol's.
@@ -13,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -20,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from candidate_scheduler.service.endpoints import is_loopback_host
+from candidate_scheduler.service.keys import ENV_KEYS, ClientKeys
 from candidate_scheduler.service.openpi import observation
 from candidate_scheduler.service.processes import spawn_listening
 
@@ -88,8 +95,15 @@ def add_openpi_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--openpi-port", type=int, default=None,
                         help="start the openpi policy websocket on this port (0 = any free port; default off)")
     parser.add_argument("--openpi-host", default=None, help="bind address of the openpi websocket (default: --host)")
+    parser.add_argument("--openpi-tokens", metavar="DIR", default=None,
+                        help="key directory whose bearer tokens the openpi websocket requires, even on loopback "
+                             "(`candidate-scheduler keys DIR --token NAME`; clients send 'Authorization: Bearer "
+                             "<token>' or openpi-client's api_key); each call counts against its token's tenant. "
+                             "None: --curve-dir when that is set (the scheduler then knows the token names too), "
+                             "else no tokens: the websocket is unauthenticated and binds loopback only, unless "
+                             "--insecure")
     parser.add_argument("--openpi-allow-nonlocal", action="store_true",
-                        help="allow a non-loopback openpi bind address (it is unauthenticated)")
+                        help="deprecated: what --insecure now says for the openpi websocket")
     add_default_arguments(parser, "openpi-")
 
 
@@ -127,20 +141,51 @@ def front_defaults(args: argparse.Namespace) -> observation.FrontDefaults:
 # ---- starting it from serve / up ------------------------------------------------------------------
 
 
-def spawn_openpi_front(args: argparse.Namespace, bound: dict[str, str],
+def bind_refusal(host: str, tokens: str | None, insecure: bool, tokens_flag: str = "--tokens DIR",
+                 insecure_flag: str = "--insecure") -> str | None:
+    """Why the websocket may not bind `host` (one line naming the fix), or None: off loopback it needs
+    tokens, or the user's explicit `--insecure`."""
+    if is_loopback_host(host) or tokens is not None or insecure:
+        return None
+    return (f"refusing to bind the openpi websocket to {host} without tokens: pass {tokens_flag} "
+            "(`candidate-scheduler keys DIR --token NAME` writes one), bind loopback, or pass "
+            f"{insecure_flag} to let anyone who reaches it submit work")
+
+
+def openpi_bind(args: argparse.Namespace) -> tuple[str, str | None, bool]:
+    """(host, tokens dir, insecure) of the front `serve` starts; StartupRefused (one line) when it may
+    not bind there. `serve` asks before it binds anything, so a refusal leaves nothing half started."""
+    host = getattr(args, "openpi_host", None) or getattr(args, "host", None) or "127.0.0.1"
+    tokens = getattr(args, "openpi_tokens", None) or getattr(args, "curve_dir", None)
+    insecure = bool(getattr(args, "insecure", False) or getattr(args, "openpi_allow_nonlocal", False))
+    why = bind_refusal(host, tokens, insecure, "--openpi-tokens DIR (or --curve-dir DIR)")
+    if why is not None and getattr(args, "openpi_port", None) is not None:
+        from candidate_scheduler.service.server import StartupRefused
+
+        raise StartupRefused(why)
+    return host, tokens, insecure
+
+
+def spawn_openpi_front(args: argparse.Namespace, bound: dict[str, str], keys: ClientKeys | None = None,
                        timeout_s: float = 60.0) -> tuple[subprocess.Popen | None, str | None]:
     """Start the front (its own process, like the sglang compat bridge) when `args.openpi_port` is set,
     and wait until it listens. Returns (process, "ws://host:port"), or (None, None) when off. Its
-    output after the listening line is relayed to this process's stdout."""
+    output after the listening line is relayed to this process's stdout. `keys`: the front's CURVE
+    pair for the scheduler's sockets (`Scheduler.proxy_keys`), handed over in its environment.
+    Tokens: `--openpi-tokens`, else `--curve-dir`; a non-loopback bind without them needs `--insecure`
+    (StartupRefused, one line, before anything starts)."""
     if getattr(args, "openpi_port", None) is None:
         return None, None
-    host = getattr(args, "openpi_host", None) or getattr(args, "host", None) or "127.0.0.1"
+    host, tokens, insecure = openpi_bind(args)
     cmd = [sys.executable, "-m", "candidate_scheduler.service.openpi", "--scheduler-request", bound["request"],
            "--scheduler-control", bound["control"], "--bind", host, "--port", str(args.openpi_port)]
-    if getattr(args, "openpi_allow_nonlocal", False):
-        cmd.append("--allow-nonlocal")
+    if tokens is not None:
+        cmd += ["--tokens", str(tokens)]
+    elif insecure:
+        cmd.append("--insecure")
     cmd += defaults_argv(args)
-    proc, url = spawn_listening(cmd, r"listening on (ws://\S+)", "openpi-log", timeout_s)
+    env = None if keys is None else {ENV_KEYS: keys.to_env()}
+    proc, url = spawn_listening(cmd, r"listening on (ws://\S+)", "openpi-log", timeout_s, env=env)
     if url is None:
         raise SystemExit(f"the openpi front did not start (exit code {proc.returncode}); see its output above")
     return proc, url
@@ -157,7 +202,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the scheduler's control endpoint (metadata from STATS; cancels abandoned groups)")
     p.add_argument("--bind", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any free port)")
-    p.add_argument("--allow-nonlocal", action="store_true", help="allow a non-loopback bind address (loud warning)")
+    p.add_argument("--tokens", metavar="DIR", default=None,
+                   help="require a bearer token of this key directory (its authorized_tokens/) on every "
+                        "connection, even on loopback: 'Authorization: Bearer <token>' or openpi-client's "
+                        "api_key. Default: no authentication, loopback only")
+    p.add_argument("--insecure", action="store_true",
+                   help="without --tokens, allow a non-loopback bind address anyway: anyone who reaches it "
+                        "can submit work (loud warning)")
+    p.add_argument("--allow-nonlocal", dest="insecure", action="store_true",
+                   help="deprecated alias of --insecure")
     p.add_argument("--log-level", default="WARNING")
     add_default_arguments(p)
     return p
@@ -169,13 +222,33 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if not is_loopback_host(args.bind):
-        if not args.allow_nonlocal:
-            print(f"refusing to bind the openpi websocket to {args.bind}: it is unauthenticated. Bind loopback, "
-                  "or pass --allow-nonlocal (--openpi-allow-nonlocal on serve / up).", file=sys.stderr)
+    from candidate_scheduler.service.keys import KeyDirError, load_tokens
+
+    why = bind_refusal(args.bind, args.tokens, args.insecure)
+    if why is not None:
+        print(f"candidate_scheduler openpi: error: {why}", file=sys.stderr)
+        return 2
+    tokens = keys = None
+    try:
+        if args.tokens is not None:
+            tokens = load_tokens(args.tokens)
+    except KeyDirError as exc:
+        print(f"candidate_scheduler openpi: error: {exc}", file=sys.stderr)
+        return 2
+    if os.environ.get(ENV_KEYS):
+        try:
+            keys = ClientKeys.from_env(os.environ[ENV_KEYS])
+        except ValueError:  # never echo it: it holds a secret key
+            print(f"candidate_scheduler openpi: error: ${ENV_KEYS} is not 'server_public,public,secret' "
+                  "(Z85 keys)", file=sys.stderr)
             return 2
-        print("!" * 78 + f"\nWARNING: the openpi websocket is bound to NON-LOOPBACK {args.bind}. It is "
-              "unauthenticated:\nanyone who reaches this port can submit work.\n" + "!" * 78, file=sys.stderr, flush=True)
+    if tokens is not None and not tokens.by_token:
+        print(f"candidate_scheduler openpi: note: no tokens in {args.tokens}/authorized_tokens: every connection "
+              f"is refused (`candidate-scheduler keys {args.tokens} --token NAME`, then restart)",
+              file=sys.stderr, flush=True)
+    if tokens is None and not is_loopback_host(args.bind):
+        print("!" * 78 + f"\nWARNING: the openpi websocket is bound to NON-LOOPBACK {args.bind} WITHOUT tokens "
+              "(--insecure):\nanyone who reaches this port can submit work.\n" + "!" * 78, file=sys.stderr, flush=True)
     try:
         defaults = front_defaults(args)
     except ValueError as exc:
@@ -185,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         scheduler_request=args.scheduler_request, scheduler_control=args.scheduler_control, host=args.bind,
         port=args.port, defaults=defaults, model_name=args.model_name or "cosmos3",
         max_frame_bytes=args.max_frame_bytes or DEFAULT_MAX_FRAME_BYTES, request_timeout_s=args.request_timeout,
+        tokens=tokens, keys=keys,
     )
 
     async def run() -> None:
