@@ -4,17 +4,20 @@ One logical request asks for N stochastic candidate action trajectories from one
 candidates run as one group (one physical batch, or microbatches when they do not fit), and are
 reduced to one served action by a model-declared reducer. The layout is in docs/architecture.md.
 
-The public Python API is `from candidate_scheduler import Client, AsyncClient` (and `synthetic_image`).
+The public Python API is `from candidate_scheduler import Client, AsyncClient` (and `synthetic_image`,
+and the errors they raise: `SchedulerUnavailable`, `Forbidden`, `ServiceError`).
 They load lazily, so importing the pure rooms under `candidate_scheduler.core` never pulls in zmq.
 """
 
 __version__ = "0.1.0"
 
-__all__ = ["AsyncClient", "Client", "Result", "ServiceError", "synthetic_image", "__version__"]
+_CLIENT_NAMES = ("AsyncClient", "Client", "Forbidden", "Result", "SchedulerUnavailable", "ServiceError",
+                 "synthetic_image")
+__all__ = [*_CLIENT_NAMES, "__version__"]
 
 
 def __getattr__(name: str):
-    if name in ("AsyncClient", "Client", "Result", "ServiceError", "synthetic_image"):
+    if name in _CLIENT_NAMES:
         from candidate_scheduler.service import client
 
         return getattr(client, name)

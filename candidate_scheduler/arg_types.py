@@ -26,6 +26,14 @@ def tenant_name(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def principal_name(text: str) -> str:
+    """argparse type of `keys --client/--token NAME`: also a file name in the key directory."""
+    try:
+        return check_name("principal", text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def tenant_limit(text: str) -> TenantPolicy:
     """argparse type of --tenant-limit TENANT=N."""
     name, sep, limit = text.partition("=")

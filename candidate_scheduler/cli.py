@@ -9,7 +9,7 @@ import logging
 import sys
 
 from candidate_scheduler import commands
-from candidate_scheduler.arg_types import margin_quantile, tenant_limit, tenant_name
+from candidate_scheduler.arg_types import margin_quantile, principal_name, tenant_limit, tenant_name
 from candidate_scheduler.core.access import DEFAULT_TENANT, Role
 from candidate_scheduler.service import server
 from candidate_scheduler.service.keys import KeyDirError
@@ -197,8 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("keys", "write the key directory: the scheduler's, a worker's and an admin's CURVE pairs (if "
                 "missing), and named client keys and tokens", commands.cmd_keys)
     p.add_argument("dir", help="the key directory (docs/deployment.md: what each file is, and whom to give it)")
-    p.add_argument("--client", action="append", metavar="NAME", help="add a CURVE pair for NAME (repeatable)")
-    p.add_argument("--token", action="append", metavar="NAME",
+    p.add_argument("--client", action="append", metavar="NAME", type=principal_name,
+                   help="add a CURVE pair for NAME (repeatable)")
+    p.add_argument("--token", action="append", metavar="NAME", type=principal_name,
                    help="add a bearer token for NAME, for the openpi websocket and the HTTP server (repeatable)")
     p.add_argument("--role", default="client", choices=[r.value for r in Role],
                    help="what the new keys or tokens may do: client (its own groups), proxy (a front acting for "

@@ -63,7 +63,7 @@ def _spawn_bridge(args, bound: dict[str, str], keys) -> tuple[subprocess.Popen |
         return None, None
     from candidate_scheduler.service.processes import spawn_listening
 
-    endpoint = tcp_endpoint(args.compat_host or args.host, args.compat_port)
+    endpoint = tcp_endpoint(args.compat_host or server.DEFAULT_HOST, args.compat_port)
     cmd = [sys.executable, "-m", "candidate_scheduler.compat.bridge", "--bind", endpoint,
            "--scheduler", bound["request"], "--control", bound["control"]]
     if args.compat_allow_nonlocal:
@@ -77,12 +77,22 @@ def _spawn_bridge(args, bound: dict[str, str], keys) -> tuple[subprocess.Popen |
 
 
 def _serve(args, on_ready=None) -> None:
+    from candidate_scheduler.service.endpoints import is_loopback_host
     from candidate_scheduler.service.openpi.launch import openpi_bind, spawn_openpi_front
 
     config = _config(args)
-    openpi_bind(args)  # a front that may not bind where asked refuses the start before anything binds
+    # a front that may not bind where asked refuses the start before anything binds
+    openpi_bind(args)
+    compat_host = args.compat_host or server.DEFAULT_HOST
+    if not args.no_compat and not is_loopback_host(compat_host) and not (args.insecure or args.compat_allow_nonlocal):
+        raise server.StartupRefused(
+            f"refusing to bind the sglang compat socket on {compat_host}: it speaks pickle and takes no keys; keep "
+            "it on loopback (remote sglang users: `candidate-scheduler http --tokens`), pass --no-compat, or "
+            "--insecure to let anyone who reaches it submit")
     scheduler = server.Scheduler(config)
     bound = scheduler.bind()
+    if not args.no_compat:
+        scheduler.note_compat(compat_host)
     tenants = sorted({*scheduler.tenant_names(), *(t.name for t in config.engine.tenants)})
     metrics, metrics_url = _start_metrics(config, tenants)
     scheduler.use_metrics(metrics)
@@ -223,12 +233,17 @@ def cmd_submit(args) -> int:
         seed_policy="explicit" if seeds else args.seed_policy, seeds=seeds, min_count=args.min_count,
         deadline_s=args.deadline, **sampling,
     )
+    from candidate_scheduler.service.client import SchedulerUnavailable
+
     with _client(args) as client:
         try:
             result = client.wait(client.send(request), timeout_s=args.timeout)
         except TimeoutError as exc:
             print(json.dumps({"request_id": request.request_id, "status": "timeout", "error": str(exc)}))
             return 3
+        except SchedulerUnavailable as exc:  # one line; resubmitting the same --request-id is safe
+            print(f"candidate-scheduler submit: scheduler unavailable: {exc}", file=sys.stderr)
+            return 4
     out = result.to_json()
     print(json.dumps(out) if args.json else json.dumps(out, indent=2))
     return 0 if result.ok else 1

@@ -152,6 +152,10 @@ def _ratio(a, b):
     return None if a is None or not b else a / b
 
 
+def _x(value, spec: str = ".0f") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
 def report(result: dict) -> str:
     meta = result["meta"]
     lines = [
@@ -173,9 +177,9 @@ def report(result: dict) -> str:
                                                                                    else "fifo"))
         alone, under, cores = a["robot_unloaded_ms"], a["robot_under_flood_ms"], a["cores"]
         lines.append(
-            f"| {a['arm']} | {alone['p50']:.0f} / {alone['p99']:.0f} | {under['p50']:.0f} / {under['p99']:.0f} "
-            f"(n={under['n']}) | {_ratio(under['p99'], alone['p50']):.2f}x | {a['flood_groups_per_s']:.0f} | "
-            f"{_ratio(a['flood_groups_per_s'], fifo):.3f} | {cores['scheduler']:.2f} / {cores['workers']:.2f} / "
+            f"| {a['arm']} | {_x(alone['p50'])} / {_x(alone['p99'])} | {_x(under['p50'])} / {_x(under['p99'])} "
+            f"(n={under['n']}) | {_x(_ratio(under['p99'], alone['p50']), '.2f')}x | {a['flood_groups_per_s']:.0f} | "
+            f"{_x(_ratio(a['flood_groups_per_s'], fifo), '.3f')} | {cores['scheduler']:.2f} / {cores['workers']:.2f} / "
             f"{cores['client']:.2f} | {a['wrong_results']} |")
     lines += ["", "Targets (issue 22): with fair queueing the robot's p99 <= 2x its unloaded latency; the flooding "
               "tenant loses <= 5% of its throughput to fairness (flood vs fifo >= 0.95 in the fair arms; a step arm is "

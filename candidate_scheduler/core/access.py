@@ -93,12 +93,13 @@ def denied(principal: Principal, action: Action, owners: tuple[str, ...] | None 
 
 def acting_for(principal: Principal, on_behalf: str | None, directory) -> tuple[Principal, str | None]:
     """The principal a submission counts against, and why not (an error) when it may not act so.
-    `directory(name) -> Principal | None` looks names up in the key directory."""
+    `directory(name) -> Principal | None` looks up the clients a proxy may act for (the holders of
+    tokens, which a front checks itself); only a client may be acted for."""
     if on_behalf is None or on_behalf == principal.name:
         return principal, None
     if principal.role not in (Role.PROXY, Role.ADMIN):
         return principal, f"{principal.name} ({principal.role.value}) may not submit on behalf of another"
     target = directory(on_behalf)
-    if target is None or target.role is Role.WORKER:
+    if target is None or target.role is not Role.CLIENT:  # a leaked proxy key cannot act as an admin
         return principal, f"no client named {on_behalf!r} to act for"
     return target, None

@@ -54,6 +54,7 @@ from candidate_scheduler.core.messages import (
 from candidate_scheduler.core.pending import PendingIndex
 from candidate_scheduler.core.planning import Unit, dispatch_class, step_class
 from candidate_scheduler.core.request import Submission
+from candidate_scheduler.core.resubmission import DEFAULT_REPLIES_KEPT, ReplyCache
 from candidate_scheduler.core.snapshot import GroupView, PlanningSnapshot, WorkerView
 from candidate_scheduler.core.spec import ModelCapability
 from candidate_scheduler.core.tenants import TenantPolicy, Tenants
@@ -74,6 +75,7 @@ class EngineConfig:
     heartbeat_interval_s: float = 0.5
     heartbeat_timeout_s: float = 3.0
     finished_memory: int = 10_000  # finished groups remembered for STATUS
+    replies_kept: int = DEFAULT_REPLIES_KEPT  # the last replies a resubmission is answered from
     best_effort_s: float = 30.0  # a group without a deadline is ordered as if due this long after receipt
     margin_quantile: float = 0.9  # of the measured prediction error that deadline forecasts plan for
     # Batches' worth of work a worker may hold beyond what it runs: its next batch (dispatch) or rows
@@ -134,7 +136,8 @@ class Engine:
         self.link = WorkerLink(self)
         self.control = Control(self)
         self.intake = Intake(self)
-        self.tenants = Tenants(self.config.tenants, fair=self.config.fair_queueing)
+        self.tenants = Tenants(self.config.tenants, fair=self.config.fair_queueing, remember=self.config.finished_memory)
+        self.replies = ReplyCache(self.config.replies_kept)  # answers resubmissions of ended groups
         self.now = 0.0
 
     def clock(self) -> float:
@@ -240,7 +243,7 @@ class Engine:
         self._room = None
 
     def order_of(self, g: Group) -> tuple:
-        since = g.received_at if g.fair_tag is None else g.fair_tag  # core/tenants.py: fair queueing
+        since = g.received_at + g.fair_lead_s  # core/fair_queue.py: behind its own tenant's backlog
         return (deadlines.effective_deadline(g.deadline, since, self.config.best_effort_s), self._admitted)
 
     def admit(self, group: Group) -> None:
@@ -251,7 +254,7 @@ class Engine:
         if group.admit(decision):
             if group.deadline is None:
                 work = group.spec.count * group.sampling.steps * group.request.observations
-                group.fair_tag = self.tenants.stamp(group.tenant, work, self.now)
+                group.fair_tag, group.fair_lead_s = self.tenants.stamp(group.tenant, work)
             group.order = self.order_of(group)
             self._admitted += 1
             self.unstarted.add(group.request_id)
@@ -486,6 +489,8 @@ class Engine:
                 result = refusal(rid, "failed", INTERNAL_ERROR,
                                  f"the reply could not be built: {type(exc).__name__}: {exc}")
             self.outbox.append(Reply(g.client, result))
+            self.outbox.extend(Reply(waiter, result) for waiter in g.waiters)  # resubmissions: the same answer
+            self.replies.put(rid, self.tenants.owners_of(rid) or (), result)
         self._forget(g)
         # STATUS must say what the reply said ("rejected" is a FAILED group to the state machine)
         self.finished[rid] = g.status.name.lower() if result is None else result.status

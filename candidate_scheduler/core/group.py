@@ -34,12 +34,14 @@ class Group(GroupState):
                          deadline=deadline, clock=clock, stopwatch=stopwatch)
         self.request = request
         self.client = client
+        self.waiters: list[Any] = []  # resubmissions of the same request id by its owner: same answer
         self.received_at = received_at
         # what may share a batch / a forward with it, and its cost-model key: fixed by its sampling
         self.batch_key, self.forward_key, self.label = _keys(request.sampling)
         self.order: tuple = ()  # its place in the queue once admitted: (effective deadline, admission order)
         self.tenant = DEFAULT_TENANT  # whose limits and fair share it counts against (core/tenants.py)
         self.fair_tag: float | None = None  # its start tag while it waits, if it has no deadline
+        self.fair_lead_s = 0.0  # its tenant's backlog ahead of it, added to its receipt time (core/fair_queue.py)
         self.serial = 0  # the engine's count of groups received when it came: tells it from a later namesake
         self.wire: Any = None  # the shell's encoded arrays of this group, made once (convert.GroupWire)
         self.forwards = 0

@@ -1,9 +1,11 @@
 """The engine's intake: a submission checked, refused or kept, then admitted or refused at receipt.
 
 `Intake` holds no state of its own: it is the part of the engine (core/engine.py) that takes new
-groups, kept in its own file as core/control.py and core/worker_link.py keep theirs. The refusals come
-in a fixed order -- an unreadable id, a duplicate, draining, the scheduler's and then the tenant's limit
-on groups in flight, an invalid request -- and each is one typed reply; nothing is kept before they pass.
+groups, kept in its own file as core/control.py and core/worker_link.py keep theirs. A resubmission of
+a group in flight or recently answered is answered once with that group's answer (core/resubmission.py).
+The refusals come in a fixed order -- an unreadable id, another's id in flight, draining, the
+scheduler's and then the tenant's limit on groups in flight, an invalid request -- and each is one typed
+reply; nothing is kept before they pass.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from candidate_scheduler.core import deadlines
 from candidate_scheduler.core.access import Principal
 from candidate_scheduler.core.errors import CandidateContractError
 from candidate_scheduler.core.group import Group
+from candidate_scheduler.core.messages import Reply
 from candidate_scheduler.core.request import Submission, check_request_id, validate
 
 
@@ -37,11 +40,20 @@ class Intake:
             check_request_id(rid)
         except CandidateContractError as exc:
             return refuse("invalid", exc.code, exc.detail, "request_id")
-        if rid in e.groups:
+        if rid in e.groups:  # core/resubmission.py: its owner waits for its one answer; anyone else is refused
+            if principal.name in (e.tenants.owners_of(rid) or ()):
+                e.groups[rid].waiters.append(client)
+                e.metrics.resubmission("in_flight")
+                return None
             return refuse("invalid", "duplicate_request_id", f"request {rid!r} is already in flight", "request_id")
+        kept = e.replies.get(rid, principal.name)
+        if kept is not None:
+            e.outbox.append(Reply(client, kept))
+            e.metrics.resubmission("answered")
+            return None
         if e.draining:
             return refuse("rejected", "draining", "the scheduler is draining and admits no new groups")
-        if len(e.groups) >= e.config.max_queued_groups:
+        if e.tenants.over_capacity(tenant, len(e.groups), e.config.max_queued_groups):
             return refuse("overloaded", "overloaded", f"{len(e.groups)} groups in flight; try again later")
         over = e.tenants.over_limit(principal)
         if over is not None:

@@ -144,6 +144,16 @@ class Forbidden(PermissionError):
     """The scheduler refused a control request: not this key's right (core/access.py)."""
 
 
+class SchedulerUnavailable(ConnectionError):
+    """The scheduler stopped answering: after `liveness_s` without a word from it, a PING went
+    unanswered for `liveness_s` more. A client learns of a dead scheduler within 2 x liveness_s instead
+    of its whole timeout; resubmitting the same request id then is safe (core/resubmission.py)."""
+
+
+DEFAULT_LIVENESS_S = 2.0  # silence before a PING, and how long the PING may take: a bound of 4 s
+SEND_TIMEOUT_MS = 10_000
+
+
 def _dealer(ctx: zmq.Context, endpoint: str, keys: ClientKeys | None) -> zmq.Socket:
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -159,9 +169,10 @@ class Client:
     requires them (`ClientKeys.load(key_dir, name)`; service/keys.py)."""
 
     def __init__(self, endpoint: str, control_endpoint: str | None = None, timeout_s: float = 600.0,
-                 keys: ClientKeys | None = None):
+                 keys: ClientKeys | None = None, liveness_s: float | None = DEFAULT_LIVENESS_S):
         self.ctx = zmq.Context.instance()
         self.keys = keys
+        self.liveness_s = liveness_s  # None: wait out the timeout whatever happens
         self.endpoint = endpoint
         self.control_endpoint = control_endpoint
         self.timeout_s = timeout_s
@@ -172,26 +183,89 @@ class Client:
         self._nonce = itertools.count(1)
 
     def _dealer(self, endpoint: str) -> zmq.Socket:
-        return _dealer(self.ctx, endpoint, self.keys)
+        sock = _dealer(self.ctx, endpoint, self.keys)
+        sock.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)  # a blocking client must not block forever
+        return sock
 
     def send(self, request: protocol.SubmitRequest) -> str:
-        self._sock.send_multipart(protocol.encode(protocol.Kind.SUBMIT, request))
+        try:
+            self._sock.send_multipart(protocol.encode(protocol.Kind.SUBMIT, request))
+        except zmq.Again:  # SNDTIMEO: no scheduler to queue for (a refused handshake), or a full queue
+            raise SchedulerUnavailable(f"could not send {request.request_id!r} to {self.endpoint} within "
+                                       f"{SEND_TIMEOUT_MS / 1000:.0f} s") from None
         return request.request_id
 
     def wait(self, request_id: str, timeout_s: float | None = None) -> Result:
+        """The group's reply. TimeoutError after `timeout_s`; SchedulerUnavailable as soon as the
+        scheduler stops answering PINGs (see `liveness_s`)."""
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        heard = time.monotonic()
         while request_id not in self._pending:
-            if not self._read_one(deadline):
+            quiet_until = deadline if self.liveness_s is None else min(deadline, heard + self.liveness_s)
+            if self._read_one(quiet_until):
+                heard = time.monotonic()
+                continue
+            if time.monotonic() >= deadline:
                 raise TimeoutError(f"no reply for {request_id!r}")
+            probe_s = min(self.liveness_s, deadline - time.monotonic())
+            if not self._answers_ping(probe_s):
+                if probe_s < self.liveness_s:  # cut short by the timeout: not a verdict on the scheduler
+                    raise TimeoutError(f"no reply for {request_id!r}")
+                raise SchedulerUnavailable(f"the scheduler at {self.endpoint} did not answer a PING within "
+                                           f"{self.liveness_s:.1f} s (after {self.liveness_s:.1f} s without a word); "
+                                           f"{request_id!r} was not answered")
+            heard = time.monotonic()
         return Result.from_wire(self._pending.pop(request_id))
 
-    def submit(self, image: np.ndarray, prompt: str | list[str] = "", timeout_s: float | None = None, **kwargs: Any) -> Result:
-        return self.wait(self.send(make_request(image, prompt, **kwargs)), timeout_s)
+    def _answers_ping(self, timeout_s: float) -> bool:
+        """A liveness probe: PING on the control socket when there is one (a burst of submissions on
+        the request socket would queue a PING behind them), else on the request socket."""
+        if self.control_endpoint is None:
+            return self.ping(timeout_s)
+        nonce = next(self._nonce)
+        ctl = self._control_socket()
+        try:  # no peer to queue for (a refused handshake tears the pipe down): not answered
+            ctl.send_multipart(protocol.encode(protocol.Kind.PING, protocol.Ping(nonce)), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            time.sleep(max(0.0, timeout_s))
+            return False
+        deadline = time.monotonic() + timeout_s
+        while (remaining := deadline - time.monotonic()) > 0 and ctl.poll(int(remaining * 1000)):
+            kind, msg = protocol.decode_frames(ctl.recv_multipart(),
+                                               {protocol.Kind.PONG, protocol.Kind.CONTROL_REPLY, protocol.Kind.ERROR})
+            if kind is protocol.Kind.PONG and msg.nonce == nonce:
+                return True
+        # unanswered: drop the socket, so a late PONG never reads as the answer to a later request
+        ctl.close(0)
+        self._ctl = None
+        return False
+
+    def submit(self, image: np.ndarray, prompt: str | list[str] = "", timeout_s: float | None = None,
+               resubmit: bool = False, **kwargs: Any) -> Result:
+        """Send one group and wait for its reply. With `resubmit`, a scheduler that stops answering is
+        waited for, and the same request (same id, same seeds) sent again once it answers a PING: a
+        restarted scheduler runs it again (same bits); one that was only slow answers it once."""
+        request = make_request(image, prompt, **kwargs)
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        self.send(request)
+        while True:
+            try:
+                return self.wait(request.request_id, max(0.0, deadline - time.monotonic()))
+            except SchedulerUnavailable:
+                if not resubmit:
+                    raise
+            while not self._answers_ping(min(self.liveness_s or 1.0, max(0.0, deadline - time.monotonic()))):
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"no reply for {request.request_id!r}: the scheduler did not come back")
+            self.send(request)
 
     def ping(self, timeout_s: float = 2.0) -> bool:
         """Whether the scheduler answers a PING; results of groups in flight that arrive first are kept."""
         nonce = next(self._nonce)
-        self._sock.send_multipart(protocol.encode(protocol.Kind.PING, protocol.Ping(nonce)))
+        try:
+            self._sock.send_multipart(protocol.encode(protocol.Kind.PING, protocol.Ping(nonce)), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return False
         deadline = time.monotonic() + timeout_s
         while nonce not in self._pongs:
             if not self._read_one(deadline):
@@ -218,12 +292,20 @@ class Client:
     def control(self, kind: protocol.Kind, payload, timeout_s: float = 10.0) -> protocol.ControlReply:
         if self.control_endpoint is None:
             raise ValueError("this client has no control endpoint")
-        if self._ctl is None:
-            self._ctl = self._dealer(self.control_endpoint)
-        self._ctl.send_multipart(protocol.encode(kind, payload))
+        try:
+            self._control_socket().send_multipart(protocol.encode(kind, payload))
+        except zmq.Again:
+            raise TimeoutError(f"could not send {kind.name}: no scheduler to send it to") from None
         if not self._ctl.poll(int(timeout_s * 1000)):
+            self._ctl.close(0)  # a late reply must not read as the answer to the next request
+            self._ctl = None
             raise TimeoutError(f"no control reply to {kind.name}")
         return _reply(self._ctl, {protocol.Kind.CONTROL_REPLY, protocol.Kind.ERROR})
+
+    def _control_socket(self) -> zmq.Socket:
+        if self._ctl is None:
+            self._ctl = self._dealer(self.control_endpoint)
+        return self._ctl
 
     def cancel(self, request_id: str) -> protocol.ControlReply:
         return self.control(protocol.Kind.CANCEL, protocol.CancelRequest(request_id))
@@ -258,9 +340,13 @@ class Client:
 class AsyncClient:
     """asyncio client: `await client.submit(...)`; many groups in flight on one socket."""
 
-    def __init__(self, endpoint: str, keys: ClientKeys | None = None):
+    def __init__(self, endpoint: str, keys: ClientKeys | None = None, liveness_s: float | None = DEFAULT_LIVENESS_S):
         self.ctx = zmq.asyncio.Context.instance()
+        self.endpoint = endpoint
         self._sock = _dealer(self.ctx, endpoint, keys)
+        self.liveness_s = liveness_s  # as Client's: SchedulerUnavailable within 2 x liveness_s
+        self._heard = time.monotonic()  # when anything last came from the scheduler
+        self._probe: asyncio.Task | None = None  # one liveness PING at a time, shared by every waiter
         self._futures: dict[str, asyncio.Future] = {}
         self._pongs: dict[int, asyncio.Future] = {}
         self._nonce = itertools.count(1)
@@ -273,6 +359,7 @@ class AsyncClient:
     async def _read(self) -> None:
         while self._futures or self._pongs:
             frames = await self._sock.recv_multipart()
+            self._heard = time.monotonic()
             try:
                 kind, msg = protocol.decode_frames(frames, {protocol.Kind.RESULT, protocol.Kind.ERROR, protocol.Kind.PONG})
             except protocol.ProtocolError:
@@ -297,7 +384,22 @@ class AsyncClient:
         self._futures[request.request_id] = fut
         await self._sock.send_multipart(protocol.encode(protocol.Kind.SUBMIT, request))
         self._ensure_reader()
-        return Result.from_wire(await fut)
+        if self.liveness_s is None:
+            return Result.from_wire(await fut)
+        while True:
+            quiet = self._heard + self.liveness_s - time.monotonic()  # the scheduler spoke this recently
+            try:
+                return Result.from_wire(await asyncio.wait_for(asyncio.shield(fut), max(quiet, 0.01)))
+            except TimeoutError:
+                pass
+            if time.monotonic() - self._heard < self.liveness_s:
+                continue  # other groups' replies came meanwhile: it is alive
+            if self._probe is None or self._probe.done():
+                self._probe = asyncio.ensure_future(self.ping(self.liveness_s))
+            if not await asyncio.shield(self._probe):
+                self._futures.pop(request.request_id, None)
+                raise SchedulerUnavailable(f"the scheduler at {self.endpoint} did not answer a PING within "
+                                           f"{self.liveness_s:.1f} s; {request.request_id!r} was not answered")
 
     async def submit(self, image: np.ndarray, prompt: str | list[str] = "", **kwargs: Any) -> Result:
         return await self.submit_request(make_request(image, prompt, **kwargs))

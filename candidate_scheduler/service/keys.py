@@ -20,11 +20,13 @@ belongs there, and names the connection by its principal, which the shell reads 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +38,7 @@ from zmq.utils import z85
 
 from candidate_scheduler.core.access import DEFAULT_TENANT, Principal, Role, check_name
 
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 SERVER = "server"
 WORKER_KEY = "client"  # the worker's pair: the name `worker --curve-dir DIR` has always read
 ADMIN_KEY = "admin"
@@ -73,12 +76,12 @@ def add_key(key_dir: str | os.PathLike, name: str, role: Role | str = Role.CLIEN
             tenant: str = DEFAULT_TENANT) -> Path:
     """A new CURVE pair for `name`, authorised with its role and tenant; refuses to overwrite one."""
     d = Path(key_dir)
-    principal = Principal(name, tenant, Role(role))
-    if (d / f"{name}.key_secret").exists():
+    principal = Principal(check_name("principal", name), tenant, Role(role))
+    if os.path.lexists(d / f"{name}.key_secret"):
         raise KeyDirError(f"{d / (name + '.key_secret')} exists; remove it first to replace the key")
     (d / "authorized_clients").mkdir(parents=True, exist_ok=True)
-    _public_file, secret_file = zmq.auth.create_certificates(str(d), name)
-    os.chmod(secret_file, 0o600)
+    with _private_files():
+        _public_file, secret_file = zmq.auth.create_certificates(str(d), name)
     public, _ = zmq.auth.load_certificate(secret_file)
     _write_public(d / "authorized_clients" / f"{name}.key", public,
                   {"role": principal.role.value, "tenant": principal.tenant})
@@ -89,7 +92,7 @@ def add_token(key_dir: str | os.PathLike, name: str, role: Role | str = Role.CLI
               tenant: str = DEFAULT_TENANT) -> str:
     """A new bearer token for `name`: written to DIR/NAME.token (0600), its hash authorised."""
     d = Path(key_dir)
-    principal = Principal(name, tenant, Role(role))
+    principal = Principal(check_name("principal", name), tenant, Role(role))
     if principal.role is Role.WORKER:
         raise KeyDirError("a worker connects with a CURVE key, not a token")
     if (d / f"{name}.token").exists():
@@ -109,15 +112,26 @@ def init_dir(key_dir: str | os.PathLike) -> list[str]:
     d = Path(key_dir)
     d.mkdir(parents=True, exist_ok=True)
     wrote = []
-    if not (d / "server.key_secret").exists():
-        zmq.auth.create_certificates(str(d), SERVER)
-        os.chmod(d / "server.key_secret", 0o600)
+    if not os.path.lexists(d / "server.key_secret"):
+        with _private_files():
+            zmq.auth.create_certificates(str(d), SERVER)
         wrote.append(f"{d}/server.key[_secret]")
     for name, role in ((WORKER_KEY, Role.WORKER), (ADMIN_KEY, Role.ADMIN)):
         if not (d / f"{name}.key_secret").exists():
             add_key(d, name, role)
             wrote.append(f"{d}/{name}.key[_secret] ({role.value})")
     return wrote
+
+
+@contextlib.contextmanager
+def _private_files():
+    """pyzmq writes a secret key with plain open(): under this umask it is 0600 from its first byte,
+    not world-readable until a chmod."""
+    old = os.umask(0o077)
+    try:
+        yield
+    finally:
+        os.umask(old)
 
 
 def _digest(token: str) -> str:
@@ -151,11 +165,15 @@ class Directory:
         for path in sorted((d / "authorized_tokens").glob("*.json")):
             try:
                 rec = json.loads(path.read_text(encoding="utf8"))
+                if not isinstance(rec, dict):
+                    raise ValueError("not a JSON object")
                 principal = Principal(check_name("principal", path.stem), rec.get("tenant", DEFAULT_TENANT),
                                       Role(rec.get("role", Role.CLIENT.value)))
-                digest = str(rec["sha256"])
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                raise KeyDirError(f"{path}: {exc!r}") from exc
+                digest = rec.get("sha256")
+                if not isinstance(digest, str) or not _SHA256.match(digest):
+                    raise ValueError("sha256 must be 64 hex digits")
+            except (OSError, ValueError, TypeError) as exc:
+                raise KeyDirError(f"{path}: {exc}") from exc
             out.add(principal, digest=digest)
         return out
 
@@ -171,6 +189,11 @@ class Directory:
 
     def get(self, name: str) -> Principal | None:
         return self.by_name.get(name)
+
+    def token_holder(self, name: str) -> Principal | None:
+        """The principal `name` if it holds a token: whom a front, which checks tokens, may act for."""
+        principal = self.by_name.get(name)
+        return principal if principal is not None and principal in self.by_token.values() else None
 
     def for_token(self, token: str | None) -> Principal | None:
         """The principal of a bearer token (compared by digest, in constant time per entry)."""

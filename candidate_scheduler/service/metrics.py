@@ -81,6 +81,7 @@ PROTOCOL_ERROR_KINDS = (
 EVENTS = ("submit", "register", "heartbeat", "result", "tick", "cancel", "shutdown", "schedule", "shell", OTHER)
 # the tenants named in the key directory (core/access.py): set per instance, see SchedulerMetrics
 CONFIGURED_TENANTS = ("<configured tenants>",)
+RESUBMISSIONS = ("in_flight", "answered", OTHER)
 ACTIONS = ("submit", "cancel", "status", "stats", "drain", "shutdown", "compat_report", OTHER)
 COMPAT_REQUEST_TYPES = ("req", "req_list", "ping", "shutdown", "warmup", "control", "unknown", OTHER)
 
@@ -204,6 +205,9 @@ METRICS = (
             tenant=CONFIGURED_TENANTS),
     _define(Histogram, "tenant_queue_wait_seconds", "Receipt to first dispatch, per group, by tenant.",
             SECONDS_BUCKETS, tenant=CONFIGURED_TENANTS),
+    _define(Counter, "resubmissions_total",
+            "Submissions of a request id its owner already sent: waiting on the group in flight, or answered "
+            "from the kept replies (never run twice).", outcome=RESUBMISSIONS),
     _define(Counter, "forbidden_total", "Requests refused `forbidden` (not the principal's right), by action.",
             action=ACTIONS),
 )
@@ -286,6 +290,9 @@ class SchedulerMetrics:
 
     def tenant_queue_wait(self, tenant: str, seconds: float) -> None:
         self._children["tenant_queue_wait_seconds"][(clip_label(tenant, self.tenants),)].observe(seconds)
+
+    def resubmission(self, outcome: object) -> None:
+        self._children["resubmissions_total"][(clip_label(outcome, RESUBMISSIONS),)].inc()
 
     def forbidden(self, action: object) -> None:
         self._children["forbidden_total"][(clip_label(action, ACTIONS),)].inc()

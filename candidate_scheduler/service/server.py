@@ -38,7 +38,7 @@ from candidate_scheduler.core.access import (
     denied,
 )
 from candidate_scheduler.core.engine import Engine, EngineConfig
-from candidate_scheduler.service.endpoints import bind_socket, is_loopback_endpoint
+from candidate_scheduler.service.endpoints import bind_socket, is_loopback_endpoint, is_loopback_host
 from candidate_scheduler.service.keys import CLIENTS_DOMAIN, WORKERS_DOMAIN, Authenticator, ClientKeys, Directory
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,7 @@ class Scheduler:
         self.stopping = threading.Event()
         self.bound: dict[str, str] = {}
         self.insecure_sockets: list[str] = []  # bound off loopback without keys, under --insecure
+        self.unkeyed_local: list[str] = []  # on loopback without keys while the rest takes them (compat)
         self.directory: Directory | None = None
         self._authenticator: Authenticator | None = None
         self._server_public: bytes | None = None
@@ -151,6 +152,15 @@ class Scheduler:
         auth = Authenticator(self.ctx, self.directory)
         auth.start_for_domains()
         self._authenticator = auth
+
+    def note_compat(self, host: str) -> None:
+        """The sglang compat socket serve starts beside it: pickle, no keys. Shown in stats: off loopback
+        (only under --insecure) it is one of the insecure sockets; on loopback under keys, the one local
+        way in that takes no key."""
+        if not is_loopback_host(host):
+            self.insecure_sockets.append("compat")
+        elif self.secure:
+            self.unkeyed_local.append("compat")
 
     def use_metrics(self, metrics: Any | None) -> None:
         """The metrics sink, made once the tenants it labels are known (bind reads the key directory)."""
@@ -296,10 +306,11 @@ class Scheduler:
             return
         identity, delimited, _kind, msg = read
         client, now = ClientRef(identity, delimited, read_at), time.monotonic()
-        lookup = self.directory.get if self.directory is not None else (lambda _name: None)
+        lookup = self.directory.token_holder if self.directory is not None else (lambda _name: None)
         principal, why = acting_for(sender, msg.on_behalf, lookup)
         why = why or denied(principal, Action.SUBMIT)
         if why is not None:
+            self.metrics.group_received()
             self.metrics.forbidden(Action.SUBMIT.value)
             self._run(self.engine.refuse, client, msg.request_id, "rejected", FORBIDDEN, why)
             return
@@ -375,7 +386,8 @@ class Scheduler:
             return engine.status(msg.request_id, principal), []
         if kind is protocol.Kind.STATS:
             security = {"curve": self.secure, "insecure": bool(self.insecure_sockets),
-                        "insecure_sockets": list(self.insecure_sockets), "asked_by": principal.name}
+                        "insecure_sockets": list(self.insecure_sockets), "unkeyed_local": list(self.unkeyed_local),
+                        "asked_by": principal.name}
             return messages.ControlAnswer(ok=True, detail={**engine.stats(), "security": security}), []
         if kind is protocol.Kind.DRAIN:
             return engine.drain(), []

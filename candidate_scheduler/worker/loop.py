@@ -88,6 +88,7 @@ class Worker:
         self._cache_seen: dict[str, int] = {}
         self._stop = threading.Event()
         self.registered = threading.Event()
+        self._registered_asked = 0.0  # when the last REGISTER went out
         self._wake_addr = f"inproc://worker-results-{id(self)}"
         self._mangle = getattr(adapter, "mangle_result", None)  # fault injection (faults.py) only
 
@@ -204,8 +205,8 @@ class Worker:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(wake, zmq.POLLIN)
-        sock.send_multipart(self._register_msg())
-        last_register = last_beat = time.monotonic()
+        self._register(sock)
+        last_beat = time.monotonic()
         try:
             while not self._stop.is_set():
                 events = dict(poller.poll(timeout=int(self.heartbeat_interval_s * 250)))
@@ -222,9 +223,8 @@ class Worker:
                     if self._on_message(sock, sock.recv_multipart()):
                         return
                 if not self.registered.is_set():
-                    if now - last_register > self.register_timeout_s:
-                        sock.send_multipart(self._register_msg())
-                        last_register = now
+                    if now - self._registered_asked > self.register_timeout_s:
+                        self._register(sock)
                 elif now - last_beat >= self.heartbeat_interval_s:
                     sock.send_multipart(protocol.encode(protocol.Kind.HEARTBEAT, self._heartbeat()))
                     last_beat = now
@@ -258,12 +258,20 @@ class Worker:
                     self._cancelled.setdefault(msg.batch_id, set()).update(msg.request_ids)
         elif kind is protocol.Kind.WORKER_STOP:
             if msg.reason == "reregister":
-                self.registered.clear()
-                sock.send_multipart(self._register_msg())
+                # A restarted scheduler answers each heartbeat it got from before with this: one REGISTER
+                # for them all (the loop repeats it if unanswered). A second one would arrive after work
+                # was assigned, and the scheduler would take it for a restart of this worker.
+                if self.registered.is_set():
+                    self.registered.clear()
+                    self._register(sock)
             else:
                 log.info("scheduler asked us to stop: %s", msg.reason)
                 return True
         return False
+
+    def _register(self, sock) -> None:
+        sock.send_multipart(self._register_msg())
+        self._registered_asked = time.monotonic()
 
     def _heartbeat(self) -> protocol.HeartbeatMsg:
         with self._lock:

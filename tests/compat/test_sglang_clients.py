@@ -366,7 +366,8 @@ def test_shutdown_scheduler_flag_forwards(own_bridge, fake_scheduler, compat_mod
 
 
 def test_native_request_ids_are_unique(fake_compat, sync_client):
-    """Two sglang requests with the same request_id are two groups (the scheduler refuses duplicate ids)."""
+    """Two sglang requests with the same request_id are two groups (a native id sent again is a
+    resubmission of the same group: core/resubmission.py)."""
     sa = fake_compat.server_args()
     mark = fake_compat.fake.mark()
     outs = forward_async(sa, [action_req(sa, observation(11), "dup", 1, request_id="same")],

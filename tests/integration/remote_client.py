@@ -12,7 +12,7 @@ import time
 
 import zmq
 
-from candidate_scheduler.service.client import Client, Forbidden, make_request, synthetic_image
+from candidate_scheduler.service.client import Client, Forbidden, SchedulerUnavailable, make_request, synthetic_image
 from candidate_scheduler.service.keys import ClientKeys
 
 IMAGE = synthetic_image()
@@ -62,7 +62,7 @@ def refused(job: dict) -> dict:
         try:
             r = c.submit(IMAGE, "pick", count=1, steps=4, request_id=f"from-{name}", timeout_s=3)
             out[name] = r.status
-        except TimeoutError:
+        except (TimeoutError, SchedulerUnavailable):
             out[name] = "no reply"
         c.close()
     with client(job, "admin") as admin:
@@ -117,7 +117,7 @@ def tampered(job: dict) -> dict:
     try:
         r = c.submit(IMAGE, "pick", count=1, steps=4, request_id="tampered", timeout_s=4)
         reply = r.status
-    except TimeoutError:
+    except (TimeoutError, SchedulerUnavailable):
         reply = "no reply"
     c.close()
     with client(job, "admin") as admin:

@@ -1,0 +1,118 @@
+"""A scheduler that dies is visible to its clients, and resubmitting is safe (core/resubmission.py).
+
+kill -9 of the scheduler with groups in flight: every waiting client (blocking and asyncio) raises
+SchedulerUnavailable within the stated bound (2 x liveness_s) instead of waiting out its timeout.
+After a restart on the same ports the worker comes back by itself, and each group resubmitted under its
+request id gives exactly one result, bitwise the fault-free one (its seeds are fixed). While the
+scheduler lives, a resubmission waits for the group's one answer and never runs it twice."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from candidate_scheduler.service.client import AsyncClient, Client, SchedulerUnavailable, make_request
+from tests.conftest import wait_for
+from tests.integration.test_scheduler import IMAGE, expected_candidates
+
+LIVENESS_S = 0.5
+
+
+def _ports(handle) -> list[str]:
+    return ["--request-port", handle.request.rsplit(":", 1)[1], "--control-port", handle.control.rsplit(":", 1)[1],
+            "--worker-port", handle.worker.rsplit(":", 1)[1]]
+
+
+def test_clients_learn_of_a_dead_scheduler_within_the_bound_and_resubmit_after_a_restart(services):
+    sched = services.scheduler()
+    services.worker(sched, capacity=8, step_delay=0.1)
+    sched.wait_workers(1)
+    requests = [make_request(IMAGE, "pick", count=2, seed=10 + i, steps=40, request_id=f"in-flight-{i}",
+                             return_candidates=True) for i in range(3)]
+    blocking = Client(sched.request, sched.control, liveness_s=LIVENESS_S, timeout_s=120)
+    for r in requests[:2]:
+        blocking.send(r)
+    wait_for(lambda: blocking.status(requests[0].request_id).state == "running", 10, "the first group to run")
+
+    async def async_side():
+        client = AsyncClient(sched.request, liveness_s=LIVENESS_S)
+        try:
+            await client.submit_request(requests[2])
+        except SchedulerUnavailable:
+            return time.monotonic()
+        finally:
+            client.close()
+        return None
+
+    async_done: list = []
+    side = threading.Thread(target=lambda: async_done.append(asyncio.run(async_side())), daemon=True)
+    side.start()
+    wait_for(lambda: blocking.status(requests[2].request_id).state in ("admitted", "running"), 10,
+             "the asyncio client's group in flight")
+    killed_at = time.monotonic()
+    os.kill(sched.proc.pid, signal.SIGKILL)
+    try:
+        blocking.wait(requests[0].request_id)
+        raise AssertionError("a reply from a killed scheduler")
+    except SchedulerUnavailable:
+        blocking_after = time.monotonic() - killed_at
+    side.join(timeout=30)
+    async_after = async_done[0] - killed_at
+    bound = 2 * LIVENESS_S + 0.5  # silence, then an unanswered PING; the rest is slack for a busy host
+    assert blocking_after <= bound and async_after <= bound, (blocking_after, async_after)
+
+    # the same ports again: the worker re-registers by itself; every group resubmitted gives one result
+    again = services.scheduler(*_ports(sched))
+    again.wait_workers(1, timeout_s=30)
+    results = {}
+    for r in requests:
+        blocking.send(r)
+    for r in requests:
+        results[r.request_id] = blocking.wait(r.request_id, timeout_s=60)
+    for i, r in enumerate(requests):
+        got = results[r.request_id]
+        assert got.status == "done", got.error
+        np.testing.assert_array_equal(got.candidates, expected_candidates(10 + i, 2, steps=40))
+    with pytest.raises(TimeoutError):  # exactly one result each
+        blocking.wait(requests[0].request_id, timeout_s=0.5)
+    blocking.close()
+
+
+def test_resubmit_true_rides_out_a_restart_and_a_live_resubmission_waits_for_the_one_answer(services):
+    sched = services.scheduler()
+    services.worker(sched, capacity=8, step_delay=0.05)
+    sched.wait_workers(1)
+    with sched.client(liveness_s=LIVENESS_S) as a, sched.client(liveness_s=LIVENESS_S) as b:
+        rid = a.send(make_request(IMAGE, "pick", count=3, seed=5, steps=20, request_id="once", return_candidates=True))
+        b.send(make_request(IMAGE, "pick", count=3, seed=5, steps=20, request_id="once", return_candidates=True))
+        first, second = a.wait(rid, timeout_s=30), b.wait(rid, timeout_s=30)
+        assert first.status == second.status == "done"
+        assert first.candidates.tobytes() == second.candidates.tobytes()
+        stats = a.stats()
+        assert stats["batches_in_flight"] == 0
+        later = a.submit(IMAGE, "pick", count=3, seed=5, steps=20, request_id="once", return_candidates=True,
+                         timeout_s=10)  # ended: answered from the kept replies, not run again
+        assert later.candidates.tobytes() == first.candidates.tobytes()
+        assert later.metrics == first.metrics | {"receipt_to_reply_s": later.metrics["receipt_to_reply_s"]}
+
+    ports = _ports(sched)
+    client = Client(sched.request, sched.control, liveness_s=LIVENESS_S, timeout_s=90)
+    services_ref = services
+
+    def restart_soon():
+        time.sleep(1.5)
+        services_ref.scheduler(*ports)
+
+    os.kill(sched.proc.pid, signal.SIGKILL)
+    threading.Thread(target=restart_soon, daemon=True).start()
+    r = client.submit(IMAGE, "pick", count=2, seed=77, steps=4, request_id="rides-out", return_candidates=True,
+                      resubmit=True)
+    assert r.status == "done", (r.error_code, r.error)
+    np.testing.assert_array_equal(r.candidates, expected_candidates(77, 2))
+    client.close()

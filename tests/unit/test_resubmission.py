@@ -1,0 +1,79 @@
+"""Resubmitting a request id (core/resubmission.py): the owner's resubmission of a group in flight
+waits for its one answer, of an ended group is answered from the kept replies; the group never runs
+twice; anyone else's submission under that id is refused without revealing anything."""
+
+from __future__ import annotations
+
+from candidate_scheduler.core.access import Principal, Role
+from candidate_scheduler.core.resubmission import ReplyCache
+from tests.unit.test_engine import Harness, submission
+
+ALICE = Principal("alice", "robots", Role.CLIENT)
+BOB = Principal("bob", "robots", Role.CLIENT)
+
+
+def _send(h: Harness, rid: str, principal: Principal, client: str, **kw) -> None:
+    h.take(h.engine.submit((client, rid), submission(rid, **kw), h.now, principal=principal))
+
+
+def _replies_to(h: Harness, client: str, rid: str) -> list:
+    return [m.result for m in h.sent if getattr(m, "client", None) == (client, rid)]
+
+
+def test_a_resubmission_in_flight_waits_for_the_one_answer_and_the_group_runs_once():
+    h = Harness()
+    h.sent = []
+    h.take = lambda out: (h.sent.extend(out), Harness.take(h, out))[1]
+    h.register("w1")
+    _send(h, "g", ALICE, "first", count=3)
+    _send(h, "g", ALICE, "again", count=3)  # e.g. after a reconnect
+    batches = [w for w in h.work if any(s.dispatch.request_id == "g" for s in w.slices)]
+    assert len(batches) == 1 and h.engine.metrics is not None
+    h.run_all()
+    first, again = _replies_to(h, "first", "g"), _replies_to(h, "again", "g")
+    assert len(first) == 1 and len(again) == 1 and first[0] is again[0] and first[0].status == "done"
+    assert len([w for w in h.work if any(s.dispatch.request_id == "g" for s in w.slices)]) == 1
+
+
+def test_a_resubmission_of_an_ended_group_is_answered_from_the_kept_replies():
+    h = Harness()
+    h.sent = []
+    h.take = lambda out: (h.sent.extend(out), Harness.take(h, out))[1]
+    h.register("w1")
+    _send(h, "g", ALICE, "first", count=2)
+    h.run_all()
+    work_before = len(h.work)
+    _send(h, "g", ALICE, "later", count=2)
+    [later] = _replies_to(h, "later", "g")
+    [first] = _replies_to(h, "first", "g")
+    assert later is first and later.status == "done"
+    assert len(h.work) == work_before  # answered, not run again
+
+
+def test_another_principal_under_the_same_id_is_refused_and_learns_nothing():
+    h = Harness()
+    h.sent = []
+    h.take = lambda out: (h.sent.extend(out), Harness.take(h, out))[1]
+    h.register("w1")
+    _send(h, "g", ALICE, "alice", count=2)
+    _send(h, "g", BOB, "bob", count=2)
+    [refused] = _replies_to(h, "bob", "g")
+    assert refused.status == "invalid" and refused.error_code == "duplicate_request_id"
+    h.run_all()
+    _send(h, "g", BOB, "bob-later", count=2)  # ended: bob is not an owner, so no kept reply for him
+    assert not _replies_to(h, "bob-later", "g")
+    h.run_all()
+    [r] = _replies_to(h, "bob-later", "g")
+    assert r.status == "done" and r.candidate_seeds  # a fresh group of his own, run
+    assert len(_replies_to(h, "alice", "g")) == 1
+
+
+def test_the_kept_replies_are_bounded_and_only_for_their_owners():
+    cache = ReplyCache(2)
+    for i in range(3):
+        cache.put(f"r{i}", ("alice",), i)
+    assert len(cache) == 2 and cache.get("r0", "alice") is None
+    assert cache.get("r2", "alice") == 2 and cache.get("r2", "bob") is None
+    off = ReplyCache(0)
+    off.put("x", ("alice",), 1)
+    assert off.get("x", "alice") is None
