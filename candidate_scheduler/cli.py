@@ -168,6 +168,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_scheduler_args(p)
     _add_worker_args(p, False)
     p.add_argument("--workers", type=int, default=1, help="local workers to start")
+    r = p.add_argument_group("Ray (pip install candidate-scheduler[ray]; docs/deployment.md)")
+    r.add_argument("--ray", default=None, metavar="ADDRESS",
+                   help="place the scheduler and the workers as Ray actors on this cluster ('auto': the one "
+                        "`ray start` made; 'local': a new one on this machine) instead of starting them here")
+    r.add_argument("--gpus-per-worker", type=float, default=0.0, help="GPUs Ray gives each worker (with --ray)")
+    r.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs Ray gives each worker (with --ray)")
+    r.add_argument("--max-restarts", type=int, default=3, help="times Ray restarts a dead worker or scheduler (with --ray)")
+    r.add_argument("--placement", default="SPREAD", choices=["SPREAD", "PACK", "STRICT_SPREAD", "STRICT_PACK"],
+                   help="the placement group's strategy (with --ray)")
 
     p = command("demo", "start everything on the tiny checkpoint and send one group (make run)", commands.cmd_demo)
     p.add_argument("--model", default=DEFAULT_MODEL, help="Cosmos3 checkpoint directory (written if missing)")
@@ -238,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         # benchmark's own flags are handed over untouched; `bench --help` still goes to our parser.
         return int(commands.cmd_bench(argparse.Namespace(bench_args=argv[1:])) or 0)
     args = parser.parse_args(argv)
+    args.argv = argv  # `up --ray` hands the scheduler's own flags on to `serve`
     try:
         return int(args.fn(args) or 0)
     except (StartupRefused, KeyDirError) as exc:  # a configuration the user can fix: one line, no traceback

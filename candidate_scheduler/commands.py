@@ -135,8 +135,12 @@ def cmd_serve(args) -> int:
 
 
 def _worker_cmd(args, endpoint: str) -> list[str]:
-    cmd = [sys.executable, "-m", "candidate_scheduler.cli", "worker", "--scheduler", endpoint,
-           "--adapter", args.adapter, "--device", args.device]
+    return [sys.executable, "-m", "candidate_scheduler.cli", "worker", "--scheduler", endpoint, *worker_flags(args)]
+
+
+def worker_flags(args) -> list[str]:
+    """The `worker` flags `up` gives each worker it starts (all but --scheduler and --worker-id)."""
+    cmd = ["--adapter", args.adapter, "--device", args.device]
     if args.model:
         cmd += ["--model", args.model]
     if args.capacity:
@@ -149,7 +153,12 @@ def _worker_cmd(args, endpoint: str) -> list[str]:
 
 
 def cmd_up(args) -> int:
-    """A scheduler plus N local workers in one command (the demo layout)."""
+    """A scheduler plus N local workers in one command (the demo layout); with --ray, placed on a Ray
+    cluster (service/ray_placement.py)."""
+    if args.ray is not None:
+        from candidate_scheduler.service.ray_placement import run_up
+
+        return run_up(args, worker_flags(args))
     procs: list[subprocess.Popen] = []
 
     def on_ready(_scheduler, bound):

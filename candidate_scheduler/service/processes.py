@@ -17,13 +17,25 @@ import time
 from pathlib import Path
 
 
+def die_with_parent() -> None:
+    """preexec_fn: the child gets SIGKILL when the process that started it dies (Linux prctl), so a
+    service child never outlives its Ray actor, even one killed with SIGKILL."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, 9)
+
+
 class ChildProcess:
-    def __init__(self, cmd: list[str], log_path: Path, *, env: dict | None = None, cwd: str | Path | None = None):
+    def __init__(self, cmd: list[str], log_path: Path, *, env: dict | None = None, cwd: str | Path | None = None,
+                 tied: bool = False):
+        """`tied`: killed when this process dies (die_with_parent)."""
         self.cmd = cmd
         self.log_path = Path(log_path)
         self.lines: list[str] = []
         self._cond = threading.Condition()
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd,
+                                     preexec_fn=die_with_parent if tied else None)
         self._thread = threading.Thread(target=self._drain, daemon=True, name=f"drain-{self.proc.pid}")
         self._thread.start()
 

@@ -1,0 +1,273 @@
+"""The service on Ray: the scheduler and N workers as Ray actors in a placement group, restarted by Ray.
+
+RL frameworks place their rollout engines as Ray actors; this places ours the same way. `start()` (or
+`candidate-scheduler up --ray ADDRESS`) reserves a placement group -- one bundle per worker with its
+CPUs and GPUs, spread across nodes by default, and one small bundle for the scheduler -- and starts:
+
+- `SchedulerActor`: runs `candidate-scheduler serve` as its child process on fixed ports (a scheduler
+  Ray restarts comes back where workers and clients look for it);
+- `WorkerActor` x N: each runs `candidate-scheduler worker --worker-id ray-worker-I` as its child. When
+  the actor dies Ray restarts it (`max_restarts`); the new worker registers under the same id, so the
+  scheduler retries its slices from their snapshots at once instead of waiting out a heartbeat.
+
+Each child is tied to its actor (killed when the actor's process dies, even by SIGKILL): `ray stop`,
+`RayService.shutdown()` or the end of the driver that started it leave nothing behind. A child, not the
+actor's own process, runs the service: the scheduler's loop keeps its own process as deployed, and a
+worker's torch and sglang stay out of Ray's worker process.
+
+`RayService.client_spec()` is a small picklable value (endpoints, and keys when the scheduler takes
+them) that Ray tasks and actors turn into a client: `spec.client()`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from candidate_scheduler.service.launcher import ENDPOINT_LINE, LAST_SERVE_LINE, child_env
+from candidate_scheduler.service.processes import ChildProcess
+
+NAMESPACE = "candidate_scheduler"
+DEFAULT_NAME = "candidate-scheduler"
+_READY_S = 300.0
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "candidate_scheduler.cli", *args]
+
+
+def _log_dir(log_dir: str | None, name: str) -> Path:
+    d = Path(log_dir or tempfile.gettempdir()) / f"candidate-scheduler-ray-{name}"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+@ray.remote(num_cpus=0)
+class SchedulerActor:
+    """`serve` as this actor's child; its endpoints as the rest of the cluster reaches them."""
+
+    def __init__(self, serve_args: list[str], log_dir: str):
+        self.proc = ChildProcess(_cli("serve", *serve_args), Path(log_dir) / f"scheduler-{os.getpid()}.log",
+                                 env=child_env(), tied=True)
+        self.proc.wait_line(LAST_SERVE_LINE, _READY_S)
+        found = {m.group(1): m.group(2) for line in self.proc.lines if (m := ENDPOINT_LINE.search(line))}
+        ip = ray.util.get_node_ip_address()
+        # a wildcard bind is reached at this node's address
+        self._endpoints = {k: v.replace("0.0.0.0", ip) for k, v in found.items() if v != "off"}
+
+    def endpoints(self) -> dict[str, str]:
+        return dict(self._endpoints)
+
+    def pid(self) -> int:
+        """The scheduler process's pid (the actor's child)."""
+        return self.proc.pid
+
+
+@ray.remote
+class WorkerActor:
+    """`worker` as this actor's child, under a fixed worker id."""
+
+    def __init__(self, worker_args: list[str], log_dir: str):
+        self.proc = ChildProcess(_cli("worker", *worker_args), Path(log_dir) / f"worker-{os.getpid()}.log",
+                                 env=child_env(), tied=True)
+
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def actor_pid(self) -> int:
+        return os.getpid()
+
+    def alive(self) -> bool:
+        return self.proc.alive()
+
+
+@dataclass(frozen=True)
+class ClientSpec:
+    """What a Ray task or actor needs to reach the service: picklable, no sockets in it."""
+
+    request: str
+    control: str
+    keys: str | None = None  # ClientKeys.to_env() when the scheduler takes keys
+
+    def client(self, **kwargs):
+        from candidate_scheduler.service.client import Client
+        from candidate_scheduler.service.keys import ClientKeys
+
+        keys = None if self.keys is None else ClientKeys.from_env(self.keys)
+        return Client(self.request, self.control, keys=keys, **kwargs)
+
+    def async_client(self, **kwargs):
+        from candidate_scheduler.service.client import AsyncClient
+        from candidate_scheduler.service.keys import ClientKeys
+
+        keys = None if self.keys is None else ClientKeys.from_env(self.keys)
+        return AsyncClient(self.request, keys=keys, **kwargs)
+
+
+@dataclass
+class RayService:
+    name: str
+    endpoints: dict[str, str]
+    scheduler: Any  # the SchedulerActor handle
+    workers: list[Any] = field(default_factory=list)  # WorkerActor handles
+    group: Any = None  # the placement group (None when attached)
+    keys: str | None = None
+
+    def client_spec(self) -> ClientSpec:
+        return ClientSpec(self.endpoints["request endpoint"], self.endpoints["control endpoint"], self.keys)
+
+    def client(self, **kwargs):
+        return self.client_spec().client(**kwargs)
+
+    def wait_workers(self, n: int | None = None, timeout_s: float = _READY_S) -> dict:
+        """Poll STATS until `n` (default: every worker placed) are registered; that STATS detail."""
+        n = len(self.workers) if n is None else n
+        deadline = time.monotonic() + timeout_s
+        with self.client(liveness_s=None) as c:
+            while True:
+                try:
+                    stats = c.stats()
+                    if len(stats["workers"]) >= n:
+                        return stats
+                except TimeoutError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{n} worker(s) did not register within {timeout_s:.0f} s")
+                time.sleep(0.2)
+
+    def shutdown(self) -> None:
+        """Kill every actor (their children die with them) and give the placement group back."""
+        for actor in [*self.workers, self.scheduler]:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        if self.group is not None:
+            remove_placement_group(self.group)
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _keys_of(serve_args: list[str], key: str) -> str | None:
+    if "--curve-dir" not in serve_args:
+        return None
+    from candidate_scheduler.service.keys import ClientKeys
+
+    return ClientKeys.load(serve_args[serve_args.index("--curve-dir") + 1], key).to_env()
+
+
+def start(workers: int = 1, *, worker_args: tuple[str, ...] = (), serve_args: tuple[str, ...] = (),
+          gpus_per_worker: float = 0.0, cpus_per_worker: float = 1.0, strategy: str = "SPREAD",
+          max_restarts: int = 3, name: str = DEFAULT_NAME, free_ports: bool = False, key: str = "admin",
+          log_dir: str | None = None, ready_timeout_s: float = _READY_S) -> RayService:
+    """Place the scheduler and `workers` workers on the connected Ray cluster (ray.init first).
+
+    serve_args / worker_args: flags of `serve` and `worker` (not --scheduler or --worker-id). Ports:
+    serve's own defaults unless given; `free_ports` picks free ones on this host (a one-node cluster,
+    as in tests). The scheduler is a named actor (`name`, namespace "candidate_scheduler"): `attach`
+    finds it from another driver while this one lives."""
+    serve = list(serve_args)
+    if free_ports:
+        request, control, worker_port, compat = _free_ports(4)
+        serve += ["--request-port", str(request), "--control-port", str(control), "--worker-port", str(worker_port),
+                  "--compat-port", str(compat)]
+    logs = str(_log_dir(log_dir, name))
+    bundles = [{"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if gpus_per_worker else {})}
+               for _ in range(workers)] + [{"CPU": 0.01}]
+    group = placement_group(bundles, strategy=strategy)
+    ray.get(group.ready(), timeout=ready_timeout_s)
+
+    def in_bundle(i: int) -> PlacementGroupSchedulingStrategy:
+        return PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=i)
+
+    scheduler = SchedulerActor.options(name=name, namespace=NAMESPACE, max_restarts=max_restarts,
+                                       scheduling_strategy=in_bundle(workers)).remote(serve, logs)
+    endpoints = ray.get(scheduler.endpoints.remote(), timeout=ready_timeout_s)
+    handles = []
+    for i in range(workers):
+        args = ["--scheduler", endpoints["worker link"], "--worker-id", f"ray-worker-{i}", *worker_args]
+        handles.append(WorkerActor.options(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker,
+                                           max_restarts=max_restarts, scheduling_strategy=in_bundle(i))
+                       .remote(args, logs))
+    return RayService(name, endpoints, scheduler, handles, group, _keys_of(serve, key))
+
+
+def attach(name: str = DEFAULT_NAME, key: str = "admin", curve_dir: str | None = None) -> RayService:
+    """The service another driver started (`start` or `up --ray`), found by its scheduler's name."""
+    scheduler = ray.get_actor(name, namespace=NAMESPACE)
+    endpoints = ray.get(scheduler.endpoints.remote())
+    keys = None
+    if curve_dir is not None:
+        from candidate_scheduler.service.keys import ClientKeys
+
+        keys = ClientKeys.load(curve_dir, key).to_env()
+    return RayService(name, endpoints, scheduler, keys=keys)
+
+
+# `up` flags that are not `serve`'s: the workers' and Ray's own (each takes a value)
+_NOT_SERVE = frozenset({"--model", "--device", "--capacity", "--adapter", "--conditioning-cache-mb", "--warmup-shapes",
+                        "--memory-budget-mb", "--conditioning", "--workers", "--ray", "--gpus-per-worker",
+                        "--cpus-per-worker", "--max-restarts", "--placement"})
+
+
+def serve_argv(up_argv: list[str]) -> list[str]:
+    """`up`'s command line without the flags that are not `serve`'s."""
+    out, skip = [], False
+    for token in up_argv[1:] if up_argv[:1] == ["up"] else up_argv:
+        if skip:
+            skip = False
+            continue
+        flag = token.split("=", 1)[0]
+        if flag in _NOT_SERVE:
+            skip = "=" not in token
+            continue
+        out.append(token)
+    return out
+
+
+def run_up(args, worker_flags: list[str]) -> int:
+    """`candidate-scheduler up --ray ADDRESS`: place the service, print where it is, and hold it until
+    Ctrl-C (or SIGTERM, or the cluster going away); then tear it down."""
+    import signal
+    import threading
+
+    ray.init(address=None if args.ray == "local" else args.ray, namespace=NAMESPACE, log_to_driver=False,
+             **({"include_dashboard": False} if args.ray == "local" else {}))
+    svc = start(args.workers, worker_args=tuple(worker_flags), serve_args=tuple(serve_argv(args.argv)),
+                gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker,
+                strategy=args.placement, max_restarts=args.max_restarts)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        for key in ("request endpoint", "control endpoint", "worker link", "metrics"):
+            print(f"candidate-scheduler: {key:<17} {svc.endpoints.get(key, 'off')}", flush=True)
+        print(f"candidate-scheduler: on Ray: scheduler actor {svc.name!r} (namespace {NAMESPACE}), "
+              f"{args.workers} worker actor(s), placement {args.placement}", flush=True)
+        stats = svc.wait_workers()
+        print(f"candidate-scheduler: workers registered: {', '.join(sorted(stats['workers']))}", flush=True)
+        while not stop.wait(1.0):
+            pass
+    finally:
+        svc.shutdown()
+        ray.shutdown()
+    return 0
