@@ -34,12 +34,32 @@ def principal_name(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def tenant_limit(text: str) -> TenantPolicy:
+def tenant_limit(text: str) -> tuple[str, int]:
     """argparse type of --tenant-limit TENANT=N."""
-    name, sep, limit = text.partition("=")
+    name, limit = _tenant_pair(text, "N")
     try:
-        if not sep:
-            raise ValueError(f"expected TENANT=N, got {text!r}")
-        return TenantPolicy(name, int(limit))
+        return TenantPolicy(name, int(limit)).name, int(limit)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def tenant_weight(text: str) -> tuple[str, float]:
+    """argparse type of --tenant-weight TENANT=W."""
+    name, weight = _tenant_pair(text, "W")
+    try:
+        return TenantPolicy(name, weight=float(weight)).name, float(weight)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _tenant_pair(text: str, what: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected TENANT={what}, got {text!r}")
+    return name, value
+
+
+def tenant_policies(limits: list[tuple[str, int]], weights: list[tuple[str, float]]) -> tuple[TenantPolicy, ...]:
+    """One TenantPolicy per tenant named by --tenant-limit or --tenant-weight (the last value wins)."""
+    limit, weight = dict(limits), dict(weights)
+    return tuple(TenantPolicy(name, limit.get(name), weight.get(name, 1.0)) for name in sorted({*limit, *weight}))

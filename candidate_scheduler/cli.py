@@ -9,7 +9,7 @@ import logging
 import sys
 
 from candidate_scheduler import commands
-from candidate_scheduler.arg_types import margin_quantile, principal_name, tenant_limit, tenant_name
+from candidate_scheduler.arg_types import margin_quantile, principal_name, tenant_limit, tenant_name, tenant_weight
 from candidate_scheduler.core.access import DEFAULT_TENANT, Role
 from candidate_scheduler.service import server
 from candidate_scheduler.service.keys import KeyDirError
@@ -72,6 +72,9 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
                         "(warned at start and shown in stats)")
     p.add_argument("--tenant-limit", type=tenant_limit, action="append", default=[], metavar="TENANT=N",
                    help="groups in flight a tenant may have (repeat per tenant); over it: 'overloaded'")
+    p.add_argument("--tenant-weight", type=tenant_weight, action="append", default=[], metavar="TENANT=W",
+                   help="a tenant's share under fair queueing, relative to 1 (repeat per tenant): W=2 gets twice "
+                        "the work of a tenant of weight 1 when both wait")
     p.add_argument("--no-fair-queueing", action="store_true",
                    help="order groups without a deadline by receipt across tenants (default: fair shares, so one "
                         "tenant's flood holds another's group back by about a batch)")

@@ -21,6 +21,7 @@ def tcp_endpoint(host: str, port: int) -> str:
 
 
 def _config(args) -> server.SchedulerConfig:
+    from candidate_scheduler.arg_types import tenant_policies
     from candidate_scheduler.core.admission import AdmissionPolicy
     from candidate_scheduler.core.engine import EngineConfig
 
@@ -37,7 +38,8 @@ def _config(args) -> server.SchedulerConfig:
                             best_effort_s=args.best_effort_slack, heartbeat_interval_s=args.heartbeat_interval,
                             heartbeat_timeout_s=args.heartbeat_timeout,
                             margin_quantile=args.deadline_margin_quantile, prefetch=args.prefetch,
-                            tenants=tuple(args.tenant_limit), fair_queueing=not args.no_fair_queueing),
+                            tenants=tenant_policies(args.tenant_limit, args.tenant_weight),
+                            fair_queueing=not args.no_fair_queueing),
     )
 
 

@@ -146,3 +146,17 @@ def test_every_stamped_group_is_accounted_for_on_every_way_out():
     _send(h2, "q2", ALICE)
     h2.take(h2.engine.shutdown(h2.now))
     _accounted(h2)
+
+
+def test_a_tenant_of_weight_two_gets_twice_the_share_while_both_wait():
+    from candidate_scheduler.core.tenants import TenantPolicy
+
+    h = Harness(tenants=(TenantPolicy("robots", weight=2.0),))
+    h.register("w1", capacity=1, max_batch=1)
+    for i in range(60):  # both flood at once, one group each in turn
+        _send(h, f"b{i}", BOB)
+        _send(h, f"a{i}", ALICE)
+    for _ in range(31):
+        h.answer(h.work[-1])
+    first = _started(h)[1:31]  # after the group that started before anyone waited
+    assert sum(rid.startswith("a") for rid in first) == 20 and sum(rid.startswith("b") for rid in first) == 10
