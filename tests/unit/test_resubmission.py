@@ -12,6 +12,15 @@ ALICE = Principal("alice", "robots", Role.CLIENT)
 BOB = Principal("bob", "robots", Role.CLIENT)
 
 
+def _recording() -> Harness:
+    """A harness with one worker that also keeps every message sent, in order (replies by client)."""
+    h = Harness()
+    h.sent = []
+    h.take = lambda out: (h.sent.extend(out), Harness.take(h, out))[1]
+    h.register("w1")
+    return h
+
+
 def _send(h: Harness, rid: str, principal: Principal, client: str, **kw) -> None:
     h.take(h.engine.submit((client, rid), submission(rid, **kw), h.now, principal=principal))
 
@@ -21,10 +30,7 @@ def _replies_to(h: Harness, client: str, rid: str) -> list:
 
 
 def test_a_resubmission_in_flight_waits_for_the_one_answer_and_the_group_runs_once():
-    h = Harness()
-    h.sent = []
-    h.take = lambda out: (h.sent.extend(out), Harness.take(h, out))[1]
-    h.register("w1")
+    h = _recording()
     _send(h, "g", ALICE, "first", count=3)
     _send(h, "g", ALICE, "again", count=3)  # e.g. after a reconnect
     batches = [w for w in h.work if any(s.dispatch.request_id == "g" for s in w.slices)]
@@ -36,10 +42,7 @@ def test_a_resubmission_in_flight_waits_for_the_one_answer_and_the_group_runs_on
 
 
 def test_a_resubmission_of_an_ended_group_is_answered_from_the_kept_replies():
-    h = Harness()
-    h.sent = []
-    h.take = lambda out: (h.sent.extend(out), Harness.take(h, out))[1]
-    h.register("w1")
+    h = _recording()
     _send(h, "g", ALICE, "first", count=2)
     h.run_all()
     work_before = len(h.work)
@@ -51,10 +54,7 @@ def test_a_resubmission_of_an_ended_group_is_answered_from_the_kept_replies():
 
 
 def test_another_principal_under_the_same_id_is_refused_and_learns_nothing():
-    h = Harness()
-    h.sent = []
-    h.take = lambda out: (h.sent.extend(out), Harness.take(h, out))[1]
-    h.register("w1")
+    h = _recording()
     _send(h, "g", ALICE, "alice", count=2)
     _send(h, "g", BOB, "bob", count=2)
     [refused] = _replies_to(h, "bob", "g")
