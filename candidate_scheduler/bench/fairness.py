@@ -44,8 +44,8 @@ async def _arm(handle, keys_dir: Path, flood: int, unloaded: int, image: np.ndar
     from candidate_scheduler.service.client import AsyncClient, make_request
     from candidate_scheduler.service.keys import ClientKeys
 
-    rl = AsyncClient(handle.request, keys=ClientKeys.load(keys_dir, "rl-job"))
-    robot = AsyncClient(handle.request, keys=ClientKeys.load(keys_dir, "robot"))
+    rl = AsyncClient(handle.request, keys=ClientKeys.load(keys_dir, "rl-job"), liveness_s=None)
+    robot = AsyncClient(handle.request, keys=ClientKeys.load(keys_dir, "robot"), liveness_s=None)
 
     def request(tag: str, i: int):
         return make_request(image, PROMPT, request_id=f"{tag}-{i}", count=1, seed=5000 + i, height=SIDE, width=SIDE,

@@ -68,7 +68,7 @@ def poisson_schedule(rate: float, window_s: float, seed: int) -> list[float]:
 
 async def _run(endpoint: str, requests: list, seeds: list[int], times: list[float], drain_s: float,
                on_reply=None, ping_s: float | None = None) -> tuple[list[Outcome], list[float]]:
-    client = AsyncClient(endpoint)
+    client = AsyncClient(endpoint, liveness_s=None)  # measured: its own timeouts, no liveness PINGs
     loop = asyncio.get_running_loop()
     outcomes: list[Outcome | None] = [None] * len(requests)
     tasks = []

@@ -150,7 +150,7 @@ class SchedulerUnavailable(ConnectionError):
     of its whole timeout; resubmitting the same request id then is safe (core/resubmission.py)."""
 
 
-DEFAULT_LIVENESS_S = 2.0  # silence before a PING, and how long the PING may take: a bound of 4 s
+DEFAULT_LIVENESS_S = 3.0  # silence before a PING, and how long the PING may take: a bound of 6 s
 SEND_TIMEOUT_MS = 10_000
 
 
