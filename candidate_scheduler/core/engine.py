@@ -197,14 +197,15 @@ class Engine:
     # ---- submissions ------------------------------------------------------------------------------------
 
     def submit(self, client: Any, sub: Submission, now: float, *, plan: bool = True,
-               principal: Principal = LOCAL, via: str | None = None) -> list:
-        """A new group from `principal` (sent by `via`, a proxy acting for it, when not None)."""
+               principal: Principal = LOCAL, via: str | None = None, fingerprint: bytes | None = None) -> list:
+        """A new group from `principal` (sent by `via`, a proxy acting for it, when not None);
+        `fingerprint`: of the request's bytes, which a resubmission under its id must match."""
         self.now = now
         self.outbox = []
         stored: list[Group] = []
         owners = (principal.name,) if via is None else (principal.name, via)
         try:
-            self.intake.submit(client, sub, principal, owners, stored)
+            self.intake.submit(client, sub, principal, owners, stored, fingerprint)
         except Exception as exc:  # noqa: BLE001
             if stored:
                 self._fault("submit", exc, (stored[0].request_id,))
@@ -490,7 +491,7 @@ class Engine:
                                  f"the reply could not be built: {type(exc).__name__}: {exc}")
             self.outbox.append(Reply(g.client, result))
             self.outbox.extend(Reply(waiter, result) for waiter in g.waiters)  # resubmissions: the same answer
-            self.replies.put(rid, self.tenants.owners_of(rid) or (), result)
+            self.replies.put(rid, self.tenants.owners_of(rid) or (), g.fingerprint, result)
         self._forget(g)
         # STATUS must say what the reply said ("rejected" is a FAILED group to the state machine)
         self.finished[rid] = g.status.name.lower() if result is None else result.status

@@ -35,6 +35,7 @@ class Group(GroupState):
         self.request = request
         self.client = client
         self.waiters: list[Any] = []  # resubmissions of the same request id by its owner: same answer
+        self.fingerprint: bytes | None = None  # of the SUBMIT's bytes (the shell's): what a resubmission must match
         self.received_at = received_at
         # what may share a batch / a forward with it, and its cost-model key: fixed by its sampling
         self.batch_key, self.forward_key, self.label = _keys(request.sampling)

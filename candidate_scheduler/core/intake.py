@@ -20,6 +20,7 @@ from candidate_scheduler.core.errors import CandidateContractError
 from candidate_scheduler.core.group import Group
 from candidate_scheduler.core.messages import Reply
 from candidate_scheduler.core.request import Submission, check_request_id, validate
+from candidate_scheduler.core.resubmission import same_request
 
 
 class Intake:
@@ -27,7 +28,7 @@ class Intake:
         self.engine = engine
 
     def submit(self, client: Any, sub: Submission, principal: Principal, owners: tuple[str, ...],
-               stored: list) -> None:
+               stored: list, fingerprint: bytes | None = None) -> None:
         e = self.engine
         e.metrics.group_received()
         rid, tenant = sub.request_id, principal.tenant
@@ -41,14 +42,18 @@ class Intake:
         except CandidateContractError as exc:
             return refuse("invalid", exc.code, exc.detail, "request_id")
         if rid in e.groups:  # core/resubmission.py: its owner waits for its one answer; anyone else is refused
-            if principal.name in (e.tenants.owners_of(rid) or ()):
-                e.groups[rid].waiters.append(client)
+            g = e.groups[rid]
+            if principal.name in (e.tenants.owners_of(rid) or ()) and same_request(g.fingerprint, fingerprint):
+                g.waiters.append(client)
                 e.metrics.resubmission("in_flight")
                 return None
             return refuse("invalid", "duplicate_request_id", f"request {rid!r} is already in flight", "request_id")
         kept = e.replies.get(rid, principal.name)
         if kept is not None:
-            e.outbox.append(Reply(client, kept))
+            if not same_request(kept[0], fingerprint):
+                return refuse("invalid", "duplicate_request_id",
+                              f"request id {rid!r} was used for a different request; use a new id", "request_id")
+            e.outbox.append(Reply(client, kept[1]))
             e.metrics.resubmission("answered")
             return None
         if e.draining:
@@ -67,6 +72,7 @@ class Intake:
         except (ValueError, TypeError) as exc:
             return refuse("invalid", getattr(exc, "kind", "bad_request"), str(exc))
         group.tenant = tenant
+        group.fingerprint = fingerprint
         e.groups[rid] = group
         e.tenants.kept(rid, tenant, owners)
         stored.append(group)

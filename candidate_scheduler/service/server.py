@@ -16,6 +16,7 @@ every `tick_s` for deadlines, heartbeat timeouts and gauges.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -321,7 +322,10 @@ class Scheduler:
             self.metrics.group_received()
             self._run(self.engine.refuse, client, msg.request_id, "invalid", exc.kind, str(exc))
             return
-        self._run(self.engine.submit, client, sub, now, plan=False, principal=principal, via=via)
+        # a resubmission under this id must be the same request (core/resubmission.py): its bytes' digest
+        fingerprint = hashlib.blake2b(frames[-1], digest_size=16).digest()
+        self._run(self.engine.submit, client, sub, now, plan=False, principal=principal, via=via,
+                  fingerprint=fingerprint)
 
     def _read_client(self, sock, socket_name: str, frames: list[bytes], allowed) -> tuple | None:
         """A client's message, read from the request or the control socket: an unreadable one is

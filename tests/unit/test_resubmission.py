@@ -71,9 +71,30 @@ def test_another_principal_under_the_same_id_is_refused_and_learns_nothing():
 def test_the_kept_replies_are_bounded_and_only_for_their_owners():
     cache = ReplyCache(2)
     for i in range(3):
-        cache.put(f"r{i}", ("alice",), i)
+        cache.put(f"r{i}", ("alice",), b"fp", i)
     assert len(cache) == 2 and cache.get("r0", "alice") is None
-    assert cache.get("r2", "alice") == 2 and cache.get("r2", "bob") is None
+    assert cache.get("r2", "alice") == (b"fp", 2) and cache.get("r2", "bob") is None
     off = ReplyCache(0)
-    off.put("x", ("alice",), 1)
+    off.put("x", ("alice",), None, 1)
     assert off.get("x", "alice") is None
+
+
+def test_an_id_reused_for_a_different_request_is_refused_in_flight_and_after():
+    h = _recording()
+
+    def send(rid: str, client: str, fingerprint: bytes, **kw) -> None:
+        h.take(h.engine.submit((client, rid), submission(rid, **kw), h.now, principal=ALICE,
+                               fingerprint=fingerprint))
+
+    send("g", "first", b"one", count=2, seed=1)
+    send("g", "changed", b"two", count=2, seed=2)  # same id, other content: not a resubmission
+    [refused] = _replies_to(h, "changed", "g")
+    assert refused.status == "invalid" and refused.error_code == "duplicate_request_id"
+    send("g", "same", b"one", count=2, seed=1)
+    h.run_all()
+    assert _replies_to(h, "same", "g")[0] is _replies_to(h, "first", "g")[0]
+    send("g", "changed-later", b"three", count=2, seed=3)
+    [later] = _replies_to(h, "changed-later", "g")
+    assert later.error_code == "duplicate_request_id" and "different request" in later.error
+    send("g", "same-later", b"one", count=2, seed=1)
+    assert _replies_to(h, "same-later", "g")[0] is _replies_to(h, "first", "g")[0]
