@@ -94,7 +94,7 @@ def test_a_killed_scheduler_is_seen_within_the_bound_restarted_by_ray_and_resubm
             t.join(timeout=30)
         after = {rid: at - killed for rid, at in seen.items()}
         assert set(after) == {r.request_id for r in requests}
-        bound = 2 * LIVENESS_S + 0.5
+        bound = 2 * LIVENESS_S + 1.0  # silence, then an unanswered PING; the rest is slack for a busy host
         assert max(after.values()) <= bound, after
         svc.wait_workers(timeout_s=60)  # the same ports: the worker re-registered by itself
         with svc.client(liveness_s=LIVENESS_S) as c:

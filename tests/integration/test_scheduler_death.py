@@ -64,7 +64,7 @@ def test_clients_learn_of_a_dead_scheduler_within_the_bound_and_resubmit_after_a
         blocking_after = time.monotonic() - killed_at
     side.join(timeout=30)
     async_after = async_done[0] - killed_at
-    bound = 2 * LIVENESS_S + 0.5  # silence, then an unanswered PING; the rest is slack for a busy host
+    bound = 2 * LIVENESS_S + 1.0  # silence, then an unanswered PING; the rest is slack for a busy host
     assert blocking_after <= bound and async_after <= bound, (blocking_after, async_after)
 
     # the same ports again: the worker re-registers by itself; every group resubmitted gives one result
