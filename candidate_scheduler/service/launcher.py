@@ -63,24 +63,33 @@ class SchedulerHandle:
     def wait_workers(self, n: int, timeout_s: float = 120.0, poll_s: float = 0.05) -> dict:
         """Poll STATS until at least `n` workers are registered; returns that STATS detail. Fails at
         once when the scheduler has exited, or when every worker started for it has exited."""
-        deadline = time.monotonic() + timeout_s
+        def check() -> None:
+            if not self.proc.alive():
+                raise RuntimeError(f"the scheduler exited ({self.proc.proc.returncode}); log: {self.proc.log_path}")
+            if self.workers and not any(w.alive() for w in self.workers):
+                w = self.workers[-1]
+                raise RuntimeError(f"every worker exited (last: {w.proc.returncode}); log: {w.log_path}")
+
         with self.client() as c:
-            while True:
-                if not self.proc.alive():
-                    raise RuntimeError(f"the scheduler exited ({self.proc.proc.returncode}); log: {self.proc.log_path}")
-                if self.workers and not any(w.alive() for w in self.workers):
-                    w = self.workers[-1]
-                    raise RuntimeError(f"every worker exited (last: {w.proc.returncode}); log: {w.log_path}")
-                try:
-                    stats = c.stats()
-                    if len(stats["workers"]) >= n:
-                        return stats
-                except TimeoutError:
-                    pass
-                if time.monotonic() >= deadline:
-                    raise TimeoutError(f"{n} worker(s) did not register within {timeout_s:.0f} s; "
-                                       f"log: {self.proc.log_path}")
-                time.sleep(poll_s)
+            return wait_for_workers(c, n, timeout_s, poll_s, check, f"log: {self.proc.log_path}")
+
+
+def wait_for_workers(client, n: int, timeout_s: float, poll_s: float, check=None, where: str = "") -> dict:
+    """Poll `client`'s STATS until at least `n` workers are registered; that STATS detail. `check()`
+    runs before each poll and raises when waiting longer is pointless (a process that exited)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if check is not None:
+            check()
+        try:
+            stats = client.stats()
+            if len(stats["workers"]) >= n:
+                return stats
+        except TimeoutError:
+            pass
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{n} worker(s) did not register within {timeout_s:.0f} s" + (f"; {where}" if where else ""))
+        time.sleep(poll_s)
 
 
 class BridgeProcess(ChildProcess):

@@ -25,7 +25,6 @@ import os
 import socket
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from candidate_scheduler.service.launcher import ENDPOINT_LINE, LAST_SERVE_LINE, child_env
+from candidate_scheduler.service.launcher import ENDPOINT_LINE, LAST_SERVE_LINE, child_env, wait_for_workers
 from candidate_scheduler.service.processes import ChildProcess
 
 NAMESPACE = "candidate_scheduler"
@@ -132,18 +131,8 @@ class RayService:
     def wait_workers(self, n: int | None = None, timeout_s: float = _READY_S) -> dict:
         """Poll STATS until `n` (default: every worker placed) are registered; that STATS detail."""
         n = len(self.workers) if n is None else n
-        deadline = time.monotonic() + timeout_s
         with self.client(liveness_s=None) as c:
-            while True:
-                try:
-                    stats = c.stats()
-                    if len(stats["workers"]) >= n:
-                        return stats
-                except TimeoutError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{n} worker(s) did not register within {timeout_s:.0f} s")
-                time.sleep(0.2)
+            return wait_for_workers(c, n, timeout_s, 0.2)
 
     def shutdown(self) -> None:
         """Kill every actor (their children die with them) and give the placement group back."""
