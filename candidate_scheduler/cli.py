@@ -55,6 +55,10 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
                    help="batches' worth of work a busy worker may hold beyond what it runs (its next dispatch "
                         "batch; rows beyond its capacity under step batching): it starts at the worker's first "
                         "step boundary with room instead of a round trip later; 0: send only what can start")
+    p.add_argument("--prefetch-lead", type=float, default=0.01, metavar="SECONDS",
+                   help="send prefetched work this long before the worker is predicted to need it (plus its "
+                        "conditioning), not as soon as it has room: until then a group that arrives, another "
+                        "tenant's or one due sooner, can still go ahead of it; inf: at once")
     p.add_argument("--retry-limit", type=int, default=3, help="attempts per slice before the group fails")
     p.add_argument("--heartbeat-interval", type=float, default=0.5, help="seconds between worker heartbeats")
     p.add_argument("--heartbeat-timeout", type=float, default=3.0, help="seconds without a heartbeat before a worker is dead")

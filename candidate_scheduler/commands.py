@@ -38,6 +38,7 @@ def _config(args) -> server.SchedulerConfig:
                             best_effort_s=args.best_effort_slack, heartbeat_interval_s=args.heartbeat_interval,
                             heartbeat_timeout_s=args.heartbeat_timeout,
                             margin_quantile=args.deadline_margin_quantile, prefetch=args.prefetch,
+                            prefetch_lead_s=args.prefetch_lead,
                             tenants=tenant_policies(args.tenant_limit, args.tenant_weight),
                             fair_queueing=not args.no_fair_queueing),
     )

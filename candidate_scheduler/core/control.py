@@ -10,6 +10,8 @@ found the group; cancelling a group that already ended changes nothing and says 
 
 from __future__ import annotations
 
+import math
+
 from candidate_scheduler.core.access import FORBIDDEN, Action, Principal, denied
 from candidate_scheduler.core.messages import ControlAnswer, StopWorker
 
@@ -80,6 +82,9 @@ class Control:
             "queued_groups": e.queued_groups(),
             "queued_candidates": e.queued_candidates(),
             "batching": e.config.batching,
+            # batches' worth a worker may hold, sent this long before it needs them (None: at once)
+            "prefetch": {"batches": e.config.prefetch,
+                         "lead_s": None if e.config.prefetch_lead_s == math.inf else e.config.prefetch_lead_s},
             "workers": {
                 w.worker_id: {"capacity": w.capacity, "device": w.device, "busy": not w.idle, "step": w.step,
                               "rows_in_use": w.rows_in_use, "assignments": len(w.assignments)}

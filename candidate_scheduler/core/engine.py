@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import heapq
+import math
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -82,6 +83,9 @@ class EngineConfig:
     # beyond its capacity (step) wait on the worker and start at the first step boundary with room, not
     # a round trip later. 0: a worker gets work only when it can start it.
     prefetch: int = 1
+    # Late prefetch (core/snapshot.py): that work is sent this long before the worker is predicted to need
+    # it, not as soon as it has room, so a group arriving meanwhile may still go ahead of it. inf: at once.
+    prefetch_lead_s: float = 0.01
     tenants: tuple[TenantPolicy, ...] = ()  # limits and weights by tenant (core/tenants.py)
     fair_queueing: bool = True  # best-effort groups ordered fairly across tenants, not by receipt
 
@@ -90,6 +94,9 @@ class EngineConfig:
         check_margin_quantile(self.margin_quantile)
         if not isinstance(self.prefetch, int) or not 0 <= self.prefetch <= 4:
             raise ValueError(f"prefetch must be an int in [0, 4], got {self.prefetch!r}")
+        if not isinstance(self.prefetch_lead_s, (int, float)) or not self.prefetch_lead_s >= 0:
+            raise ValueError(f"prefetch_lead_s must be a number of seconds >= 0 (inf: at once), "
+                             f"got {self.prefetch_lead_s!r}")
         if self.batching not in BATCHING_MODES:
             raise ValueError(f"batching must be one of {BATCHING_MODES}, got {self.batching!r}")
 
@@ -125,6 +132,9 @@ class Engine:
         self._known_cost: set[str] = set()  # workers whose cost model is calibrated
         self._slicing: tuple[ModelCapability, int] | None = None  # (capability, smallest rows); None: stale
         self._room: bool | None = None  # some worker may take work now (None: stale); planning's first question
+        # When the shell should run a planning pass though nothing happened: a worker becomes due for the
+        # work it will hold next (late prefetch). None: the next event is soon enough.
+        self.wake_at: float | None = None
         self.held: dict[str, set[int]] = {}  # request id -> the assignments running its slices
         # (deadline, serial, request id): a heap; the serial tells a group from a later one with its id
         self.expiries: list[tuple[float, int, str]] = []
@@ -154,6 +164,7 @@ class Engine:
             body(*args)
         if plan:
             self.plan_and_apply()
+            self.wake_at = self._wake_at()
         out, self.outbox = self.outbox, []
         return out
 
@@ -216,6 +227,7 @@ class Engine:
                                                            f"internal error while handling submit: {exc!r}")))
         if plan:
             self.plan_and_apply()
+            self.wake_at = self._wake_at()
         out, self.outbox = self.outbox, []
         return out
 
@@ -309,7 +321,7 @@ class Engine:
         return PlanningSnapshot(now, self.config.batching, self.config.best_effort_s,
                                 tuple(self._worker_view(w) for w in self.workers.values()), self.cost,
                                 self.cost.margin(), self._calibrated(), self.pending, self._group_view,
-                                self.elastic, self.config.prefetch)
+                                self.elastic, self.config.prefetch, self.config.prefetch_lead_s)
 
     def forget_cost(self, worker_id: str) -> None:
         self._known_cost.discard(worker_id)
@@ -360,6 +372,12 @@ class Engine:
                 self._fault("schedule", exc, (trace.request_id,) if trace.request_id else ())
                 if trace.request_id is None:
                     return
+
+    def _wake_at(self) -> float | None:
+        if self.config.prefetch and self.config.prefetch_lead_s < math.inf and len(self.pending) and self.workers:
+            with self.guard("schedule"):  # if it raises, the fault is reported and the next event plans
+                return self.snapshot(self.now).wake_at()
+        return None
 
     def _can_place(self) -> bool:
         if self._room is None:

@@ -10,6 +10,7 @@ O(workers x assignments), never O(queue).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ class WorkerView:
     spare: int = field(init=False)  # rows it may still be sent to hold, beyond free_rows
     forward_key: tuple | None = field(init=False)  # of its running rows; None when idle
     busy_until: float = field(init=False)  # when what it holds now is predicted to be done
+    frees_at: float = field(init=False)  # when the first of what it holds is predicted to be done
 
     def __post_init__(self) -> None:
         used = sum(a.rows for a in self.running)
@@ -55,6 +57,7 @@ class WorkerView:
         object.__setattr__(self, "spare", max(0, self.rows * (1 + self.prefetch) - used - free))
         object.__setattr__(self, "forward_key", self.running[0].forward_key if self.running else None)
         object.__setattr__(self, "busy_until", max((a.sent_at + a.predicted_s for a in self.running), default=0.0))
+        object.__setattr__(self, "frees_at", min((a.sent_at + a.predicted_s for a in self.running), default=0.0))
 
     @classmethod
     def of(cls, w, rows: int, prefetch: int) -> WorkerView:
@@ -64,9 +67,9 @@ class WorkerView:
                         a.steps, a.label, a.forward_key, a.sent_at, a.predicted_s) for a in w.assignments.values()),
             prefetch)
 
-    def slot(self) -> WorkerSlot:
-        """For step batching: its free rows, and the spare rows it may hold for later."""
-        return WorkerSlot(self.worker_id, self.rows, self.free_rows, self.forward_key, self.spare)
+    def slot(self, spare: bool = True) -> WorkerSlot:
+        """For step batching: its free rows, and (`spare`) the spare rows it may hold for later."""
+        return WorkerSlot(self.worker_id, self.rows, self.free_rows, self.forward_key, self.spare if spare else 0)
 
     @property
     def takes_a_batch(self) -> bool:
@@ -126,6 +129,7 @@ class PlanningSnapshot:
     group: Callable[[str], GroupView | None]
     elastic: AbstractSet[str] = frozenset()  # queued groups whose count may still shrink (read through)
     prefetch: int = 0  # batches' worth a worker may hold beyond what it runs
+    prefetch_lead_s: float = math.inf  # how long before a worker needs it prefetched work is sent
 
     @property
     def planned_cost(self) -> Scaled:
@@ -135,6 +139,45 @@ class PlanningSnapshot:
     def slice_capacity(self) -> int:
         """The rows admission sizes slices for: the smallest live worker's."""
         return min(w.rows for w in self.workers)
+
+    # ---- late prefetch: work that will wait on a worker is sent just in time, not as soon as there is room.
+    # Until it is sent it stays in the queue, where a group that arrives meanwhile -- another tenant's,
+    # or one with an earlier deadline -- can still go ahead of it. Sent at once, a held batch of one
+    # tenant's flood stands between every later group and the worker for a whole batch.
+
+    def lead_s(self, w: WorkerView) -> float:
+        """How long before `w` is predicted to need its next work that work is sent: the link's allowance,
+        plus conditioning it on the worker's side thread while the running batch ends (the next batch
+        may be a different observation in every row)."""
+        lead = self.prefetch_lead_s
+        if w.conditions_aside and w.running:
+            lead += w.rows * self.cost.overhead_s(w.worker_id, w.running[0].label)
+        return lead
+
+    def prefetch_due_at(self, w: WorkerView) -> float | None:
+        """When work that would wait on `w` may be sent: `lead_s` before the batch it holds is predicted to
+        end (dispatch), or before its first rows are predicted to free (step). Without a prediction (no
+        cost model yet), at once. An idle worker's first batch is not prefetch; its spare rows (step) are
+        due once what it is about to start has a predicted end: None until then."""
+        if self.prefetch_lead_s == math.inf or not self.calibrated:
+            return -math.inf
+        if not w.running:
+            return -math.inf if self.batching == "dispatch" else None
+        return (w.busy_until if self.batching == "dispatch" else w.frees_at) - self.lead_s(w)
+
+    def prefetch_due(self, w: WorkerView) -> bool:
+        due = self.prefetch_due_at(w)
+        return due is not None and due <= self.now
+
+    def wake_at(self) -> float | None:
+        """The next instant a planning pass may place work that no pass can place now: the earliest time
+        a worker with room for prefetched work becomes due for it. None: no event needs to come sooner."""
+        due = [t for w in self.workers if self._has_room(w) for t in (self.prefetch_due_at(w),)
+               if t is not None and t > self.now]
+        return min(due, default=None)
+
+    def _has_room(self, w: WorkerView) -> bool:
+        return w.takes_a_batch if self.batching == "dispatch" else w.spare > 0
 
     def worker(self, worker_id: str) -> WorkerView:
         return next(w for w in self.workers if w.worker_id == worker_id)

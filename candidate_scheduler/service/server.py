@@ -11,13 +11,15 @@ Three ROUTER sockets and one thread:
 Every decision is the engine's (core/engine.py); this module decodes, converts (convert.py), passes the
 time in, and sends. It is a plain `zmq.Poller` loop rather than asyncio: the engine is synchronous, and
 a poll loop saves the event loop's per-send cost on the path of every group. The engine's `tick` runs
-every `tick_s` for deadlines, heartbeat timeouts and gauges.
+every `tick_s` for deadlines, heartbeat timeouts and gauges; a planning pass also runs at the engine's
+`wake_at`, when a worker becomes due for the work it will hold next (late prefetch).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import threading
 import time
@@ -207,7 +209,10 @@ class Scheduler:
         next_tick = time.monotonic()
         try:
             while not self.stopping.is_set():
-                timeout_ms = max(0.0, (next_tick - time.monotonic()) * 1000.0)
+                # the engine may ask for a planning pass sooner: a worker becomes due for prefetched work
+                wake = next_tick if self.engine.wake_at is None else min(next_tick, self.engine.wake_at)
+                # rounded up: a poll that returns before `wake` would spin until it comes
+                timeout_ms = max(0, math.ceil((wake - time.monotonic()) * 1000.0))
                 ready = dict(poller.poll(timeout_ms))
                 # Worker results first: they free rows that the submissions behind them can use. The
                 # engine plans once after the burst, not after every message: one pass places a burst's
@@ -216,7 +221,8 @@ class Scheduler:
                 for sock, handler in handlers.items():
                     if sock in ready:
                         handled += self._pump(sock, handler)
-                if handled:
+                wake = self.engine.wake_at
+                if handled or (wake is not None and time.monotonic() >= wake):
                     self._run(self.engine.plan, time.monotonic())
                 if time.monotonic() >= next_tick:
                     self._run(self.engine.tick, time.monotonic())

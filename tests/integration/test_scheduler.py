@@ -412,3 +412,30 @@ def test_compat_bridge_counts_reach_the_schedulers_metrics(services):
     wait_for(lambda: sample('candidate_scheduler_compat_requests_total{type="ping"}') >= 1, 10, "the ping count")
     wait_for(lambda: sample('candidate_scheduler_protocol_errors_total{kind="pickle_refused",socket="compat"}') >= 1,
              10, "the refusal count")
+
+
+def test_the_next_batch_is_sent_just_in_time_so_a_group_due_sooner_still_goes_in_it(services):
+    # late prefetch (serve --prefetch-lead): the shell plans at the engine's wake_at, with no event to
+    # wake it, and the batch a busy worker holds next is chosen then, not when it had room
+    sched = services.scheduler()
+    services.worker(sched, capacity=8, step_delay=0.25)  # a batch: 4 steps of 0.25 s
+    sched.wait_workers(1)
+    with sched.client() as c:
+        c.send(make_request(IMAGE, "pick", count=1, seed=1, request_id="first"))  # the idle worker runs it alone
+        wait_for(lambda: c.status("first").state == "running", 10, "the first batch to run")
+        sent = {}
+        for i in range(16):  # best-effort groups: two batches' worth
+            sent[f"be{i}"] = time.monotonic()
+            c.send(make_request(IMAGE, "pick", count=1, seed=100 + i, request_id=f"be{i}"))
+        wait_for(lambda: c.stats()["groups_in_flight"] == 17, 10, "the scheduler to take the groups")
+        # planned (STATS is answered before the pass that ends a burst, so this one comes after it) and
+        # none sent: the worker is not due for its next batch until the running one nearly ends
+        assert c.stats()["batches_in_flight"] == 1 and c.status("be0").state == "admitted"
+        sent["urgent"] = time.monotonic()
+        c.send(make_request(IMAGE, "pick", count=1, seed=7, request_id="urgent", deadline_s=20.0))
+        ends = {rid: sent[rid] + c.wait(rid, timeout_s=30).metrics["total_s"] for rid in sent}
+        assert c.wait("first").status == "done"
+    # the urgent group went in the batch after the first (sent at once, that batch would have been
+    # eight best-effort groups, and it would have finished a whole batch later than them)
+    assert not [rid for rid, end in ends.items() if end < ends["urgent"] - 0.5]
+    assert sum(abs(end - ends["urgent"]) < 0.5 for end in ends.values()) == 8  # it and 7 best-effort groups

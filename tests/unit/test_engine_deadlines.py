@@ -3,6 +3,8 @@ elastic counts, out-of-memory re-planning, memory caps (see core/deadlines.py)."
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -214,7 +216,7 @@ def test_two_slices_of_a_group_in_one_assignment_are_one_forecast():
 
 
 def test_an_assignment_sent_to_wait_on_the_worker_is_predicted_to_end_after_what_runs_there():
-    h = Harness(batching="step", prefetch=1)
+    h = Harness(batching="step", prefetch=1, prefetch_lead_s=math.inf)  # held work is sent at once
     calibrated(h, "w1")  # 8 rows; a forward takes 0.05 + 0.01 per row
     h.submit("g", count=11, steps=10)  # two slices, 6 + 5 rows: the second waits there for rows
     first, second = (h.engine.assignments[w.batch_id] for w in h.work)

@@ -4,6 +4,10 @@ later. It is used only when no worker can start the work now."""
 
 from __future__ import annotations
 
+import math
+
+import pytest
+
 from tests.unit.test_engine import Harness, submission
 
 
@@ -83,3 +87,126 @@ def test_a_worker_told_fewer_rows_gets_them_in_every_assignment():
     h.engine.rows_changed()
     h.submit("g", count=2)
     assert h.work[-1].rows == 5
+
+
+# ---- late prefetch (EngineConfig.prefetch_lead_s, PlanningSnapshot.prefetch_due_at) -----------------------
+
+def _calibrated(h: Harness, worker_id: str, conditioning: str = "inline", fixed_cost: float = 0.0) -> None:
+    """A worker whose warm-up profile says a forward of r rows takes 0.05 + 0.01 r seconds."""
+    from candidate_scheduler.core.messages import Registration
+    from tests.unit.test_engine import capability
+
+    profile = tuple((LABEL, r, 0.05 + 0.01 * r) for r in (1, 4, 8)) + ((LABEL, 0, fixed_cost),)
+    h.take(h.engine.register(worker_id.encode(), Registration(worker_id, capability(), 8, conditioning=conditioning,
+                                                              profile=profile), h.now))
+
+
+LABEL = "64x64h16f5"  # SamplingSpec().forward_label()
+
+
+def _send(h: Harness, rid: str, tenant: str) -> None:
+    from candidate_scheduler.core.access import Principal, Role
+
+    who = Principal(tenant, tenant, Role.CLIENT)
+    h.take(h.engine.submit(("c", rid), submission(rid, count=1), h.now, principal=who))
+
+
+def _rows(work) -> int:
+    return sum(len(s.dispatch.candidate_ids) for s in work.slices)
+
+
+def _batch_of(h: Harness, rid: str) -> int:
+    return next(i for i, w in enumerate(h.work) if any(s.dispatch.request_id == rid for s in w.slices))
+
+
+@pytest.mark.parametrize("lead", [0.01, math.inf])
+def test_dispatch_sends_the_next_batch_just_in_time_so_a_group_arriving_meanwhile_goes_in_it(lead):
+    h = Harness(prefetch=1, prefetch_lead_s=lead)
+    _calibrated(h, "w1")
+    for i in range(40):  # a flood of one tenant's one-candidate groups
+        _send(h, f"rl{i}", "rl")
+    running = h.engine.assignments[h.work[0].batch_id]
+    end = running.sent_at + running.predicted_s
+    if lead == math.inf:  # at once: the next batch of the flood is held on the worker from the start
+        assert len(h.work) == 2 and h.engine.wake_at is None
+    else:
+        assert len(h.work) == 1 and h.engine.wake_at == pytest.approx(end - lead)
+    h.advance(running.predicted_s / 2)
+    _send(h, "robot", "robots")  # another tenant's group, halfway through the running batch
+    if lead != math.inf:
+        assert len(h.work) == 1  # the worker is not due yet: the robot waits at the scheduler, first in line
+        h.now = h.engine.wake_at  # the shell runs a pass at the engine's wake_at (service/server.py)
+        h.take(h.engine.plan(h.now))
+        assert len(h.work) == 2 and not h.work[1].join  # a BATCH, run after the current one
+        assert h.engine.wake_at is None  # it holds all it may until a result comes
+    h.advance(running.predicted_s / 2)
+    h.answer(h.work[0])
+    h.run_all()
+    # just in time, the robot's group goes in the batch after the running one; at once, one batch later
+    assert _batch_of(h, "robot") == (1 if lead != math.inf else 2)
+    assert h.reply("robot").status == "done" and all(h.reply(f"rl{i}").status == "done" for i in range(40))
+
+
+def test_after_a_result_the_worker_is_due_again_a_lead_before_its_next_batch_ends():
+    h = Harness(prefetch=1, prefetch_lead_s=0.02)
+    _calibrated(h, "w1")
+    for i in range(24):
+        _send(h, f"rl{i}", "rl")
+    h.now = h.engine.wake_at
+    h.take(h.engine.plan(h.now))
+    first, second = (h.engine.assignments[w.batch_id] for w in h.work)
+    # predicted to start when the first ends (in 0.02 s), then 4 forwards of 8 rows
+    assert second.sent_at + second.predicted_s == pytest.approx(first.sent_at + first.predicted_s + 4 * 0.13)
+    h.advance(0.02)
+    h.answer(h.work[0])  # the held batch runs now: the third is due 0.02 s before it ends
+    assert h.engine.wake_at == pytest.approx(second.sent_at + second.predicted_s - 0.02)
+
+
+def test_step_holds_spare_rows_until_rows_are_about_to_free():
+    h = Harness(batching="step", prefetch=1, prefetch_lead_s=0.01)
+    _calibrated(h, "w1")
+    for i in range(20):  # a burst the shell plans once
+        h.take(h.engine.submit(("client", f"g{i}"), submission(f"g{i}", count=1, seed=i), h.now, plan=False))
+    h.take(h.engine.plan(h.now))
+    assert [(_rows(w), w.join) for w in h.work] == [(8, False)]  # its free rows now; nothing held yet
+    running = h.engine.assignments[h.work[0].batch_id]
+    assert h.engine.wake_at == pytest.approx(running.sent_at + running.predicted_s - 0.01)
+    h.now = h.engine.wake_at
+    h.take(h.engine.plan(h.now))
+    assert [(_rows(w), w.join) for w in h.work] == [(8, False), (8, True)]  # joins when the rows free
+    h.run_all()
+    assert all(h.reply(f"g{i}").status == "done" for i in range(20))
+
+
+def test_the_lead_covers_conditioning_on_a_worker_that_conditions_aside():
+    h = Harness(prefetch=1, prefetch_lead_s=0.01)
+    _calibrated(h, "w1", conditioning="thread", fixed_cost=0.3)  # conditioning a group: 0.3 s
+    for i in range(24):
+        _send(h, f"rl{i}", "rl")
+    snap = h.engine.snapshot(h.now)
+    [view] = snap.workers
+    assert snap.lead_s(view) == pytest.approx(0.01 + 8 * 0.3)  # every row may be another observation
+    assert len(h.work) == 2 and h.engine.wake_at is None  # longer than the batch: the next is sent at once
+
+
+def test_prefetch_is_due_at_once_without_a_prediction_and_an_idle_worker_takes_work_at_once():
+    h = Harness(prefetch=1, prefetch_lead_s=0.01)
+    h.register("w1")  # no warm-up profile: no prediction to time a prefetch by
+    for i in range(24):
+        _send(h, f"rl{i}", "rl")
+    assert len(h.work) == 2 and h.engine.wake_at is None
+    h2 = Harness(prefetch=1, prefetch_lead_s=0.01)
+    _calibrated(h2, "w1")
+    snap = h2.engine.snapshot(h2.now)
+    assert snap.prefetch_due_at(snap.workers[0]) == -math.inf  # idle: its first batch is no prefetch
+
+
+@pytest.mark.parametrize("bad", [-0.1, "0.01", float("nan")])
+def test_a_bad_lead_is_refused(bad):
+    with pytest.raises(ValueError, match="prefetch_lead_s"):
+        Harness(prefetch_lead_s=bad)
+
+
+def test_stats_say_how_work_is_prefetched():
+    assert Harness(prefetch=1, prefetch_lead_s=0.01).engine.stats()["prefetch"] == {"batches": 1, "lead_s": 0.01}
+    assert Harness(prefetch=2, prefetch_lead_s=math.inf).engine.stats()["prefetch"] == {"batches": 2, "lead_s": None}
