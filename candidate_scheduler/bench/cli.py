@@ -62,6 +62,10 @@ def main(args) -> int:
         from candidate_scheduler.bench.fairness import run_fairness_bench
 
         run_fairness_bench(args.out, smoke=args.smoke, plot_it=not args.no_plots)
+        if args.fairness_repeats:
+            from candidate_scheduler.bench.fairness import run_repeats_bench
+
+            run_repeats_bench(args.out, args.fairness_repeats)
     return 0
 
 
@@ -86,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run only the fairness benchmark: one tenant floods, another's group every 100 ms, with "
                             "and without fair queueing")
     which.add_argument("--no-load", action="store_true", help="run only the method benchmark")
+    p.add_argument("--fairness-repeats", type=int, default=0, metavar="N",
+                   help="with the fairness benchmark: run the arms its targets compare N times more "
+                        "(fairness_repeats.md): its tail moves from run to run")
 
     m = p.add_argument_group("method benchmark")
     m.add_argument("--repeats", type=int, default=None, help="timed repeats per shape (default: small 40, large 15)")

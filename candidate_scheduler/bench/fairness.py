@@ -117,7 +117,7 @@ def _summary(raw: dict, image: np.ndarray) -> dict:
     }
 
 
-def run_fairness(smoke: bool, progress=None) -> dict:
+def run_fairness(smoke: bool, progress=None, arms_run=ARMS) -> dict:
     from candidate_scheduler.service.client import synthetic_image
     from candidate_scheduler.service.keys import add_key, init_dir
 
@@ -129,7 +129,7 @@ def run_fairness(smoke: bool, progress=None) -> dict:
     add_key(keys_dir, "rl-job", "client", "rl")
     add_key(keys_dir, "robot", "client", "robots")
     arms = []
-    for name, flags in ARMS:
+    for name, flags in arms_run:
         with Launcher(work / "logs") as launcher:
             handle = launcher.scheduler("--curve-dir", str(keys_dir), "--max-queued-groups", "50000", *flags,
                                         name=f"scheduler-{name.replace(' ', '').replace(',', '-')}")
@@ -245,3 +245,58 @@ def run_fairness_bench(out_dir, *, smoke: bool = False, plot_it: bool = True) ->
         files.append(plot(result, out / "fairness.png"))
     print(f"fairness bench: {result['meta']['wall_s']:.0f} s; wrote {', '.join(files)}")
     return result
+
+
+# ---- the targets, run again: the tail of ~70 robot groups moves from run to run ----------------------------
+
+TARGET_ARMS = ("fair", "fifo, prefetch at once", "fair, step", "fifo, step, prefetch at once")
+
+
+def targets(arms: list[dict]) -> dict:
+    """Per fair arm (dispatch, step): the robot's p99 over its unloaded p50, and the flood against fifo."""
+    out = {}
+    for a in arms:
+        if a["arm"].startswith("fair") and a["arm"] in TARGET_ARMS:
+            out[a["arm"]] = {"p99_over_alone": _ratio(a["robot_under_flood_ms"]["p99"], a["robot_unloaded_ms"]["p50"]),
+                             "flood_vs_fifo_at_once": _ratio(a["flood_groups_per_s"], _reference(arms, a)),
+                             "wrong_results": a["wrong_results"]}
+    return out
+
+
+def run_repeats_bench(out_dir, repeats: int) -> dict:
+    """`bench --fairness --fairness-repeats N`: the arms the targets compare, N runs more."""
+    from tqdm import tqdm
+
+    started = time.perf_counter()
+    arms = tuple(a for a in ARMS if a[0] in TARGET_ARMS)
+    bar = tqdm(total=repeats * len(arms), desc="fairness repeats", unit="arm", file=sys.stderr, dynamic_ncols=True)
+    try:
+        runs = [targets(run_fairness(False, lambda _arm: bar.update(1), arms)["arms"]) for _ in range(repeats)]
+    finally:
+        bar.close()
+    result = {"runs": runs, "meta": {"created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                                     "git": git_rev(), "cpu_count": os.cpu_count(),
+                                     "wall_s": time.perf_counter() - started, "loadavg_end": loadavg()}}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fairness_repeats.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "fairness_repeats.md").write_text(report_repeats(result))
+    print(f"fairness repeats: {result['meta']['wall_s']:.0f} s; wrote {out / 'fairness_repeats.md'}")
+    return result
+
+
+def report_repeats(result: dict) -> str:
+    meta = result["meta"]
+    lines = ["# Fairness targets, run again", "",
+             f"Run {meta['created']} at `{meta['git']}`, {meta['cpu_count']} CPUs, {meta['wall_s']:.0f} s: "
+             f"{len(result['runs'])} runs of the arms the targets compare (the setting of fairness.md).", "",
+             "| run | fair: p99 / alone p50 | fair: flood vs fifo at once | fair, step: p99 / alone p50 "
+             "| fair, step: flood vs fifo at once | wrong |", "|---|---|---|---|---|---|"]
+    for i, run in enumerate(result["runs"], 1):
+        d, st = run.get("fair", {}), run.get("fair, step", {})
+        lines.append(f"| {i} | {_x(d.get('p99_over_alone'), '.2f')}x | {_x(d.get('flood_vs_fifo_at_once'), '.3f')} | "
+                     f"{_x(st.get('p99_over_alone'), '.2f')}x | {_x(st.get('flood_vs_fifo_at_once'), '.3f')} | "
+                     f"{sum(a.get('wrong_results', 0) for a in run.values())} |")
+    lines += ["", "Targets (issue 22): p99 / alone p50 <= 2x; flood vs fifo at once >= 0.95.", ""]
+    return "\n".join(lines)
+
