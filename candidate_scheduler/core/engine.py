@@ -135,6 +135,7 @@ class Engine:
         # When the shell should run a planning pass though nothing happened: a worker becomes due for the
         # work it will hold next (late prefetch). None: the next event is soon enough.
         self.wake_at: float | None = None
+        self.prefetch_margin: dict[str, float] = {}  # worker id -> extra lead it has shown it needs (core/prefetch.py)
         self.held: dict[str, set[int]] = {}  # request id -> the assignments running its slices
         # (deadline, serial, request id): a heap; the serial tells a group from a later one with its id
         self.expiries: list[tuple[float, int, str]] = []
@@ -321,7 +322,7 @@ class Engine:
         return PlanningSnapshot(now, self.config.batching, self.config.best_effort_s,
                                 tuple(self._worker_view(w) for w in self.workers.values()), self.cost,
                                 self.cost.margin(), self._calibrated(), self.pending, self._group_view,
-                                self.elastic, self.config.prefetch, self.config.prefetch_lead_s)
+                                self.elastic, self.config.prefetch, self.config.prefetch_lead_s, self.prefetch_margin)
 
     def forget_cost(self, worker_id: str) -> None:
         self._known_cost.discard(worker_id)

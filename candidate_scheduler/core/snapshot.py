@@ -11,7 +11,7 @@ O(workers x assignments), never O(queue).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
@@ -130,6 +130,7 @@ class PlanningSnapshot:
     elastic: AbstractSet[str] = frozenset()  # queued groups whose count may still shrink (read through)
     prefetch: int = 0  # batches' worth a worker may hold beyond what it runs
     prefetch_lead_s: float = math.inf  # how long before a worker needs it prefetched work is sent
+    prefetch_margin: Mapping[str, float] = field(default_factory=dict)  # worker id -> extra lead (core/prefetch.py)
 
     @property
     def planned_cost(self) -> Scaled:
@@ -147,9 +148,10 @@ class PlanningSnapshot:
 
     def lead_s(self, w: WorkerView) -> float:
         """How long before `w` is predicted to need its next work that work is sent: the link's allowance,
-        plus conditioning it on the worker's side thread while the running batch ends (the next batch
-        may be a different observation in every row)."""
-        lead = self.prefetch_lead_s
+        the margin the worker has shown it needs (core/prefetch.py), plus conditioning it on the
+        worker's side thread while the running batch ends (the next batch may be a different observation
+        in every row)."""
+        lead = self.prefetch_lead_s + self.prefetch_margin.get(w.worker_id, 0.0)
         if w.conditions_aside and w.running:
             lead += w.rows * self.cost.overhead_s(w.worker_id, w.running[0].label)
         return lead

@@ -41,7 +41,10 @@ class Tenants:
         self.remember = remember  # ended groups whose owners STATUS and CANCEL still check
 
     def policy(self, tenant: str) -> TenantPolicy:
-        return self.policies.get(tenant) or TenantPolicy(tenant)
+        policy = self.policies.get(tenant)
+        if policy is None:  # the default, kept: this is asked twice for every group
+            policy = self.policies[tenant] = TenantPolicy(tenant)
+        return policy
 
     def over_limit(self, principal: Principal) -> str | None:
         """Why a group of this principal's tenant is refused `overloaded` now (None: it is not)."""

@@ -17,12 +17,14 @@ holds fewer rows, the slice is planned again.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from candidate_scheduler.core.errors import CandidateContractError
 from candidate_scheduler.core.group_state import GroupStatus
 from candidate_scheduler.core.messages import AckRegistration, Heartbeat, Registration, StopWorker, WorkerResult
 from candidate_scheduler.core.outcomes import Verdict, classify
+from candidate_scheduler.core.prefetch import next_margin
 from candidate_scheduler.core.spec import ModelCapability
 from candidate_scheduler.core.workers import Assignment, WorkerState
 
@@ -120,6 +122,12 @@ class WorkerLink:
         # does not say (a prefetched assignment waits on the worker: it ran nothing)
         rows_in_use = min(worker.rows_in_use, worker.rows) if e.config.batching == "step" else a.rows
         self.drop(a)
+        if e.config.prefetch and e.config.prefetch_lead_s < math.inf:
+            # left with nothing to run while work waits: its next work was sent too late (core/prefetch.py)
+            starved = len(e.pending) > 0 and (worker.idle if e.config.batching == "dispatch"
+                                              else worker.rows_in_use < worker.rows)
+            wid = worker.worker_id
+            e.prefetch_margin[wid] = next_margin(e.prefetch_margin.get(wid, 0.0), starved, e.config.prefetch_lead_s)
         report = dict(result.report or {})
         with e.guard("result"):  # bookkeeping: whatever raises here, the slices below are still answered
             e.metrics.worker_report(report)
@@ -228,6 +236,7 @@ class WorkerLink:
         from its snapshots; a result it sends later is discarded."""
         e = self.engine
         e.workers.pop(worker.worker_id, None)
+        e.prefetch_margin.pop(worker.worker_id, None)
         e.cost.forget(worker.worker_id)  # ids carry host, pid and a uuid: a restart never reuses one
         e.forget_cost(worker.worker_id)
         e.rows_changed()

@@ -210,3 +210,43 @@ def test_a_bad_lead_is_refused(bad):
 def test_stats_say_how_work_is_prefetched():
     assert Harness(prefetch=1, prefetch_lead_s=0.01).engine.stats()["prefetch"] == {"batches": 1, "lead_s": 0.01}
     assert Harness(prefetch=2, prefetch_lead_s=math.inf).engine.stats()["prefetch"] == {"batches": 2, "lead_s": None}
+
+
+# ---- the margin a worker shows it needs (core/prefetch.py) --------------------------------------------
+
+@pytest.mark.parametrize(("margin", "starved", "lead", "expected"), [
+    (0.0, True, 0.01, 0.01),  # the first starved result: the configured lead again, on top of it
+    (0.01, True, 0.01, 0.02),  # then it doubles
+    (0.0, True, 0.0, 0.005),  # a zero lead still learns
+    (50.0, True, 0.01, 60.0),  # capped: everything goes at once
+    (0.02, False, 0.01, 0.02 * 0.98),  # a result with work held, or nothing queued: it shrinks
+    (0.0, False, 0.01, 0.0),
+])
+def test_a_starved_result_doubles_the_margin_and_any_other_shrinks_it(margin, starved, lead, expected):
+    from candidate_scheduler.core.prefetch import next_margin
+
+    assert next_margin(margin, starved, lead) == pytest.approx(expected)
+
+
+def test_a_worker_left_with_nothing_to_run_gets_its_next_work_earlier():
+    h = Harness(prefetch=1, prefetch_lead_s=0.01)
+    _calibrated(h, "w1")
+    for i in range(40):
+        _send(h, f"rl{i}", "rl")
+    first = h.engine.assignments[h.work[0].batch_id]
+    lead_before = h.engine.snapshot(h.now)
+    assert lead_before.lead_s(lead_before.workers[0]) == pytest.approx(0.01)
+    # the batch ends earlier than predicted, before the worker was due: it holds nothing next
+    h.advance(first.predicted_s / 2)
+    h.answer(h.work[0])
+    assert h.engine.prefetch_margin["w1"] == pytest.approx(0.01)
+    snap = h.engine.snapshot(h.now)
+    assert snap.lead_s(snap.workers[0]) == pytest.approx(0.02)  # its next batch goes out 20 ms ahead
+    # the idle worker took the next batch at once; when its prefetch comes in time, the margin shrinks
+    h.now = h.engine.wake_at
+    h.take(h.engine.plan(h.now))
+    h.advance(0.02)
+    h.answer(h.work[1])  # the held batch runs on: not starved
+    assert h.engine.prefetch_margin["w1"] == pytest.approx(0.01 * 0.98)
+    h.run_all()
+    assert all(h.reply(f"rl{i}").status == "done" for i in range(40))
