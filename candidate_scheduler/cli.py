@@ -57,8 +57,9 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
                         "step boundary with room instead of a round trip later; 0: send only what can start")
     p.add_argument("--prefetch-lead", type=float, default=0.01, metavar="SECONDS",
                    help="send prefetched work this long before the worker is predicted to need it (plus its "
-                        "conditioning), not as soon as it has room: until then a group that arrives, another "
-                        "tenant's or one due sooner, can still go ahead of it; inf: at once")
+                        "conditioning, and a margin learned from batches that ended with nothing to start), not "
+                        "as soon as it has room: until then a group that arrives, another tenant's or one due "
+                        "sooner, can still go ahead of it; inf: at once")
     p.add_argument("--retry-limit", type=int, default=3, help="attempts per slice before the group fails")
     p.add_argument("--heartbeat-interval", type=float, default=0.5, help="seconds between worker heartbeats")
     p.add_argument("--heartbeat-timeout", type=float, default=3.0, help="seconds without a heartbeat before a worker is dead")
