@@ -320,7 +320,7 @@ class Engine:
     def snapshot(self, now: float) -> PlanningSnapshot:
         """What a planning decision may read (core/snapshot.py), as the engine stands now."""
         return PlanningSnapshot(now, self.config.batching, self.config.best_effort_s,
-                                tuple(self._worker_view(w) for w in self.workers.values()), self.cost,
+                                tuple(self.worker_view(w) for w in self.workers.values()), self.cost,
                                 self.cost.margin(), self._calibrated(), self.pending, self._group_view,
                                 self.elastic, self.config.prefetch, self.config.prefetch_lead_s, self.prefetch_margin)
 
@@ -343,7 +343,9 @@ class Engine:
 
     def apply(self, plan: schedule.SchedulePlan, now: float | None = None) -> list:
         """Carry out a plan: fix the counts it resizes, start the slices it places; the messages to send."""
-        return self._event("schedule", self.now if now is None else now, self._apply, plan, plan=False)
+        out = self._event("schedule", self.now if now is None else now, self._apply, plan, plan=False)
+        self.wake_at = self._wake_at()
+        return out
 
     def _apply(self, plan: schedule.SchedulePlan) -> None:
         for r in plan.resizes:
@@ -464,7 +466,7 @@ class Engine:
         return self.cost.workers[w.worker_id].max_rows_for(w.memory_budget_bytes, w.capacity) \
             if w.worker_id in self.cost.workers else w.capacity
 
-    def _worker_view(self, w: WorkerState) -> WorkerView:
+    def worker_view(self, w: WorkerState) -> WorkerView:
         self._capability()
         if w.view is None or w.view.rows != w.rows:  # kept until its work or its rows change
             w.view = WorkerView.of(w, w.rows, self.config.prefetch)

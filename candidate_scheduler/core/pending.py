@@ -101,6 +101,11 @@ class PendingIndex:
         self._count -= 1
         return True
 
+    def could_join(self, class_key: Hashable | None, free_rows: int) -> bool:
+        """Whether a pending unit of this class (None: any) fits in `free_rows` rows."""
+        return any(len(b) and b.size <= free_rows and (class_key is None or b.class_key == class_key)
+                   for b in self._buckets.values())
+
     def discard_group(self, request_id: str) -> None:
         for slice_index in list(self._units.get(request_id, ())):
             self.discard(request_id, slice_index)

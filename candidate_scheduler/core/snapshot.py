@@ -67,9 +67,10 @@ class WorkerView:
                         a.steps, a.label, a.forward_key, a.sent_at, a.predicted_s) for a in w.assignments.values()),
             prefetch)
 
-    def slot(self, spare: bool = True) -> WorkerSlot:
-        """For step batching: its free rows, and (`spare`) the spare rows it may hold for later."""
-        return WorkerSlot(self.worker_id, self.rows, self.free_rows, self.forward_key, self.spare if spare else 0)
+    def slot(self, spare: int | None = None) -> WorkerSlot:
+        """For step batching: its free rows, and the spare rows it may hold for later (`spare` of them)."""
+        return WorkerSlot(self.worker_id, self.rows, self.free_rows, self.forward_key,
+                          self.spare if spare is None else spare)
 
     @property
     def takes_a_batch(self) -> bool:
@@ -157,19 +158,44 @@ class PlanningSnapshot:
         return lead
 
     def prefetch_due_at(self, w: WorkerView) -> float | None:
-        """When work that would wait on `w` may be sent: `lead_s` before the batch it holds is predicted to
-        end (dispatch), or before its first rows are predicted to free (step). Without a prediction (no
-        cost model yet), at once. An idle worker's first batch is not prefetch; its spare rows (step) are
-        due once what it is about to start has a predicted end: None until then."""
+        """When work that would wait on `w` may next be sent: `lead_s` before the batch it holds is
+        predicted to end (dispatch), or before the next of its running assignments is predicted to end
+        and free its rows (step). -inf: now -- without a prediction (no cost model yet) it goes at once,
+        and an idle worker's first batch is no prefetch. None: not before what it runs changes (an idle
+        worker's spare rows under step batching wait until what it is about to start has an end)."""
         if self.prefetch_lead_s == math.inf or not self.calibrated:
             return -math.inf
         if not w.running:
             return -math.inf if self.batching == "dispatch" else None
-        return (w.busy_until if self.batching == "dispatch" else w.frees_at) - self.lead_s(w)
+        lead = self.lead_s(w)
+        if self.batching == "dispatch":
+            return w.busy_until - lead
+        later = [a.sent_at + a.predicted_s - lead for a in w.running if a.sent_at + a.predicted_s - lead > self.now]
+        return min(later, default=-math.inf)
 
     def prefetch_due(self, w: WorkerView) -> bool:
+        """Dispatch batching: whether `w` may be sent the batch it will hold next, now."""
         due = self.prefetch_due_at(w)
         return due is not None and due <= self.now
+
+    def spare_due(self, w: WorkerView) -> int:
+        """Step batching: the spare rows `w` may be sent now -- as many as its running assignments
+        predicted to end within the lead will free, less the rows it already holds beyond its capacity."""
+        if self.prefetch_lead_s == math.inf or not self.calibrated:
+            return w.spare
+        if not w.running:
+            return 0
+        lead = self.lead_s(w)
+        freeing = sum(a.rows for a in w.running if a.sent_at + a.predicted_s - lead <= self.now)
+        held = max(0, sum(a.rows for a in w.running) - w.rows)
+        return max(0, min(w.spare, freeing - held))
+
+    def room_now(self) -> bool:
+        """Whether a planning pass could send any worker anything now (else it places nothing, and fixes
+        no elastic count either: that waits until a group could start)."""
+        if self.batching == "dispatch":
+            return any(w.takes_a_batch and self.prefetch_due(w) for w in self.workers)
+        return any(w.free_rows or self.spare_due(w) for w in self.workers)
 
     def wake_at(self) -> float | None:
         """The next instant a planning pass may place work that no pass can place now: the earliest time

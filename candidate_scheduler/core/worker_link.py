@@ -123,11 +123,8 @@ class WorkerLink:
         rows_in_use = min(worker.rows_in_use, worker.rows) if e.config.batching == "step" else a.rows
         self.drop(a)
         if e.config.prefetch and e.config.prefetch_lead_s < math.inf:
-            # left with nothing to run while work waits: its next work was sent too late (core/prefetch.py)
-            starved = len(e.pending) > 0 and (worker.idle if e.config.batching == "dispatch"
-                                              else worker.rows_in_use < worker.rows)
-            wid = worker.worker_id
-            e.prefetch_margin[wid] = next_margin(e.prefetch_margin.get(wid, 0.0), starved, e.config.prefetch_lead_s)
+            with e.guard("result"):
+                self._learn_margin(worker)
         report = dict(result.report or {})
         with e.guard("result"):  # bookkeeping: whatever raises here, the slices below are still answered
             e.metrics.worker_report(report)
@@ -148,6 +145,19 @@ class WorkerLink:
             for entry, outcome in zip(a.entries, result.outputs):
                 with e.guard("result", entry.request_id):
                     self._take(a, worker, entry, outcome, report, share, rows_in_use)
+
+    def _learn_margin(self, worker: WorkerState) -> None:
+        """Late prefetch: a worker left with nothing to run while work it could run waits had its next
+        work sent too late; its margin grows, or else shrinks (core/prefetch.py)."""
+        e = self.engine
+        if e.config.batching == "dispatch":
+            starved = worker.idle and len(e.pending) > 0
+        else:
+            free = worker.rows - worker.rows_in_use
+            key = next(iter(worker.assignments.values())).forward_key if worker.assignments else None
+            starved = free > 0 and e.pending.could_join(key, free)
+        wid = worker.worker_id
+        e.prefetch_margin[wid] = next_margin(e.prefetch_margin.get(wid, 0.0), starved, e.config.prefetch_lead_s)
 
     def _take(self, a: Assignment, worker: WorkerState, entry, outcome, report: dict, share: float,
               rows_in_use: int) -> None:

@@ -17,7 +17,6 @@ every `tick_s` for deadlines, heartbeat timeouts and gauges; a planning pass als
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import logging
 import math
@@ -68,9 +67,6 @@ class SchedulerConfig:
     curve_dir: str | None = None  # the key directory (service/keys.py): with it, every socket needs a key
     insecure: bool = False  # the user said --insecure: sockets off loopback without keys are allowed
     engine: EngineConfig = field(default_factory=EngineConfig)
-
-
-GC_GEN0_THRESHOLD = 50_000  # allocations between young collections (Python's default: 700)
 
 
 class StartupRefused(RuntimeError):
@@ -205,12 +201,6 @@ class Scheduler:
 
     # ---- the loop --------------------------------------------------------------------------------------
     def serve(self) -> None:
-        # The loop allocates a few dozen short-lived objects per group; at the default gen-0 threshold
-        # (700) a collection runs every few groups: about a tenth of the engine's time per group,
-        # measured in process (median of six interleaved runs, 302 against 261 us). What exists at
-        # start (imports, sockets, keys) is frozen out of collections for good.
-        gc.freeze()
-        gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
         poller = zmq.Poller()
         handlers = {self.worker_sock: self._on_worker, self.request_sock: self._on_request,
                     self.control_sock: self._on_control}

@@ -439,3 +439,44 @@ def test_the_next_batch_is_sent_just_in_time_so_a_group_due_sooner_still_goes_in
     # eight best-effort groups, and it would have finished a whole batch later than them)
     assert not [rid for rid, end in ends.items() if end < ends["urgent"] - 0.5]
     assert sum(abs(end - ends["urgent"]) < 0.5 for end in ends.values()) == 8  # it and 7 best-effort groups
+
+
+def test_the_loop_plans_at_the_engines_wake_at_with_no_message_and_no_spin():
+    # the shell's side of late prefetch, on its own: ticks far apart, no traffic, one wake-up asked for
+    import threading
+
+    from candidate_scheduler.service.server import Scheduler, SchedulerConfig
+
+    class Engine:  # what the loop reads of the engine
+        draining = False
+
+        def __init__(self, wake_at: float):
+            self.wake_at, self.plans, self.ticks = wake_at, [], []
+
+        def plan(self, now):
+            self.plans.append(now)
+            self.wake_at = None
+            return []
+
+        def tick(self, now):
+            self.ticks.append(now)
+            return []
+
+        def shutdown(self, now):
+            return []
+
+    ports = {f"{name}_endpoint": "tcp://127.0.0.1:0" for name in ("request", "control", "worker")}
+    sched = Scheduler(SchedulerConfig(**ports, metrics_port=None, tick_s=2.0))
+    sched.bind()
+    sched.engine = Engine(wake_at=time.monotonic() + 0.3)
+    wake = sched.engine.wake_at
+    loop = threading.Thread(target=sched.serve, daemon=True)
+    loop.start()
+    time.sleep(0.8)
+    stopped = time.monotonic()
+    sched.stopping.set()  # seen when the poll returns: at the next tick, 2 s after the first
+    loop.join(timeout=10)
+    assert not loop.is_alive()
+    assert len([t for t in sched.engine.ticks if t < stopped]) == 1  # the first, at start
+    [planned] = sched.engine.plans  # exactly one pass: none before the wake-up (no spinning), one at it
+    assert wake <= planned < wake + 0.1, planned - wake

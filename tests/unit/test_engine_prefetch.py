@@ -250,3 +250,50 @@ def test_a_worker_left_with_nothing_to_run_gets_its_next_work_earlier():
     assert h.engine.prefetch_margin["w1"] == pytest.approx(0.01 * 0.98)
     h.run_all()
     assert all(h.reply(f"rl{i}").status == "done" for i in range(40))
+
+
+def test_step_sends_only_as_many_spare_rows_as_are_about_to_free():
+    h = Harness(batching="step", prefetch=1, prefetch_lead_s=0.01)
+    _calibrated(h, "w1")
+    h.submit("short", count=4, steps=4)
+    h.submit("long", count=4, steps=40)  # the worker's 8 rows: one ends soon, the other ten times later
+    for i in range(8):
+        h.submit(f"next{i}", count=1, steps=4)
+    assert len(h.work) == 2  # nothing held yet
+    short, long_ = (h.engine.assignments[w.batch_id] for w in h.work)
+    assert h.engine.wake_at == pytest.approx(short.sent_at + short.predicted_s - 0.01)
+    h.now = h.engine.wake_at
+    h.take(h.engine.plan(h.now))
+    assert sum(_rows(w) for w in h.work[2:]) == 4  # the 4 rows `short` frees, not all 8 it may hold
+    assert h.engine.wake_at == pytest.approx(long_.sent_at + long_.predicted_s - 0.01)
+    h.run_all()
+    assert all(h.reply(r).status == "done" for r in ["short", "long", *(f"next{i}" for i in range(8))])
+
+
+def test_a_pass_with_no_worker_due_places_nothing_and_forecasts_no_count(monkeypatch):
+    from candidate_scheduler.core import deadlines
+
+    h = Harness(prefetch=1, prefetch_lead_s=0.01)
+    _calibrated(h, "w1")
+    for i in range(16):
+        _send(h, f"rl{i}", "rl")
+    h.take(h.engine.submit(("c", "elastic"), submission("elastic", count=8, candidates_min=2, deadline_s=20.0),
+                           h.now))
+    assert "elastic" in h.engine.elastic
+    counted = []
+    real = deadlines.choose_count
+    monkeypatch.setattr(deadlines, "choose_count", lambda snap, view: counted.append(view.request_id) or real(snap, view))
+    assert not h.engine.schedule(h.now) and not counted  # not due: no placement, and no forecast either
+    h.now = h.engine.wake_at
+    assert h.engine.schedule(h.now) and counted == ["elastic"]
+
+
+def test_the_queue_says_whether_a_worker_could_take_any_of_it():
+    from candidate_scheduler.core.pending import PendingIndex
+    from candidate_scheduler.core.planning import Unit, step_class
+
+    index = PendingIndex(step_class)
+    index.add(Unit("g", 0, (0, 1, 2, 3), ("bk",), ("64x64",), (1.0, 0, 0)))
+    assert index.could_join(None, 4) and index.could_join(("64x64",), 8)
+    assert not index.could_join(("64x64",), 3)  # too large for the free rows
+    assert not index.could_join(("128x128",), 8)  # another forward: it cannot join that batch
