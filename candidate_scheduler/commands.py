@@ -41,7 +41,7 @@ def _config(args) -> server.SchedulerConfig:
                             margin_quantile=args.deadline_margin_quantile, prefetch=args.prefetch,
                             prefetch_lead_s=args.prefetch_lead,
                             tenants=tenant_policies(args.tenant_limit, args.tenant_weight),
-                            fair_queueing=not args.no_fair_queueing),
+                            fair_queueing=not args.no_fair_queueing, stagger=not args.no_stagger),
     )
 
 

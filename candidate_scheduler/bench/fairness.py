@@ -146,7 +146,10 @@ def run_fairness(smoke: bool, progress=None, arms_run=ARMS) -> dict:
             cores = {k: (sum(cpu_s(p) for p in v) - before[k]) / wall for k, v in pids.items()}
             cores["client"] = (client_after.ru_utime + client_after.ru_stime - client_before.ru_utime
                                - client_before.ru_stime) / wall
-            arm = {"arm": name, "flags": list(flags), **_summary(raw, image), "cores": cores}
+            with handle.client() as admin:
+                stagger = admin.stats().get("stagger", {})
+            arm = {"arm": name, "flags": list(flags), **_summary(raw, image), "cores": cores,
+                   "staggered_starts": stagger.get("starts")}
             arms.append(arm)
             if progress is not None:
                 progress(arm)

@@ -97,6 +97,7 @@ class Control:
             "tenants": {t: {"in_flight": n, "limit": e.tenants.policy(t).max_in_flight}
                         for t, n in sorted(e.tenants.in_flight.items())},
             "fair_queueing": e.tenants.clock.fair,
+            "stagger": {"enabled": e.config.stagger, "starts": e.counters["staggered_starts"]},
             "late_results_discarded": e.counters["late_results_discarded"],
             "batches_lost": e.counters["batches_lost"],
             "handler_errors": e.counters["handler_errors"],

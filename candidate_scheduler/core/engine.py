@@ -27,17 +27,18 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import heapq
 import math
 import traceback
-from dataclasses import dataclass
 from typing import Any
 
 from candidate_scheduler.core import deadlines, schedule
 from candidate_scheduler.core.access import LOCAL, Action, Principal
-from candidate_scheduler.core.admission import AdmissionPolicy, decide
+from candidate_scheduler.core.admission import decide
 from candidate_scheduler.core.control import Control
-from candidate_scheduler.core.cost_model import CostModel, check_margin_quantile
+from candidate_scheduler.core.cost_model import CostModel
+from candidate_scheduler.core.engine_config import EngineConfig  # noqa: F401 - re-exported (its users import it here)
 from candidate_scheduler.core.group import Group, refusal
 from candidate_scheduler.core.group_state import GroupStatus
 from candidate_scheduler.core.intake import Intake
@@ -55,50 +56,15 @@ from candidate_scheduler.core.messages import (
 from candidate_scheduler.core.pending import PendingIndex
 from candidate_scheduler.core.planning import Unit, dispatch_class, step_class
 from candidate_scheduler.core.request import Submission
-from candidate_scheduler.core.resubmission import DEFAULT_REPLIES_KEPT, ReplyCache
+from candidate_scheduler.core.resubmission import ReplyCache
 from candidate_scheduler.core.snapshot import GroupView, PlanningSnapshot, WorkerView
 from candidate_scheduler.core.spec import ModelCapability
-from candidate_scheduler.core.tenants import TenantPolicy, Tenants
+from candidate_scheduler.core.tenants import Tenants
 from candidate_scheduler.core.worker_link import WorkerLink
 from candidate_scheduler.core.workers import Assignment, WorkerState
 
-BATCHING_MODES = ("dispatch", "step")
 INTERNAL_ERROR = "internal_error"
 _PLANNING_ATTEMPTS = 4  # planning passes per event when one raises on a group (which is then answered)
-
-
-@dataclass
-class EngineConfig:
-    policy: AdmissionPolicy = AdmissionPolicy.MICROBATCH
-    batching: str = "dispatch"
-    max_queued_groups: int = 1024
-    retry_limit: int = 3  # attempts per slice, the first one included
-    heartbeat_interval_s: float = 0.5
-    heartbeat_timeout_s: float = 3.0
-    finished_memory: int = 10_000  # finished groups remembered for STATUS
-    replies_kept: int = DEFAULT_REPLIES_KEPT  # the last replies a resubmission is answered from
-    best_effort_s: float = 30.0  # a group without a deadline is ordered as if due this long after receipt
-    margin_quantile: float = 0.9  # of the measured prediction error that deadline forecasts plan for
-    # Batches' worth of work a worker may hold beyond what it runs: its next batch (dispatch) or rows
-    # beyond its capacity (step) wait on the worker and start at the first step boundary with room, not
-    # a round trip later. 0: a worker gets work only when it can start it.
-    prefetch: int = 1
-    # Late prefetch (core/snapshot.py): that work is sent this long before the worker is predicted to need
-    # it, not as soon as it has room, so a group arriving meanwhile may still go ahead of it. inf: at once.
-    prefetch_lead_s: float = 0.01
-    tenants: tuple[TenantPolicy, ...] = ()  # limits and weights by tenant (core/tenants.py)
-    fair_queueing: bool = True  # best-effort groups ordered fairly across tenants, not by receipt
-
-    def __post_init__(self) -> None:
-        self.policy = AdmissionPolicy(self.policy)
-        check_margin_quantile(self.margin_quantile)
-        if not isinstance(self.prefetch, int) or not 0 <= self.prefetch <= 4:
-            raise ValueError(f"prefetch must be an int in [0, 4], got {self.prefetch!r}")
-        if not isinstance(self.prefetch_lead_s, (int, float)) or not self.prefetch_lead_s >= 0:
-            raise ValueError(f"prefetch_lead_s must be a number of seconds >= 0 (inf: at once), "
-                             f"got {self.prefetch_lead_s!r}")
-        if self.batching not in BATCHING_MODES:
-            raise ValueError(f"batching must be one of {BATCHING_MODES}, got {self.batching!r}")
 
 
 class _NoMetrics:
@@ -119,8 +85,8 @@ class Engine:
         self.finished: collections.OrderedDict[str, str] = collections.OrderedDict()  # id -> final status
         self.workers: dict[str, WorkerState] = {}
         self.assignments: dict[int, Assignment] = {}
-        # Batch ids must not repeat across scheduler restarts (the shell starts them at a random number):
-        # a worker still finishing a batch of a previous incarnation would have its stale result taken.
+        # Batch ids never repeat across restarts (the shell picks the first at random): else a worker
+        # finishing a previous incarnation's batch would have its stale result taken.
         self._next_batch = first_batch_id
         self.draining = False
         self.counters: collections.Counter = collections.Counter()
@@ -133,8 +99,9 @@ class Engine:
         self._slicing: tuple[ModelCapability, int] | None = None  # (capability, smallest rows); None: stale
         self._room: bool | None = None  # some worker may take work now (None: stale); planning's first question
         # When the shell should run a planning pass though nothing happened: a worker becomes due for the
-        # work it will hold next (late prefetch). None: the next event is soon enough.
+        # work it will hold next (late prefetch), or for its staggered start. None: the next event is soon enough.
         self.wake_at: float | None = None
+        self.held_back: frozenset[str] = frozenset()  # workers a staggered start keeps idle: not starved
         self.prefetch_margin: dict[str, float] = {}  # worker id -> extra lead it has shown it needs (core/prefetch.py)
         self.held: dict[str, set[int]] = {}  # request id -> the assignments running its slices
         # (deadline, serial, request id): a heap; the serial tells a group from a later one with its id
@@ -322,7 +289,8 @@ class Engine:
         return PlanningSnapshot(now, self.config.batching, self.config.best_effort_s,
                                 tuple(self.worker_view(w) for w in self.workers.values()), self.cost,
                                 self.cost.margin(), self._calibrated(), self.pending, self._group_view,
-                                self.elastic, self.config.prefetch, self.config.prefetch_lead_s, self.prefetch_margin)
+                                self.elastic, self.config.prefetch, self.config.prefetch_lead_s, self.prefetch_margin,
+                                self.config.stagger)
 
     def forget_cost(self, worker_id: str) -> None:
         self._known_cost.discard(worker_id)
@@ -377,9 +345,15 @@ class Engine:
                     return
 
     def _wake_at(self) -> float | None:
-        if self.config.prefetch and self.config.prefetch_lead_s < math.inf and len(self.pending) and self.workers:
+        """When the shell must plan next with nothing happening (a timed send or start), and which workers a
+        staggered start keeps idle meanwhile."""
+        self.held_back = frozenset()
+        timed = self.config.stagger or (self.config.prefetch and self.config.prefetch_lead_s < math.inf)
+        if timed and self.workers and len(self.pending):
             with self.guard("schedule"):  # if it raises, the fault is reported and the next event plans
-                return self.snapshot(self.now).wake_at()
+                snap = self.snapshot(self.now)
+                self.held_back = frozenset(w for w, t in snap.starts.items() if t > self.now)
+                return snap.wake_at()
         return None
 
     def _can_place(self) -> bool:
@@ -423,9 +397,10 @@ class Engine:
         if worker is None or not units:
             return  # a plan made before the engine changed: what it no longer fits is planned again
         if len(units) < len(p.units):
-            p = schedule.Placement(p.worker_id, tuple(units), p.join, p.predicted_s)
+            p = dataclasses.replace(p, units=tuple(units))
         batch_id = self._next_batch
         self._next_batch += 1
+        self.counters["staggered_starts"] += p.staggered
         # a dispatch batch sent to a busy worker (prefetch) is a BATCH: it runs after the current one
         join = self.config.batching == "step" and not worker.idle
         shared = join or len({u.request_id for u in p.units}) > 1
@@ -590,8 +565,7 @@ class Engine:
         return self.control.stats()
 
     def queued_groups(self) -> int:
-        # queued = admitted or waiting for a worker, not yet started; running groups are not queued
-        return len(self.waiting) + len(self.unstarted)
+        return len(self.waiting) + len(self.unstarted)  # admitted or waiting for a worker, not started
 
     def queued_candidates(self) -> int:
         return self.pending.candidates

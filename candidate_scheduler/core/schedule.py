@@ -38,6 +38,7 @@ class Placement:
     units: tuple[Unit, ...]
     join: bool
     predicted_s: float  # the cost model's prediction of its wall time (0.0 while uncalibrated)
+    staggered: bool = False  # the worker waited past its boundary for it (core/stagger.py)
 
     @property
     def rows(self) -> int:
@@ -88,7 +89,8 @@ def _place(snap: PlanningSnapshot, trace: Trace) -> list[tuple[str, tuple[Unit, 
     if snap.batching == "dispatch":
         idle = [w.batch_slot() for w in snap.workers if w.takes_a_batch and snap.prefetch_due(w)]
         return plan_dispatch(snap.queue, idle, trace.at) if idle else []
-    slots = [s for s in (w.slot(spare=snap.spare_due(w)) for w in snap.workers) if s.free_rows + s.spare > 0]
+    slots = [s for s in (w.slot(spare=snap.spare_due(w), free=snap.free_due(w)) for w in snap.workers)
+             if s.free_rows + s.spare > 0]
     if not slots:
         return []  # the common case under load: every row busy, nothing to plan
     return [(wid, (u,)) for wid, u in plan_step(snap.queue, slots, deadlines.backfiller(snap), trace.at)]
@@ -129,6 +131,7 @@ def _assignments(snap: PlanningSnapshot, placed, trace: Trace) -> tuple[Placemen
         busy = bool(view.running)
         free = view.free_rows if snap.batching == "step" else (0 if busy else view.rows)
         until = view.busy_until  # when what it holds is predicted done, this pass's placements included
+        staggered = wid in snap.starts  # its first assignment of the pass is the start it waited for
         for units in _together(snap, view, groups):
             trace.at(units[0].request_id)
             rows = sum(u.size for u in units)
@@ -143,8 +146,8 @@ def _assignments(snap: PlanningSnapshot, placed, trace: Trace) -> tuple[Placemen
             elif sim is not None:  # it waits on the worker until what it holds now is done, then runs
                 predicted = max(0.0, until - snap.now) + duration(snap.cost, SimWorker(wid, view.rows), list(units))
             free -= rows
-            out.append(Placement(wid, units, busy and snap.batching == "step", predicted))
-            busy = True
+            out.append(Placement(wid, units, busy and snap.batching == "step", predicted, staggered=staggered))
+            busy, staggered = True, False
     trace.at(None)
     return tuple(out)
 

@@ -14,12 +14,14 @@ import math
 from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from candidate_scheduler.core.admission import split_balanced
 from candidate_scheduler.core.cost_model import CostModel, Scaled
 from candidate_scheduler.core.forecast import SimItem, SimWorker
 from candidate_scheduler.core.pending import PendingIndex
 from candidate_scheduler.core.planning import Unit, WorkerSlot
+from candidate_scheduler.core.stagger import deep, delay
 
 
 @dataclass(frozen=True)
@@ -67,9 +69,10 @@ class WorkerView:
                         a.steps, a.label, a.forward_key, a.sent_at, a.predicted_s) for a in w.assignments.values()),
             prefetch)
 
-    def slot(self, spare: int | None = None) -> WorkerSlot:
-        """For step batching: its free rows, and the spare rows it may hold for later (`spare` of them)."""
-        return WorkerSlot(self.worker_id, self.rows, self.free_rows, self.forward_key,
+    def slot(self, spare: int | None = None, free: int | None = None) -> WorkerSlot:
+        """For step batching: its free rows (`free` of them), and the spare rows it may hold for later
+        (`spare` of them)."""
+        return WorkerSlot(self.worker_id, self.rows, self.free_rows if free is None else free, self.forward_key,
                           self.spare if spare is None else spare)
 
     @property
@@ -132,6 +135,7 @@ class PlanningSnapshot:
     prefetch: int = 0  # batches' worth a worker may hold beyond what it runs
     prefetch_lead_s: float = math.inf  # how long before a worker needs it prefetched work is sent
     prefetch_margin: Mapping[str, float] = field(default_factory=dict)  # worker id -> extra lead (core/prefetch.py)
+    stagger: bool = False  # idle workers start one after another behind a deep backlog (core/stagger.py)
 
     @property
     def planned_cost(self) -> Scaled:
@@ -163,6 +167,9 @@ class PlanningSnapshot:
         and free its rows (step). -inf: now -- without a prediction (no cost model yet) it goes at once,
         and an idle worker's first batch is no prefetch. None: not before what it runs changes (an idle
         worker's spare rows under step batching wait until what it is about to start has an end)."""
+        start = self.starts.get(w.worker_id)
+        if start is not None:  # a staggered start: sent at the start, so the worker waits until then
+            return start
         if self.prefetch_lead_s == math.inf or not self.calibrated:
             return -math.inf
         if not w.running:
@@ -181,6 +188,8 @@ class PlanningSnapshot:
     def spare_due(self, w: WorkerView) -> int:
         """Step batching: the spare rows `w` may be sent now -- as many as its running assignments
         predicted to end within the lead will free, less the rows it already holds beyond its capacity."""
+        if self.starts.get(w.worker_id, -math.inf) > self.now:
+            return 0
         if self.prefetch_lead_s == math.inf or not self.calibrated:
             return w.spare
         if not w.running:
@@ -190,19 +199,75 @@ class PlanningSnapshot:
         held = max(0, sum(a.rows for a in w.running) - w.rows)
         return max(0, min(w.spare, freeing - held))
 
+    def free_due(self, w: WorkerView) -> int:
+        """Step batching: the free rows `w` may be sent now (none before its staggered start)."""
+        return w.free_rows if self.starts.get(w.worker_id, -math.inf) <= self.now else 0
+
     def room_now(self) -> bool:
         """Whether a planning pass could send any worker anything now (else it places nothing, and fixes
         no elastic count either: that waits until a group could start)."""
         if self.batching == "dispatch":
             return any(w.takes_a_batch and self.prefetch_due(w) for w in self.workers)
-        return any(w.free_rows or self.spare_due(w) for w in self.workers)
+        return any(self.free_due(w) or self.spare_due(w) for w in self.workers)
 
     def wake_at(self) -> float | None:
         """The next instant a planning pass may place work that no pass can place now: the earliest time
-        a worker with room for prefetched work becomes due for it. None: no event needs to come sooner."""
+        a worker with room for prefetched work becomes due for it, or an idle worker's staggered start.
+        None: no event needs to come sooner."""
         due = [t for w in self.workers if self._has_room(w) for t in (self.prefetch_due_at(w),)
                if t is not None and t > self.now]
+        due += [t for t in self.starts.values() if t > self.now]
         return min(due, default=None)
+
+    @cached_property
+    def starts(self) -> Mapping[str, float]:
+        """Staggered starts (core/stagger.py): worker id -> when a worker due for its next work starts it,
+        for those that wait past their boundary. Empty unless the backlog is deep, the cost model can time
+        a batch, and the group at the head is best effort: a deadline's forecast counts on every worker
+        starting at its boundary."""
+        if (not self.stagger or len(self.workers) < 2 or not self.calibrated
+                or not deep(self.queue.candidates, sum(w.rows for w in self.workers))):
+            return {}
+        due, ends = [], {}  # ends: worker id -> the boundary where what it runs or holds now is done
+        for i, w in enumerate(self.workers):
+            if not w.rows:
+                continue
+            boundary, deciding = self._boundary(w)
+            if w.running:
+                ends[w.worker_id] = boundary
+            if deciding and boundary - self.lead_s(w) <= self.now:
+                due.append((boundary, i, w))
+        head = self.queue.walk().first() if due else None
+        view = None if head is None else self.group(head[1].request_id)
+        if view is None or view.deadline is not None:
+            return {}
+        kind, first = head[0], self.workers[0]  # the period: a full batch of the head's kind
+        units = max(1, first.rows // kind.size)
+        period = (units * self.cost.overhead_s(first.worker_id, kind.label)
+                  + kind.steps * self.cost.forward_s(first.worker_id, kind.label, units * kind.cost_rows))
+        if period <= 0:
+            return {}
+        phases = {wid: (b - self.now) % period for wid, b in ends.items()}
+        starts = {}
+        for boundary, _i, w in sorted(due, key=lambda d: d[:2]):  # the earliest boundary decides first
+            phase = (boundary - self.now) % period
+            others = sorted((p - phase) % period for wid, p in phases.items() if wid != w.worker_id)
+            # spread no finer than the lead: a group arriving within it of a boundary misses it anyway
+            spaced = period / len(self.workers) > self.lead_s(w)
+            wait = delay(period, len(self.workers), others) if spaced else 0.0
+            phases[w.worker_id] = (phase + wait) % period  # where its next batch will end
+            if wait > 0:
+                starts[w.worker_id] = boundary + wait
+        return starts
+
+    def _boundary(self, w: WorkerView) -> tuple[float, bool]:
+        """When `w` may start its next work (now, when idle), and whether that start is still to be decided
+        -- it has room for the work -- or fixed by work it already holds."""
+        if not w.running:
+            return self.now, True
+        if self.batching == "dispatch":
+            return w.busy_until, w.takes_a_batch
+        return w.frees_at, not w.free_rows and w.spare > 0 and sum(a.rows for a in w.running) <= w.rows
 
     def _has_room(self, w: WorkerView) -> bool:
         return w.takes_a_batch if self.batching == "dispatch" else w.spare > 0

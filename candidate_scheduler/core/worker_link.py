@@ -150,7 +150,9 @@ class WorkerLink:
         """Late prefetch: a worker left with nothing to run while work it could run waits had its next
         work sent too late; its margin grows, or else shrinks (core/prefetch.py)."""
         e = self.engine
-        if e.config.batching == "dispatch":
+        if worker.worker_id in e.held_back:
+            starved = False  # idle on purpose, until its staggered start (core/stagger.py)
+        elif e.config.batching == "dispatch":
             starved = worker.idle and len(e.pending) > 0
         else:
             free = worker.rows - worker.rows_in_use

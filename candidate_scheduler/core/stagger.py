@@ -1,0 +1,82 @@
+"""Staggered starts: spread the workers' batch boundaries, so a group that arrives behind a backlog
+waits for the next boundary among K workers -- about a batch over K -- rather than a whole batch.
+
+Denoising runs a fixed number of steps, so work started together ends together. A backlog lands on
+idle workers (an RL step's rollouts, one tenant's flood) within a few milliseconds, every worker starts,
+and since their batches take the same time they stay in step for the whole backlog: each frees its
+rows at the same instant, once a batch. Fair queueing puts another tenant's group first, but first is
+still up to a batch away: the group waits a batch, then runs its own. Continuous batching in an LLM
+server never meets this, because sequences end at different lengths; fixed-step diffusion has to
+spread its boundaries on purpose.
+
+So while the backlog is deep, each worker's next start is a decision, made when it is due (idle, or
+about to be sent its next work), earliest boundary first. With the others' boundaries around it:
+- a boundary that would end within HOLD of a spacing (a batch over K) before another's jumps past the
+  run of boundaries crowded ahead of it, to the earliest delay a full spacing (SPREAD) from every
+  other -- so a cluster of K workers spreads over the whole batch in one round;
+- one that sits nearer the boundary behind it than the one ahead moves to the middle of the two, when
+  that moves it at least BALANCE of a spacing -- so spacings even out, and a spread fleet, whose drift
+  is a fraction of that, is left alone;
+- otherwise it starts at its boundary (now, when idle).
+A worker never waits a whole batch. The cost is about half a batch of idle time per worker, once per
+backlog, and only when the backlog is at least DEEP_WAVES batches of the whole fleet. Spreading finer
+than the lead with which work is sent buys nothing (a group arriving within the lead of a boundary
+misses it anyway), so the caller staggers only where the spacing is larger than that lead.
+
+Phases are delays on a circle of one batch (`period_s`): a phase p says "a batch started p seconds
+from the worker's boundary would end together with another worker's". Pure: core/snapshot.py supplies
+the phases and applies the delay.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+
+DEEP_WAVES = 8  # queued rows, in batches of the whole fleet, from which starts are staggered
+HOLD = 0.25  # of a spacing: a boundary this close before another's is a collision
+SPREAD = 0.9  # of a spacing: how far from every other a colliding boundary is moved
+BALANCE = 0.2  # of a spacing: the least move that evens out the gaps on either side of a boundary
+
+
+def deep(queued_rows: int, fleet_rows: int) -> bool:
+    """Whether a backlog is deep enough to pay for staggered starts."""
+    return fleet_rows > 0 and queued_rows >= DEEP_WAVES * fleet_rows
+
+
+def delay(period_s: float, workers: int, taken: Sequence[float]) -> float:
+    """The delay before a worker starts its next batch, from its boundary (phase 0). `taken`: the other
+    workers' phases relative to it, sorted, each in [0, period_s)."""
+    if period_s <= 0 or workers < 2 or not taken:
+        return 0.0
+    spacing = period_s / workers
+    ahead, behind = taken[0], period_s - taken[-1]  # the gaps to the next boundary and the one before
+    if ahead < HOLD * spacing:
+        return _jump(period_s, spacing, taken)
+    middle = (ahead - behind) / 2
+    return middle if middle >= BALANCE * spacing else 0.0
+
+
+def _jump(period: float, spacing: float, taken: Sequence[float]) -> float:
+    """Past the run of boundaries crowded ahead, to the earliest delay SPREAD from every other; where
+    none is within reach, the delay within reach farthest from them."""
+    reach = spacing
+    for p in taken:
+        if p < reach + HOLD * spacing:
+            reach = max(reach, p + spacing)
+    cap = min(period - spacing, reach)
+    candidates = {cap, *((p + spacing) % period for p in taken)}
+    candidates.update((a + b) / 2 for a, b in zip(taken, taken[1:]))
+    within = sorted(c for c in candidates if 0.0 < c <= cap)
+    need = SPREAD * spacing
+    spread = next((d for d in within if _distance(period, taken, d) >= need), None)
+    if spread is not None:
+        return spread
+    return max(within, key=lambda d: (_distance(period, taken, d), -d), default=0.0)
+
+
+def _distance(period: float, taken: Sequence[float], d: float) -> float:
+    """How far phase d is from the nearest taken phase, around the circle."""
+    i = bisect.bisect_left(taken, d)
+    near = (taken[i % len(taken)], taken[i - 1])
+    return min(min(abs(d - p), period - abs(d - p)) for p in near)
