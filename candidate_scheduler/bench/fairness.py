@@ -6,7 +6,8 @@ is both clients, each on its own keyed socket. Tenant `rl` floods FLOOD one-cand
 (an RL step's rollouts); tenant `robots` sends one group every B_EVERY_S, first alone (its unloaded
 latency) and then during the flood. Per arm -- fair queueing (the default) or first come first served
 (`--no-fair-queueing`); prefetched work sent just in time (the default), at once (`--prefetch-lead
-inf`), or no prefetch; dispatch or step batching -- reported: the robot's receipt-to-reply p50/p99
+inf`), or no prefetch; staggered starts (the default) or not (`--no-stagger`); dispatch or step
+batching -- reported: the robot's receipt-to-reply p50/p99
 (measured by the scheduler) unloaded and under the flood, the flood's throughput against first come
 first served with prefetch at once (the most the flood gets), and each process's CPU share (2 cores: a
 starved client or worker would show there). Every `done` action is checked against the null model's
@@ -40,7 +41,9 @@ B_EVERY_S = 0.1
 AT_ONCE = ("--prefetch-lead", "inf")  # prefetched work sent as soon as a worker has room (before late prefetch)
 ARMS = (("fair", ()), ("fifo", ("--no-fair-queueing",)), ("fair, prefetch at once", AT_ONCE),
         ("fifo, prefetch at once", ("--no-fair-queueing", *AT_ONCE)), ("fair, prefetch 0", ("--prefetch", "0")),
+        ("fair, no stagger", ("--no-stagger",)),
         ("fair, step", ("--batching", "step")), ("fifo, step", ("--batching", "step", "--no-fair-queueing")),
+        ("fair, step, no stagger", ("--batching", "step", "--no-stagger")),
         ("fair, step, prefetch at once", ("--batching", "step", *AT_ONCE)),
         ("fifo, step, prefetch at once", ("--batching", "step", "--no-fair-queueing", *AT_ONCE)),
         ("fair, step, prefetch 0", ("--batching", "step", "--prefetch", "0")))

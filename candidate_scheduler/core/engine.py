@@ -347,12 +347,13 @@ class Engine:
     def _wake_at(self) -> float | None:
         """When the shell must plan next with nothing happening (a timed send or start), and which workers a
         staggered start keeps idle meanwhile."""
-        self.held_back = frozenset()
+        held, self.held_back = self.held_back, frozenset()
         timed = self.config.stagger or (self.config.prefetch and self.config.prefetch_lead_s < math.inf)
         if timed and self.workers and len(self.pending):
             with self.guard("schedule"):  # if it raises, the fault is reported and the next event plans
                 snap = self.snapshot(self.now)
                 self.held_back = frozenset(w for w, t in snap.starts.items() if t > self.now)
+                self.counters["staggered_starts"] += len(self.held_back - held)
                 return snap.wake_at()
         return None
 
@@ -400,7 +401,6 @@ class Engine:
             p = dataclasses.replace(p, units=tuple(units))
         batch_id = self._next_batch
         self._next_batch += 1
-        self.counters["staggered_starts"] += p.staggered
         # a dispatch batch sent to a busy worker (prefetch) is a BATCH: it runs after the current one
         join = self.config.batching == "step" and not worker.idle
         shared = join or len({u.request_id for u in p.units}) > 1

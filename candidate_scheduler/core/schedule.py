@@ -38,7 +38,6 @@ class Placement:
     units: tuple[Unit, ...]
     join: bool
     predicted_s: float  # the cost model's prediction of its wall time (0.0 while uncalibrated)
-    staggered: bool = False  # the worker waited past its boundary for it (core/stagger.py)
 
     @property
     def rows(self) -> int:
@@ -131,7 +130,6 @@ def _assignments(snap: PlanningSnapshot, placed, trace: Trace) -> tuple[Placemen
         busy = bool(view.running)
         free = view.free_rows if snap.batching == "step" else (0 if busy else view.rows)
         until = view.busy_until  # when what it holds is predicted done, this pass's placements included
-        staggered = wid in snap.starts  # its first assignment of the pass is the start it waited for
         for units in _together(snap, view, groups):
             trace.at(units[0].request_id)
             rows = sum(u.size for u in units)
@@ -146,8 +144,8 @@ def _assignments(snap: PlanningSnapshot, placed, trace: Trace) -> tuple[Placemen
             elif sim is not None:  # it waits on the worker until what it holds now is done, then runs
                 predicted = max(0.0, until - snap.now) + duration(snap.cost, SimWorker(wid, view.rows), list(units))
             free -= rows
-            out.append(Placement(wid, units, busy and snap.batching == "step", predicted, staggered=staggered))
-            busy, staggered = True, False
+            out.append(Placement(wid, units, busy and snap.batching == "step", predicted))
+            busy = True
     trace.at(None)
     return tuple(out)
 

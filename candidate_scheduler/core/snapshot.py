@@ -254,7 +254,7 @@ class PlanningSnapshot:
             others = sorted((p - phase) % period for wid, p in phases.items() if wid != w.worker_id)
             # spread no finer than the lead: a group arriving within it of a boundary misses it anyway
             spaced = period / len(self.workers) > self.lead_s(w)
-            wait = delay(period, len(self.workers), others) if spaced else 0.0
+            wait = delay(period, len(self.workers), others, balance=bool(w.running)) if spaced else 0.0
             phases[w.worker_id] = (phase + wait) % period  # where its next batch will end
             if wait > 0:
                 starts[w.worker_id] = boundary + wait

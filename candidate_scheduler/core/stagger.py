@@ -11,12 +11,12 @@ spread its boundaries on purpose.
 
 So while the backlog is deep, each worker's next start is a decision, made when it is due (idle, or
 about to be sent its next work), earliest boundary first. With the others' boundaries around it:
-- a boundary that would end within HOLD of a spacing (a batch over K) before another's jumps past the
+- a boundary that would end within HOLD of a spacing (a batch over K) of another's jumps past the
   run of boundaries crowded ahead of it, to the earliest delay a full spacing (SPREAD) from every
   other -- so a cluster of K workers spreads over the whole batch in one round;
-- one that sits nearer the boundary behind it than the one ahead moves to the middle of the two, when
-  that moves it at least BALANCE of a spacing -- so spacings even out, and a spread fleet, whose drift
-  is a fraction of that, is left alone;
+- a busy worker's boundary that sits nearer the one behind it than the one ahead moves to the middle
+  of the two, when that moves it at least BALANCE of a spacing -- so spacings even out, and a spread
+  fleet, whose drift is a fraction of that, is left alone;
 - otherwise it starts at its boundary (now, when idle).
 A worker never waits a whole batch. The cost is about half a batch of idle time per worker, once per
 backlog, and only when the backlog is at least DEEP_WAVES batches of the whole fleet. Spreading finer
@@ -44,17 +44,19 @@ def deep(queued_rows: int, fleet_rows: int) -> bool:
     return fleet_rows > 0 and queued_rows >= DEEP_WAVES * fleet_rows
 
 
-def delay(period_s: float, workers: int, taken: Sequence[float]) -> float:
+def delay(period_s: float, workers: int, taken: Sequence[float], balance: bool = True) -> float:
     """The delay before a worker starts its next batch, from its boundary (phase 0). `taken`: the other
-    workers' phases relative to it, sorted, each in [0, period_s)."""
+    workers' phases relative to it, sorted, each in [0, period_s). `balance`: whether its boundary is a
+    real one -- an idle worker's is only now, and a later pass would chase a middle that moves with it,
+    so an idle worker only steers clear of collisions."""
     if period_s <= 0 or workers < 2 or not taken:
         return 0.0
     spacing = period_s / workers
     ahead, behind = taken[0], period_s - taken[-1]  # the gaps to the next boundary and the one before
-    if ahead < HOLD * spacing:
+    if min(ahead, behind) < HOLD * spacing:
         return _jump(period_s, spacing, taken)
     middle = (ahead - behind) / 2
-    return middle if middle >= BALANCE * spacing else 0.0
+    return middle if balance and middle >= BALANCE * spacing else 0.0
 
 
 def _jump(period: float, spacing: float, taken: Sequence[float]) -> float:
