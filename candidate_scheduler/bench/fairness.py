@@ -187,8 +187,8 @@ def report(result: dict) -> str:
         "then during the flood. Latency is receipt to reply at the scheduler.",
         "",
         "| arm | robot alone p50 / p99 (ms) | robot under flood p50 / p99 (ms) | p99 / alone p50 | flood groups/s "
-        "| flood vs fifo at once | CPU: scheduler / workers / client | wrong |",
-        "|---|---|---|---|---|---|---|---|",
+        "| flood vs fifo at once | CPU: scheduler / workers / client | staggered starts | wrong |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for a in result["arms"]:
         fifo = _reference(result["arms"], a)
@@ -197,7 +197,7 @@ def report(result: dict) -> str:
             f"| {a['arm']} | {_x(alone['p50'])} / {_x(alone['p99'])} | {_x(under['p50'])} / {_x(under['p99'])} "
             f"(n={under['n']}) | {_x(_ratio(under['p99'], alone['p50']), '.2f')}x | {a['flood_groups_per_s']:.0f} | "
             f"{_x(_ratio(a['flood_groups_per_s'], fifo), '.3f')} | {cores['scheduler']:.2f} / {cores['workers']:.2f} / "
-            f"{cores['client']:.2f} | {a['wrong_results']} |")
+            f"{cores['client']:.2f} | {_x(a.get('staggered_starts'), 'd')} | {a['wrong_results']} |")
     lines += ["", "Targets (issue 22): with fair queueing the robot's p99 <= 2x its unloaded latency; the flooding "
               "tenant loses <= 5% of its throughput (flood vs fifo at once >= 0.95 in the fair arms: against first come "
               "first served with prefetched work sent at once, the most it gets; a step arm is compared with the step "
