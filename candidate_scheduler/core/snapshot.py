@@ -223,10 +223,21 @@ class PlanningSnapshot:
     def starts(self) -> Mapping[str, float]:
         """Staggered starts (core/stagger.py): worker id -> when a worker due for its next work starts it,
         for those that wait past their boundary. Empty unless the backlog is deep, the cost model can time
-        a batch, and the group at the head is best effort: a deadline's forecast counts on every worker
-        starting at its boundary."""
+        a batch, a batch over the workers is longer than the lead, and the group at the head is best
+        effort: a deadline's forecast counts on every worker starting at its boundary."""
         if (not self.stagger or len(self.workers) < 2 or not self.calibrated
                 or not deep(self.queue.candidates, sum(w.rows for w in self.workers))):
+            return {}
+        head = self.queue.walk().first()
+        view = None if head is None else self.group(head[1].request_id)
+        if view is None or view.deadline is not None:
+            return {}
+        kind, first = head[0], self.workers[0]  # the period: a full batch of the head's kind
+        units = max(1, first.rows // kind.size)
+        period = (units * self.cost.overhead_s(first.worker_id, kind.label)
+                  + kind.steps * self.cost.forward_s(first.worker_id, kind.label, units * kind.cost_rows))
+        # spread no finer than the lead: a group arriving within it of a boundary misses that boundary anyway
+        if period / len(self.workers) <= self.prefetch_lead_s:
             return {}
         due, ends = [], {}  # ends: worker id -> the boundary where what it runs or holds now is done
         for i, w in enumerate(self.workers):
@@ -237,23 +248,12 @@ class PlanningSnapshot:
                 ends[w.worker_id] = boundary
             if deciding and boundary - self.lead_s(w) <= self.now:
                 due.append((boundary, i, w))
-        head = self.queue.walk().first() if due else None
-        view = None if head is None else self.group(head[1].request_id)
-        if view is None or view.deadline is not None:
-            return {}
-        kind, first = head[0], self.workers[0]  # the period: a full batch of the head's kind
-        units = max(1, first.rows // kind.size)
-        period = (units * self.cost.overhead_s(first.worker_id, kind.label)
-                  + kind.steps * self.cost.forward_s(first.worker_id, kind.label, units * kind.cost_rows))
-        if period <= 0:
-            return {}
         phases = {wid: (b - self.now) % period for wid, b in ends.items()}
         starts = {}
         for boundary, _i, w in sorted(due, key=lambda d: d[:2]):  # the earliest boundary decides first
             phase = (boundary - self.now) % period
             others = sorted((p - phase) % period for wid, p in phases.items() if wid != w.worker_id)
-            # spread no finer than the lead: a group arriving within it of a boundary misses it anyway
-            spaced = period / len(self.workers) > self.lead_s(w)
+            spaced = period / len(self.workers) > self.lead_s(w)  # with its learned margin
             wait = delay(period, len(self.workers), others, balance=bool(w.running)) if spaced else 0.0
             phases[w.worker_id] = (phase + wait) % period  # where its next batch will end
             if wait > 0:

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 DEEP_WAVES = 8  # queued rows, in batches of the whole fleet, from which starts are staggered
 HOLD = 0.25  # of a spacing: a boundary this close before another's is a collision
 SPREAD = 0.9  # of a spacing: how far from every other a colliding boundary is moved
-BALANCE = 0.2  # of a spacing: the least move that evens out the gaps on either side of a boundary
+BALANCE = 0.35  # of a spacing: the least move that evens out the gaps on either side of a boundary
 
 
 def deep(queued_rows: int, fleet_rows: int) -> bool:
