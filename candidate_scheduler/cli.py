@@ -84,9 +84,10 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
                    help="order groups without a deadline by receipt across tenants (default: fair shares, so one "
                         "tenant's flood holds another's group back by about a batch)")
     p.add_argument("--no-stagger", action="store_true",
-                   help="start every idle worker at once behind a deep backlog (default: one after another, so "
-                        "their batches end spread out and a group arriving behind the backlog waits about a "
-                        "batch over the workers for a boundary, not a whole batch)")
+                   help="dispatch batching: start workers' next batches at their boundaries behind a deep backlog "
+                        "(default: a worker whose batch would end with another's waits a little, so boundaries "
+                        "spread over the batch and a group arriving behind the backlog waits about a batch over "
+                        "the workers for one, not a whole batch)")
     add_openpi_arguments(p)
 
 

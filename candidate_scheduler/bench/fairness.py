@@ -107,15 +107,15 @@ def _summary(raw: dict, image: np.ndarray) -> dict:
         return [float(r.metrics["receipt_to_reply_s"]) for *_x, r in rows if r.status == "done"]
 
     done = sum(r.status == "done" for *_x, r in raw["flood"])
-    robots_done = sum(r.status == "done" for *_x, r in under)
+    robots_done = sum(r.status == "done" and at <= flood_end for _rid, _sent, at, r in raw["robot"])
     return {
         "robot_unloaded_ms": _ms(receipt(raw["alone"])),
         "robot_under_flood_ms": _ms(receipt(under)),
         "robot_under_flood_series": [(sent, float(r.metrics.get("receipt_to_reply_s", 0.0)))
                                      for _rid, sent, _at, r in under],
         "flood_groups_per_s": done / flood_end,
-        # both tenants' groups done while the flood lasted: the rows the robot's groups take from the flood
-        # under fair queueing are the flood's loss, not the fleet's
+        # both tenants' groups answered while the flood lasted: the rows the robot's groups take from the
+        # flood under fair queueing are the flood's loss, not the fleet's
         "both_groups_per_s": (done + robots_done) / flood_end,
         "flood_wall_s": flood_end,
         "robot_sent": len(raw["robot"]),
@@ -154,9 +154,10 @@ def run_fairness(smoke: bool, progress=None, arms_run=ARMS) -> dict:
             cores["client"] = (client_after.ru_utime + client_after.ru_stime - client_before.ru_utime
                                - client_before.ru_stime) / wall
             with handle.client() as admin:
-                stagger = admin.stats().get("stagger", {})
+                stats = admin.stats()
+            margins = [w.get("prefetch_margin_s", 0.0) for w in stats["workers"].values()]
             arm = {"arm": name, "flags": list(flags), **_summary(raw, image), "cores": cores,
-                   "staggered_starts": stagger.get("starts")}
+                   "staggered_starts": stats.get("stagger", {}).get("starts"), "prefetch_margin_s": margins}
             arms.append(arm)
             if progress is not None:
                 progress(arm)

@@ -87,7 +87,9 @@ class Control:
                          "lead_s": None if e.config.prefetch_lead_s == math.inf else e.config.prefetch_lead_s},
             "workers": {
                 w.worker_id: {"capacity": w.capacity, "device": w.device, "busy": not w.idle, "step": w.step,
-                              "rows_in_use": w.rows_in_use, "assignments": len(w.assignments)}
+                              "rows_in_use": w.rows_in_use, "assignments": len(w.assignments),
+                              # the extra lead late prefetch has learned this worker needs (core/prefetch.py)
+                              "prefetch_margin_s": e.prefetch_margin.get(w.worker_id, 0.0)}
                 for w in e.workers.values()
             },
             # what the model can do (the first live worker's; a fleet serves one model), for fronts' metadata

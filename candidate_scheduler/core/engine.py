@@ -353,7 +353,9 @@ class Engine:
             with self.guard("schedule"):  # if it raises, the fault is reported and the next event plans
                 snap = self.snapshot(self.now)
                 self.held_back = frozenset(w for w, t in snap.starts.items() if t > self.now)
-                self.counters["staggered_starts"] += len(self.held_back - held)
+                if started_waiting := len(self.held_back - held):
+                    self.counters["staggered_starts"] += started_waiting
+                    self.metrics.staggered_starts(started_waiting)
                 return snap.wake_at()
         return None
 

@@ -69,10 +69,9 @@ class WorkerView:
                         a.steps, a.label, a.forward_key, a.sent_at, a.predicted_s) for a in w.assignments.values()),
             prefetch)
 
-    def slot(self, spare: int | None = None, free: int | None = None) -> WorkerSlot:
-        """For step batching: its free rows (`free` of them), and the spare rows it may hold for later
-        (`spare` of them)."""
-        return WorkerSlot(self.worker_id, self.rows, self.free_rows if free is None else free, self.forward_key,
+    def slot(self, spare: int | None = None) -> WorkerSlot:
+        """For step batching: its free rows, and the spare rows it may hold for later (`spare` of them)."""
+        return WorkerSlot(self.worker_id, self.rows, self.free_rows, self.forward_key,
                           self.spare if spare is None else spare)
 
     @property
@@ -166,9 +165,10 @@ class PlanningSnapshot:
         predicted to end (dispatch), or before the next of its running assignments is predicted to end
         and free its rows (step). -inf: now -- without a prediction (no cost model yet) it goes at once,
         and an idle worker's first batch is no prefetch. None: not before what it runs changes (an idle
-        worker's spare rows under step batching wait until what it is about to start has an end)."""
+        worker's spare rows under step batching wait until what it is about to start has an end). A
+        staggered start (dispatch, `starts`): the start itself, so the worker waits until then."""
         start = self.starts.get(w.worker_id)
-        if start is not None:  # a staggered start: sent at the start, so the worker waits until then
+        if start is not None:
             return start
         if self.prefetch_lead_s == math.inf or not self.calibrated:
             return -math.inf
@@ -188,8 +188,6 @@ class PlanningSnapshot:
     def spare_due(self, w: WorkerView) -> int:
         """Step batching: the spare rows `w` may be sent now -- as many as its running assignments
         predicted to end within the lead will free, less the rows it already holds beyond its capacity."""
-        if self.starts.get(w.worker_id, -math.inf) > self.now:
-            return 0
         if self.prefetch_lead_s == math.inf or not self.calibrated:
             return w.spare
         if not w.running:
@@ -199,16 +197,12 @@ class PlanningSnapshot:
         held = max(0, sum(a.rows for a in w.running) - w.rows)
         return max(0, min(w.spare, freeing - held))
 
-    def free_due(self, w: WorkerView) -> int:
-        """Step batching: the free rows `w` may be sent now (none before its staggered start)."""
-        return w.free_rows if self.starts.get(w.worker_id, -math.inf) <= self.now else 0
-
     def room_now(self) -> bool:
         """Whether a planning pass could send any worker anything now (else it places nothing, and fixes
         no elastic count either: that waits until a group could start)."""
         if self.batching == "dispatch":
             return any(w.takes_a_batch and self.prefetch_due(w) for w in self.workers)
-        return any(self.free_due(w) or self.spare_due(w) for w in self.workers)
+        return any(w.free_rows or self.spare_due(w) for w in self.workers)
 
     def wake_at(self) -> float | None:
         """The next instant a planning pass may place work that no pass can place now: the earliest time
@@ -221,11 +215,11 @@ class PlanningSnapshot:
 
     @cached_property
     def starts(self) -> Mapping[str, float]:
-        """Staggered starts (core/stagger.py): worker id -> when a worker due for its next work starts it,
-        for those that wait past their boundary. Empty unless the backlog is deep, the cost model can time
+        """Staggered starts (core/stagger.py): worker id -> when a worker due for its next batch starts it,
+        for those that wait past their boundary. Dispatch batching only. Empty unless the backlog is deep, the cost model can time
         a batch, a batch over the workers is longer than the lead, and the group at the head is best
         effort: a deadline's forecast counts on every worker starting at its boundary."""
-        if (not self.stagger or len(self.workers) < 2 or not self.calibrated
+        if (not self.stagger or self.batching != "dispatch" or len(self.workers) < 2 or not self.calibrated
                 or not deep(self.queue.candidates, sum(w.rows for w in self.workers))):
             return {}
         head = self.queue.walk().first()
@@ -243,7 +237,8 @@ class PlanningSnapshot:
         for i, w in enumerate(self.workers):
             if not w.rows:
                 continue
-            boundary, deciding = self._boundary(w)
+            # its next start: now when idle, else when what it holds is done; decided when it has room
+            boundary, deciding = (w.busy_until, w.takes_a_batch) if w.running else (self.now, True)
             if w.running:
                 ends[w.worker_id] = boundary
             if deciding and boundary - self.lead_s(w) <= self.now:
@@ -259,15 +254,6 @@ class PlanningSnapshot:
             if wait > 0:
                 starts[w.worker_id] = boundary + wait
         return starts
-
-    def _boundary(self, w: WorkerView) -> tuple[float, bool]:
-        """When `w` may start its next work (now, when idle), and whether that start is still to be decided
-        -- it has room for the work -- or fixed by work it already holds."""
-        if not w.running:
-            return self.now, True
-        if self.batching == "dispatch":
-            return w.busy_until, w.takes_a_batch
-        return w.frees_at, not w.free_rows and w.spare > 0 and sum(a.rows for a in w.running) <= w.rows
 
     def _has_room(self, w: WorkerView) -> bool:
         return w.takes_a_batch if self.batching == "dispatch" else w.spare > 0

@@ -23,6 +23,10 @@ backlog, and only when the backlog is at least DEEP_WAVES batches of the whole f
 than the lead with which work is sent buys nothing (a group arriving within the lead of a boundary
 misses it anyway), so the caller staggers only where the spacing is larger than that lead.
 
+Dispatch batching only. Under step batching a worker's rows free as their groups end, and a group
+arriving joins at the next step boundary with a free row; holding a whole worker back for its phase
+there measured worse, not better (bench/results/fairness_repeats.md), so it is not done.
+
 Phases are delays on a circle of one batch (`period_s`): a phase p says "a batch started p seconds
 from the worker's boundary would end together with another worker's". Pure: core/snapshot.py supplies
 the phases and applies the delay.

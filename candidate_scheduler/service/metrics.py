@@ -149,6 +149,8 @@ METRICS = (
     _define(Histogram, "queue_wait_seconds", "Receipt to first dispatch, per group.", SECONDS_BUCKETS),
     # Physical batches: counted at dispatch; stage timings arrive with the worker's result.
     _define(Counter, "physical_batches_total", "Physical batches dispatched to workers."),
+    _define(Counter, "staggered_starts_total",
+            "Workers held past their batch boundary behind a deep backlog, so boundaries spread (core/stagger.py)."),
     _define(Counter, "transformer_forwards_total",
             "Transformer forward passes reported by workers (one per denoise step per batch)."),
     _define(Histogram, "batch_rows", "Candidate rows per physical batch.", COUNT_BUCKETS),
@@ -335,6 +337,9 @@ class SchedulerMetrics:
 
     def internal_error(self, event: object) -> None:
         self.internal_errors_total.labels(clip_label(event, EVENTS)).inc()
+
+    def staggered_starts(self, count: int) -> None:
+        self.staggered_starts_total.inc(count)
 
     def late_result(self) -> None:
         self.late_results_total.inc()

@@ -209,7 +209,9 @@ def test_workers(registry, sm):
     sm.retry("heartbeat_timeout")
     sm.worker_failure("reregistered")
     sm.late_result()
+    sm.staggered_starts(3)
     assert value(registry, "workers_live") == 2
+    assert value(registry, "staggered_starts_total") == 3
     assert value(registry, "worker_heartbeats_total") == 2
     assert value(registry, "retries_total", reason="heartbeat_timeout") == 1
     assert value(registry, "worker_failures_total", kind="reregistered") == 1
