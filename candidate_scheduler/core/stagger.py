@@ -25,7 +25,8 @@ misses it anyway), so the caller staggers only where the spacing is larger than 
 
 Dispatch batching only. Under step batching a worker's rows free as their groups end, and a group
 arriving joins at the next step boundary with a free row; holding a whole worker back for its phase
-there measured worse, not better (bench/results/fairness_repeats.md), so it is not done.
+there showed no gain within the noise (the robot's p99 over its unloaded latency in the fairness
+benchmark, four runs each: 2.24-2.42x with it, 2.00-2.78x without), so it is not done.
 
 Phases are delays on a circle of one batch (`period_s`): a phase p says "a batch started p seconds
 from the worker's boundary would end together with another worker's". Pure: core/snapshot.py supplies
