@@ -424,7 +424,7 @@ class Engine:
         first = p.units[0]
         a = Assignment(batch_id, worker.worker_id, tuple(u.entry for u in p.units), first.forward_key, self.now, join,
                        first.label, predicted_s=p.predicted_s, steps=max(u.steps for u in p.units),
-                       cost_rows=sum(u.cost_rows for u in p.units))
+                       cost_rows=sum(u.cost_rows for u in p.units), run_s=p.run_s)
         worker.hold(a)
         self.load_changed()
         self.assignments[batch_id] = a

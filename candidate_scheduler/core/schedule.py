@@ -38,6 +38,7 @@ class Placement:
     units: tuple[Unit, ...]
     join: bool
     predicted_s: float  # the cost model's prediction of its wall time (0.0 while uncalibrated)
+    run_s: float = 0.0  # of predicted_s, the time it takes once it starts (less its wait on the worker)
 
     @property
     def rows(self) -> int:
@@ -132,18 +133,27 @@ def _assignments(snap: PlanningSnapshot, placed, trace: Trace) -> tuple[Placemen
         for units in _together(snap, view, groups):
             trace.at(units[0].request_id)
             rows = sum(u.size for u in units)
-            predicted = 0.0
+            predicted = run = 0.0
             if sim is not None and rows <= free:
-                predicted = duration(snap.cost, sim, list(units))
+                predicted = run = duration(snap.cost, sim, list(units))
                 until = max(until, snap.now + predicted)
                 # what follows in this pass shares its forwards with these rows
                 sim.items.append(SimItem(tuple((u.request_id, u.slice_index) for u in units), rows,
                                          sum(u.cost_rows for u in units), float(max(u.steps for u in units)),
                                          units[0].label, units[0].forward_key))
             elif sim is not None:  # it waits on the worker until what it holds now is done, then runs
-                predicted = max(0.0, until - snap.now) + duration(snap.cost, SimWorker(wid, view.rows), list(units))
+                wait, alone = max(0.0, until - snap.now), duration(snap.cost, SimWorker(wid, view.rows), list(units))
+                if view.conditions_aside:  # conditioned on the worker's side thread while it waits: it starts
+                    # once both are done (counted in full, each held batch's predicted end would drift
+                    # later than the real one by its conditioning, and late prefetch would send the next late)
+                    fixed = len(units) * snap.cost.overhead_s(wid, units[0].label)
+                    run = alone - fixed
+                    predicted = max(wait, fixed) + run
+                else:
+                    run = alone
+                    predicted = wait + alone
             free -= rows
-            out.append(Placement(wid, units, busy and snap.batching == "step", predicted))
+            out.append(Placement(wid, units, busy and snap.batching == "step", predicted, run))
             busy = True
     trace.at(None)
     return tuple(out)

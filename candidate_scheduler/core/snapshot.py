@@ -21,7 +21,7 @@ from candidate_scheduler.core.cost_model import CostModel, Scaled
 from candidate_scheduler.core.forecast import SimItem, SimWorker
 from candidate_scheduler.core.pending import PendingIndex
 from candidate_scheduler.core.planning import Unit, WorkerSlot
-from candidate_scheduler.core.stagger import deep, delay
+from candidate_scheduler.core.stagger import MIN_SPACING_S, deep, delay
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,11 @@ class RunningWork:
     forward_key: tuple
     sent_at: float
     predicted_s: float = 0.0  # the cost model's prediction of its wall time when it was sent
+    ends_at: float = 0.0  # when it is predicted to be done (core/workers.Assignment.ends_at; 0: sent + predicted)
+
+    def __post_init__(self) -> None:
+        if not self.ends_at:
+            object.__setattr__(self, "ends_at", self.sent_at + self.predicted_s)
 
 
 @dataclass(frozen=True)
@@ -58,15 +63,16 @@ class WorkerView:
         object.__setattr__(self, "free_rows", free)
         object.__setattr__(self, "spare", max(0, self.rows * (1 + self.prefetch) - used - free))
         object.__setattr__(self, "forward_key", self.running[0].forward_key if self.running else None)
-        object.__setattr__(self, "busy_until", max((a.sent_at + a.predicted_s for a in self.running), default=0.0))
-        object.__setattr__(self, "frees_at", min((a.sent_at + a.predicted_s for a in self.running), default=0.0))
+        object.__setattr__(self, "busy_until", max((a.ends_at for a in self.running), default=0.0))
+        object.__setattr__(self, "frees_at", min((a.ends_at for a in self.running), default=0.0))
 
     @classmethod
     def of(cls, w, rows: int, prefetch: int) -> WorkerView:
         """The view of a core.workers.WorkerState that may run `rows` rows at once now."""
         return cls(w.worker_id, rows, w.conditions_aside, tuple(
             RunningWork(a.batch_id, tuple((e.request_id, e.slice_index) for e in a.entries), a.rows, a.cost_rows,
-                        a.steps, a.label, a.forward_key, a.sent_at, a.predicted_s) for a in w.assignments.values()),
+                        a.steps, a.label, a.forward_key, a.sent_at, a.predicted_s, a.ends_at)
+            for a in w.assignments.values()),
             prefetch)
 
     def slot(self, spare: int | None = None) -> WorkerSlot:
@@ -134,7 +140,7 @@ class PlanningSnapshot:
     prefetch: int = 0  # batches' worth a worker may hold beyond what it runs
     prefetch_lead_s: float = math.inf  # how long before a worker needs it prefetched work is sent
     prefetch_margin: Mapping[str, float] = field(default_factory=dict)  # worker id -> extra lead (core/prefetch.py)
-    stagger: bool = False  # idle workers start one after another behind a deep backlog (core/stagger.py)
+    stagger: bool = False  # dispatch: workers' next starts spread their boundaries behind a deep backlog (core/stagger.py)
 
     @property
     def planned_cost(self) -> Scaled:
@@ -177,7 +183,7 @@ class PlanningSnapshot:
         lead = self.lead_s(w)
         if self.batching == "dispatch":
             return w.busy_until - lead
-        later = [a.sent_at + a.predicted_s - lead for a in w.running if a.sent_at + a.predicted_s - lead > self.now]
+        later = [a.ends_at - lead for a in w.running if a.ends_at - lead > self.now]
         return min(later, default=-math.inf)
 
     def prefetch_due(self, w: WorkerView) -> bool:
@@ -193,7 +199,7 @@ class PlanningSnapshot:
         if not w.running:
             return 0
         lead = self.lead_s(w)
-        freeing = sum(a.rows for a in w.running if a.sent_at + a.predicted_s - lead <= self.now)
+        freeing = sum(a.rows for a in w.running if a.ends_at - lead <= self.now)
         held = max(0, sum(a.rows for a in w.running) - w.rows)
         return max(0, min(w.spare, freeing - held))
 
@@ -206,7 +212,7 @@ class PlanningSnapshot:
 
     def wake_at(self) -> float | None:
         """The next instant a planning pass may place work that no pass can place now: the earliest time
-        a worker with room for prefetched work becomes due for it, or an idle worker's staggered start.
+        a worker with room for prefetched work becomes due for it, or a worker's staggered start.
         None: no event needs to come sooner."""
         due = [t for w in self.workers if self._has_room(w) for t in (self.prefetch_due_at(w),)
                if t is not None and t > self.now]
@@ -216,9 +222,10 @@ class PlanningSnapshot:
     @cached_property
     def starts(self) -> Mapping[str, float]:
         """Staggered starts (core/stagger.py): worker id -> when a worker due for its next batch starts it,
-        for those that wait past their boundary. Dispatch batching only. Empty unless the backlog is deep, the cost model can time
-        a batch, a batch over the workers is longer than the lead, and the group at the head is best
-        effort: a deadline's forecast counts on every worker starting at its boundary."""
+        for those that wait past their boundary. Dispatch batching only. Empty unless the backlog is deep,
+        the cost model can time a batch, a batch over the workers is above the timing jitter, and the
+        group at the head is best effort: a deadline's forecast counts on every worker starting at its
+        boundary."""
         if (not self.stagger or self.batching != "dispatch" or len(self.workers) < 2 or not self.calibrated
                 or not deep(self.queue.candidates, sum(w.rows for w in self.workers))):
             return {}
@@ -226,12 +233,13 @@ class PlanningSnapshot:
         view = None if head is None else self.group(head[1].request_id)
         if view is None or view.deadline is not None:
             return {}
-        kind, first = head[0], self.workers[0]  # the period: a full batch of the head's kind
+        kind, first = head[0], self.workers[0]  # the period: a full batch of the head's kind, back to back
         units = max(1, first.rows // kind.size)
-        period = (units * self.cost.overhead_s(first.worker_id, kind.label)
-                  + kind.steps * self.cost.forward_s(first.worker_id, kind.label, units * kind.cost_rows))
-        # spread no finer than the lead: a group arriving within it of a boundary misses that boundary anyway
-        if period / len(self.workers) <= self.prefetch_lead_s:
+        period = kind.steps * self.cost.forward_s(first.worker_id, kind.label, units * kind.cost_rows)
+        if not first.conditions_aside:  # else its conditioning overlaps the batch before
+            period += units * self.cost.overhead_s(first.worker_id, kind.label)
+        spacing = period / len(self.workers)
+        if spacing < MIN_SPACING_S:
             return {}
         due, ends = [], {}  # ends: worker id -> the boundary where what it runs or holds now is done
         for i, w in enumerate(self.workers):
@@ -248,7 +256,7 @@ class PlanningSnapshot:
         for boundary, _i, w in sorted(due, key=lambda d: d[:2]):  # the earliest boundary decides first
             phase = (boundary - self.now) % period
             others = sorted((p - phase) % period for wid, p in phases.items() if wid != w.worker_id)
-            spaced = period / len(self.workers) > self.lead_s(w)  # with its learned margin
+            spaced = spacing >= MIN_SPACING_S + self.prefetch_margin.get(w.worker_id, 0.0)
             wait = delay(period, len(self.workers), others, balance=bool(w.running)) if spaced else 0.0
             phases[w.worker_id] = (phase + wait) % period  # where its next batch will end
             if wait > 0:

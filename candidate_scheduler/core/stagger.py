@@ -19,9 +19,10 @@ about to be sent its next work), earliest boundary first. With the others' bound
   fleet, whose drift is a fraction of that, is left alone;
 - otherwise it starts at its boundary (now, when idle).
 A worker never waits a whole batch. The cost is about half a batch of idle time per worker, once per
-backlog, and only when the backlog is at least DEEP_WAVES batches of the whole fleet. Spreading finer
-than the lead with which work is sent buys nothing (a group arriving within the lead of a boundary
-misses it anyway), so the caller staggers only where the spacing is larger than that lead.
+backlog, and only when the backlog is at least DEEP_WAVES batches of the whole fleet. Spacings of a few
+milliseconds are not spread: the scheduler's own timing (a late wake-up, a burst of messages) moves
+boundaries by as much, so the caller staggers only where the spacing is at least MIN_SPACING_S plus
+the margin a worker has shown its work needs to arrive in time (core/prefetch.py).
 
 Dispatch batching only. Under step batching a worker's rows free as their groups end, and a group
 arriving joins at the next step boundary with a free row; holding a whole worker back for its phase
@@ -42,6 +43,7 @@ DEEP_WAVES = 8  # queued rows, in batches of the whole fleet, from which starts 
 HOLD = 0.25  # of a spacing: a boundary this close before another's is a collision
 SPREAD = 0.9  # of a spacing: how far from every other a colliding boundary is moved
 BALANCE = 0.35  # of a spacing: the least move that evens out the gaps on either side of a boundary
+MIN_SPACING_S = 0.005  # spacings below this are within the scheduler's own timing jitter
 
 
 def deep(queued_rows: int, fleet_rows: int) -> bool:

@@ -122,6 +122,7 @@ class WorkerLink:
         # does not say (a prefetched assignment waits on the worker: it ran nothing)
         rows_in_use = min(worker.rows_in_use, worker.rows) if e.config.batching == "step" else a.rows
         self.drop(a)
+        self.reanchor(worker)
         if e.config.prefetch and e.config.prefetch_lead_s < math.inf:
             with e.guard("result"):
                 self._learn_margin(worker)
@@ -145,6 +146,18 @@ class WorkerLink:
             for entry, outcome in zip(a.entries, result.outputs):
                 with e.guard("result", entry.request_id):
                     self._take(a, worker, entry, outcome, report, share, rows_in_use)
+
+    def reanchor(self, worker: WorkerState) -> None:
+        """Dispatch batching: a batch ended, so the one the worker holds next starts now; its predicted end
+        (and each later one's) is now plus what it takes to run, not the end predicted when it was sent --
+        which counted on the batch before it ending when predicted, and so carried that batch's error."""
+        if self.engine.config.batching != "dispatch" or not worker.assignments:
+            return
+        t = self.engine.now
+        for held in worker.assignments.values():  # in the order sent: the order the worker runs them
+            if held.run_s > 0:
+                held.ends_at = t = t + held.run_s
+        worker.view = None
 
     def _learn_margin(self, worker: WorkerState) -> None:
         """Late prefetch: a worker left with nothing to run while work it could run waits had its next

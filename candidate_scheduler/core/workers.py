@@ -26,6 +26,11 @@ class Assignment:
     label: str = ""  # the forward label of its groups (cost model key)
     predicted_s: float = 0.0  # what the cost model predicted for it when it was sent
     steps: int = 0  # denoise steps it runs (the longest of its slices)
+    run_s: float = 0.0  # of predicted_s, what it takes once it starts (less its wait behind the work before it)
+    # When it is predicted to be done, for planning: sent_at + predicted_s, until the work before it
+    # ends and it starts (WorkerLink.reanchor) -- then its start plus run_s, so one batch's error in the
+    # prediction is not carried into every later one's
+    ends_at: float = 0.0
     cost_rows: int = 0  # rows its forwards carry (candidates x observations)
     seen_at: float | None = None  # last heartbeat that listed it
     cancelled: set[str] = field(default_factory=set)
@@ -33,6 +38,7 @@ class Assignment:
 
     def __post_init__(self) -> None:
         self.rows = sum(len(e.candidate_ids) for e in self.entries)
+        self.ends_at = self.ends_at or self.sent_at + self.predicted_s
 
 
 @dataclass

@@ -212,6 +212,43 @@ def test_stats_say_how_work_is_prefetched():
     assert Harness(prefetch=2, prefetch_lead_s=math.inf).engine.stats()["prefetch"] == {"batches": 2, "lead_s": None}
 
 
+# ---- predicted ends (Assignment.ends_at): late prefetch is timed by them --------------------------------
+
+RUN_S = 4 * (0.05 + 0.01 * 8)  # a full batch of `_calibrated`: 4 steps of 8 rows
+
+
+def _burst(h: Harness, n: int) -> None:
+    """n one-candidate groups, then planning passes (as the shell runs after a burst): every batch full."""
+    for i in range(n):
+        h.take(h.engine.submit(("c", f"rl{i}"), submission(f"rl{i}", count=1, seed=i), h.now, plan=False))
+    h.take(h.engine.plan(h.now))  # a pass places one batch on a worker: the one it runs
+    h.take(h.engine.plan(h.now))  # and the next: the one it holds
+
+
+def test_a_held_batch_on_a_worker_that_conditions_aside_is_conditioned_while_it_waits():
+    h = Harness(prefetch=1, prefetch_lead_s=math.inf)  # at once: the next batch goes out with the first
+    _calibrated(h, "w1", conditioning="thread", fixed_cost=0.001)  # conditioning a group: 1 ms
+    _burst(h, 24)
+    first, held = (h.engine.assignments[w.batch_id] for w in h.work[:2])
+    assert first.predicted_s == pytest.approx(8 * 0.001 + RUN_S)  # an idle worker conditions, then runs
+    assert held.run_s == pytest.approx(RUN_S)
+    # its 8 ms of conditioning overlap the first batch: counted again, every held batch's predicted end
+    # would drift 8 ms later than the real one, and late prefetch would send each next batch late
+    assert held.ends_at == pytest.approx(first.ends_at + RUN_S)
+
+
+def test_when_a_batch_ends_the_one_held_next_is_predicted_from_then():
+    h = Harness(prefetch=1, prefetch_lead_s=math.inf)
+    _calibrated(h, "w1")
+    _burst(h, 24)
+    first, held = (h.engine.assignments[w.batch_id] for w in h.work[:2])
+    h.now = first.ends_at - 0.1  # the batch ends 0.1 s sooner than predicted
+    h.answer(h.work[0])
+    assert held.ends_at == pytest.approx(h.now + RUN_S)  # it started now, not when the first was predicted to end
+    third = h.engine.assignments[h.work[2].batch_id]  # sent at once, to run after it
+    assert third.ends_at == pytest.approx(h.now + 2 * RUN_S)
+
+
 # ---- the margin a worker shows it needs (core/prefetch.py) --------------------------------------------
 
 @pytest.mark.parametrize(("margin", "starved", "lead", "expected"), [
