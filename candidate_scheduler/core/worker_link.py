@@ -121,8 +121,9 @@ class WorkerLink:
         # what could have run there when this answer was made: the out-of-memory blame when the worker
         # does not say (a prefetched assignment waits on the worker: it ran nothing)
         rows_in_use = min(worker.rows_in_use, worker.rows) if e.config.batching == "step" else a.rows
+        ran = self.running(worker)
         self.drop(a)
-        self.reanchor(worker)
+        self.reanchor(worker, ran)
         if e.config.prefetch and e.config.prefetch_lead_s < math.inf:
             with e.guard("result"):
                 self._learn_margin(worker)
@@ -147,16 +148,33 @@ class WorkerLink:
                 with e.guard("result", entry.request_id):
                     self._take(a, worker, entry, outcome, report, share, rows_in_use)
 
-    def reanchor(self, worker: WorkerState) -> None:
-        """Dispatch batching: a batch ended, so the one the worker holds next starts now; its predicted end
-        (and each later one's) is now plus what it takes to run, not the end predicted when it was sent --
-        which counted on the batch before it ending when predicted, and so carried that batch's error."""
-        if self.engine.config.batching != "dispatch" or not worker.assignments:
-            return
-        t = self.engine.now
-        for held in worker.assignments.values():  # in the order sent: the order the worker runs them
-            if held.run_s > 0:
-                held.ends_at = t = t + held.run_s
+    def running(self, worker: WorkerState) -> set[int]:
+        """The assignments the worker runs now; the rest wait on it. Dispatch: the first sent; step: those
+        that fit its rows, in the order sent (the order the worker admits them)."""
+        out, rows = set(), 0
+        for batch_id, a in worker.assignments.items():
+            rows += a.rows
+            if out and (self.engine.config.batching == "dispatch" or rows > worker.rows):
+                break
+            out.add(batch_id)
+        return out
+
+    def reanchor(self, worker: WorkerState, ran: set[int]) -> None:
+        """Work ended, so what waited on the worker for it starts now (`ran`: what ran before): its
+        predicted end is now plus what it takes to run, not the end predicted when it was sent -- which
+        counted on the work before it ending when predicted, and so carried that error into every later
+        prediction. Under dispatch batching each batch held after it then follows it."""
+        now = t = self.engine.now
+        starting = self.running(worker) - ran
+        for batch_id, a in worker.assignments.items():
+            if batch_id in ran:  # still running: what follows it starts at its end
+                t = a.ends_at
+            elif a.run_s <= 0:
+                continue
+            elif self.engine.config.batching == "dispatch":  # one batch after another
+                a.ends_at = t = t + a.run_s
+            elif batch_id in starting:  # it joins the running batch at the next step
+                a.ends_at = now + a.run_s
         worker.view = None
 
     def _learn_margin(self, worker: WorkerState) -> None:

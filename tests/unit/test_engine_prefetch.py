@@ -249,6 +249,17 @@ def test_when_a_batch_ends_the_one_held_next_is_predicted_from_then():
     assert third.ends_at == pytest.approx(h.now + 2 * RUN_S)
 
 
+def test_under_step_batching_held_rows_that_join_when_rows_free_are_predicted_from_then():
+    h = Harness(batching="step", prefetch=1, prefetch_lead_s=math.inf)
+    _calibrated(h, "w1")
+    _burst(h, 16)  # 8 rows run, 8 more wait on the worker for them
+    first, held = (h.engine.assignments[w.batch_id] for w in h.work[:2])
+    assert held.join and held.ends_at == pytest.approx(first.ends_at + held.run_s)
+    h.now = first.ends_at - 0.1  # the first rows free 0.1 s sooner than predicted
+    h.answer(h.work[0])
+    assert held.ends_at == pytest.approx(h.now + held.run_s)  # they joined now
+
+
 # ---- the margin a worker shows it needs (core/prefetch.py) --------------------------------------------
 
 @pytest.mark.parametrize(("margin", "starved", "lead", "expected"), [
