@@ -27,7 +27,9 @@ the margin a worker has shown its work needs to arrive in time (core/prefetch.py
 Dispatch batching only. Under step batching a worker's rows free as their groups end, and a group
 arriving joins at the next step boundary with a free row; holding a whole worker back for its phase
 there showed no gain within the noise (the robot's p99 over its unloaded latency in the fairness
-benchmark, four runs each: 2.24-2.42x with it, 2.00-2.78x without), so it is not done.
+benchmark, four runs each at 60d5641: 2.24-2.42x with it, 2.00-2.78x without), so it is not done. That
+was before a step worker's predicted ends were re-anchored as its rows free (core/worker_link.py); it
+has not been measured again since.
 
 Phases are delays on a circle of one batch (`period_s`): a phase p says "a batch started p seconds
 from the worker's boundary would end together with another worker's". Pure: core/snapshot.py supplies
@@ -40,7 +42,7 @@ import bisect
 from collections.abc import Sequence
 
 DEEP_WAVES = 8  # queued rows, in batches of the whole fleet, from which starts are staggered
-HOLD = 0.25  # of a spacing: a boundary this close before another's is a collision
+HOLD = 0.25  # of a spacing: a boundary this close to another's is a collision
 SPREAD = 0.9  # of a spacing: how far from every other a colliding boundary is moved
 BALANCE = 0.35  # of a spacing: the least move that evens out the gaps on either side of a boundary
 MIN_SPACING_S = 0.005  # spacings below this are within the scheduler's own timing jitter
