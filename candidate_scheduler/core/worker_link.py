@@ -123,10 +123,11 @@ class WorkerLink:
         rows_in_use = min(worker.rows_in_use, worker.rows) if e.config.batching == "step" else a.rows
         ran = self.running(worker)
         self.drop(a)
-        self.reanchor(worker, ran)
-        if e.config.prefetch and e.config.prefetch_lead_s < math.inf:
-            with e.guard("result"):
+        with e.guard("result"):  # bookkeeping: whatever raises here, the slices below are still answered
+            self.reanchor(worker, ran)
+            if e.config.prefetch and e.config.prefetch_lead_s < math.inf:
                 self._learn_margin(worker)
+                e.metrics.prefetch_margin(max(e.prefetch_margin.values()))
         report = dict(result.report or {})
         with e.guard("result"):  # bookkeeping: whatever raises here, the slices below are still answered
             e.metrics.worker_report(report)

@@ -149,6 +149,9 @@ METRICS = (
     _define(Histogram, "queue_wait_seconds", "Receipt to first dispatch, per group.", SECONDS_BUCKETS),
     # Physical batches: counted at dispatch; stage timings arrive with the worker's result.
     _define(Counter, "physical_batches_total", "Physical batches dispatched to workers."),
+    _define(Gauge, "prefetch_margin_max_seconds",
+            "The largest extra lead late prefetch has learned a worker needs (core/prefetch.py); it grows when "
+            "batches end with nothing to start."),
     _define(Counter, "staggered_starts_total",
             "Workers held past their batch boundary behind a deep backlog, so boundaries spread (core/stagger.py)."),
     _define(Counter, "transformer_forwards_total",
@@ -337,6 +340,9 @@ class SchedulerMetrics:
 
     def internal_error(self, event: object) -> None:
         self.internal_errors_total.labels(clip_label(event, EVENTS)).inc()
+
+    def prefetch_margin(self, seconds: float) -> None:
+        self.prefetch_margin_max_seconds.set(seconds)
 
     def staggered_starts(self, count: int) -> None:
         self.staggered_starts_total.inc(count)

@@ -210,7 +210,9 @@ def test_workers(registry, sm):
     sm.worker_failure("reregistered")
     sm.late_result()
     sm.staggered_starts(3)
+    sm.prefetch_margin(0.02)
     assert value(registry, "workers_live") == 2
+    assert value(registry, "prefetch_margin_max_seconds") == 0.02
     assert value(registry, "staggered_starts_total") == 3
     assert value(registry, "worker_heartbeats_total") == 2
     assert value(registry, "retries_total", reason="heartbeat_timeout") == 1
