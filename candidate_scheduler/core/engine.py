@@ -101,7 +101,9 @@ class Engine:
         # When the shell should run a planning pass though nothing happened: a worker becomes due for the
         # work it will hold next (late prefetch), or for its staggered start. None: the next event is soon enough.
         self.wake_at: float | None = None
-        self.held_back: frozenset[str] = frozenset()  # workers a staggered start keeps idle: not starved
+        # worker id -> the staggered start a pass decided for it, still to come: kept by later passes, and
+        # the worker, idle meanwhile, is not starved
+        self.held_back: dict[str, float] = {}
         self.prefetch_margin: dict[str, float] = {}  # worker id -> extra lead it has shown it needs (core/prefetch.py)
         self.held: dict[str, set[int]] = {}  # request id -> the assignments running its slices
         # (deadline, serial, request id): a heap; the serial tells a group from a later one with its id
@@ -290,7 +292,7 @@ class Engine:
                                 tuple(self.worker_view(w) for w in self.workers.values()), self.cost,
                                 self.cost.margin(), self._calibrated(), self.pending, self._group_view,
                                 self.elastic, self.config.prefetch, self.config.prefetch_lead_s, self.prefetch_margin,
-                                self.config.stagger)
+                                self.config.stagger, self.held_back)
 
     def forget_cost(self, worker_id: str) -> None:
         self._known_cost.discard(worker_id)
@@ -346,17 +348,19 @@ class Engine:
 
     def _wake_at(self) -> float | None:
         """When the shell must plan next with nothing happening (a timed send or start), and which workers a
-        staggered start keeps idle meanwhile."""
-        held, self.held_back = self.held_back, frozenset()
-        timed = self.config.stagger or (self.config.prefetch and self.config.prefetch_lead_s < math.inf)
-        if timed and self.workers and len(self.pending):
+        staggered start keeps idle meanwhile (`held_back`, which the next snapshots keep as decided)."""
+        held = self.held_back
+        staggered = self.config.stagger and self.config.batching == "dispatch"
+        if (staggered or self.config.prefetch and self.config.prefetch_lead_s < math.inf) and self.workers \
+                and len(self.pending):
             with self.guard("schedule"):  # if it raises, the fault is reported and the next event plans
                 snap = self.snapshot(self.now)
-                self.held_back = frozenset(w for w, t in snap.starts.items() if t > self.now)
-                if started_waiting := len(self.held_back - held):
+                self.held_back = {w: t for w, t in snap.starts.items() if t > self.now}
+                if started_waiting := len(self.held_back.keys() - held.keys()):
                     self.counters["staggered_starts"] += started_waiting
                     self.metrics.staggered_starts(started_waiting)
                 return snap.wake_at()
+        self.held_back = {}
         return None
 
     def _can_place(self) -> bool:

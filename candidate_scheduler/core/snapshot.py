@@ -140,7 +140,10 @@ class PlanningSnapshot:
     prefetch: int = 0  # batches' worth a worker may hold beyond what it runs
     prefetch_lead_s: float = math.inf  # how long before a worker needs it prefetched work is sent
     prefetch_margin: Mapping[str, float] = field(default_factory=dict)  # worker id -> extra lead (core/prefetch.py)
-    stagger: bool = False  # dispatch: workers' next starts spread their boundaries behind a deep backlog (core/stagger.py)
+    stagger: bool = False  # dispatch: next starts spread the boundaries behind a deep backlog (core/stagger.py)
+    # Staggered starts an earlier pass decided, still to come: kept, not decided again from a boundary
+    # that has moved since (an idle worker's boundary is always now)
+    decided: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def planned_cost(self) -> Scaled:
@@ -172,10 +175,10 @@ class PlanningSnapshot:
         and free its rows (step). -inf: now -- without a prediction (no cost model yet) it goes at once,
         and an idle worker's first batch is no prefetch. None: not before what it runs changes (an idle
         worker's spare rows under step batching wait until what it is about to start has an end). A
-        staggered start (dispatch, `starts`): the start itself, so the worker waits until then."""
-        start = self.starts.get(w.worker_id)
-        if start is not None:
-            return start
+        staggered start (dispatch, `starts`): when the batch must go for its first step to come then."""
+        send = self._stagger[1].get(w.worker_id)
+        if send is not None:
+            return send
         if self.prefetch_lead_s == math.inf or not self.calibrated:
             return -math.inf
         if not w.running:
@@ -212,35 +215,42 @@ class PlanningSnapshot:
 
     def wake_at(self) -> float | None:
         """The next instant a planning pass may place work that no pass can place now: the earliest time
-        a worker with room for prefetched work becomes due for it, or a worker's staggered start.
-        None: no event needs to come sooner."""
+        a worker with room for prefetched work becomes due for it (a staggered start's included). None: no
+        event needs to come sooner."""
         due = [t for w in self.workers if self._has_room(w) for t in (self.prefetch_due_at(w),)
                if t is not None and t > self.now]
-        due += [t for t in self.starts.values() if t > self.now]
         return min(due, default=None)
 
-    @cached_property
+    @property
     def starts(self) -> Mapping[str, float]:
         """Staggered starts (core/stagger.py): worker id -> when a worker due for its next batch starts it,
-        for those that wait past their boundary. Dispatch batching only. Empty unless the backlog is deep,
-        the cost model can time a batch, a batch over the workers is above the timing jitter, and the
-        group at the head is best effort: a deadline's forecast counts on every worker starting at its
-        boundary."""
+        for those that wait past their boundary."""
+        return self._stagger[0]
+
+    @cached_property
+    def _stagger(self) -> tuple[Mapping[str, float], Mapping[str, float]]:
+        """The staggered starts, and when each one's batch must be sent: its start less the conditioning
+        a worker that conditions aside does before the first step (the lead of late prefetch is for work
+        that waits on the worker; this work must not), never before its boundary, or it would start there.
+        Dispatch batching only. Empty unless the backlog is deep, the cost model can time a batch, a batch
+        over the workers is above the timing jitter, and the group at the head is best effort: a
+        deadline's forecast counts on every worker starting at its boundary."""
         if (not self.stagger or self.batching != "dispatch" or len(self.workers) < 2 or not self.calibrated
                 or not deep(self.queue.candidates, sum(w.rows for w in self.workers))):
-            return {}
+            return {}, {}
         head = self.queue.walk().first()
         view = None if head is None else self.group(head[1].request_id)
         if view is None or view.deadline is not None:
-            return {}
+            return {}, {}
         kind, first = head[0], self.workers[0]  # the period: a full batch of the head's kind, back to back
         units = max(1, first.rows // kind.size)
         period = kind.steps * self.cost.forward_s(first.worker_id, kind.label, units * kind.cost_rows)
         if not first.conditions_aside:  # else its conditioning overlaps the batch before
             period += units * self.cost.overhead_s(first.worker_id, kind.label)
-        spacing = period / len(self.workers)
+        live = sum(1 for w in self.workers if w.rows)  # a worker told 0 rows runs nothing: no boundary
+        spacing = period / max(1, live)
         if spacing < MIN_SPACING_S:
-            return {}
+            return {}, {}
         due, ends = [], {}  # ends: worker id -> the boundary where what it runs or holds now is done
         for i, w in enumerate(self.workers):
             if not w.rows:
@@ -252,16 +262,21 @@ class PlanningSnapshot:
             if deciding and boundary - self.lead_s(w) <= self.now:
                 due.append((boundary, i, w))
         phases = {wid: (b - self.now) % period for wid, b in ends.items()}
-        starts = {}
+        starts, sends = {}, {}
         for boundary, _i, w in sorted(due, key=lambda d: d[:2]):  # the earliest boundary decides first
             phase = (boundary - self.now) % period
-            others = sorted((p - phase) % period for wid, p in phases.items() if wid != w.worker_id)
-            spaced = spacing >= MIN_SPACING_S + self.prefetch_margin.get(w.worker_id, 0.0)
-            wait = delay(period, len(self.workers), others, balance=bool(w.running)) if spaced else 0.0
+            if w.worker_id in self.decided:
+                wait = max(0.0, self.decided[w.worker_id] - boundary)
+            else:
+                others = sorted((p - phase) % period for wid, p in phases.items() if wid != w.worker_id)
+                spaced = spacing >= MIN_SPACING_S + self.prefetch_margin.get(w.worker_id, 0.0)
+                wait = delay(period, live, others, balance=bool(w.running)) if spaced else 0.0
             phases[w.worker_id] = (phase + wait) % period  # where its next batch will end
             if wait > 0:
                 starts[w.worker_id] = boundary + wait
-        return starts
+                before = units * self.cost.overhead_s(w.worker_id, kind.label) if w.conditions_aside else 0.0
+                sends[w.worker_id] = max(boundary, boundary + wait - before)
+        return starts, sends
 
     def _has_room(self, w: WorkerView) -> bool:
         return w.takes_a_batch if self.batching == "dispatch" else w.spare > 0

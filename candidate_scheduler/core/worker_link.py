@@ -99,7 +99,10 @@ class WorkerLink:
             elif e.now - (a.seen_at or a.sent_at) > e.config.heartbeat_timeout_s:
                 # A live worker that no longer lists an assignment lost it or its result on the link (a
                 # message over MAXMSGSIZE is dropped with the connection): retry instead of waiting forever.
+                ran = self.running(worker)
                 self.drop(a)
+                with e.guard("heartbeat"):
+                    self.reanchor(worker, ran)
                 e.counters["batches_lost"] += 1
                 with e.guard("heartbeat"):
                     e.metrics.worker_failure("worker_error")
@@ -168,10 +171,8 @@ class WorkerLink:
         now = t = self.engine.now
         starting = self.running(worker) - ran
         for batch_id, a in worker.assignments.items():
-            if batch_id in ran:  # still running: what follows it starts at its end
+            if batch_id in ran or a.run_s <= 0:  # still running, or no run time to predict from: kept
                 t = a.ends_at
-            elif a.run_s <= 0:
-                continue
             elif self.engine.config.batching == "dispatch":  # one batch after another
                 a.ends_at = t = t + a.run_s
             elif batch_id in starting:  # it joins the running batch at the next step

@@ -174,6 +174,9 @@ def test_a_deep_backlog_starts_idle_workers_one_spacing_apart_and_wakes_the_shel
     for k in (1, 2, 3):
         assert h.engine.wake_at == pytest.approx(100.0 + k * STEP_S)  # a spacing: a batch over four workers
         assert f"w{k}" in h.engine.held_back
+        h.now = 100.0 + (k - 0.7) * STEP_S  # another event before the start: the decision is kept
+        h.take(h.engine.plan(h.now))
+        assert h.work[-1].identity != f"w{k}".encode() and f"w{k}" in h.engine.held_back
         h.now = h.engine.wake_at
         h.take(h.engine.plan(h.now))
         assert h.work[-1].identity == f"w{k}".encode()
