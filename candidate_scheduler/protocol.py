@@ -193,6 +193,9 @@ class Ping(msgspec.Struct, frozen=True):
 class Pong(msgspec.Struct, frozen=True):
     nonce: int = 0
     protocol_version: int = PROTOCOL_VERSION
+    # This run of the scheduler (random at start; "" from a server that does not say): a client whose
+    # scheduler answers with another one knows it restarted, and lost the groups sent to the run before
+    incarnation: str = ""
 
 
 class ErrorReply(msgspec.Struct, frozen=True):

@@ -146,8 +146,15 @@ class Forbidden(PermissionError):
 
 class SchedulerUnavailable(ConnectionError):
     """The scheduler stopped answering: after `liveness_s` without a word from it, a PING went
-    unanswered for `liveness_s` more. A client learns of a dead scheduler within 2 x liveness_s instead
+    unanswered for `liveness_s` more -- or was answered by another run of it (a restart on the same
+    address, faster than the PING: protocol.Pong.incarnation), which never heard of the group. A client learns of a dead scheduler within 2 x liveness_s instead
     of its whole timeout; resubmitting the same request id then is safe (core/resubmission.py)."""
+
+
+def _restarted(sent_to: str | None, now: str | None) -> bool:
+    """Whether the scheduler that answers now is another run than the one a group was sent to (either
+    unknown, or a server that does not say: no verdict)."""
+    return bool(sent_to) and bool(now) and sent_to != now
 
 
 DEFAULT_LIVENESS_S = 3.0  # silence before a PING, and how long the PING may take: a bound of 6 s
@@ -181,6 +188,8 @@ class Client:
         self._pending: dict[str, protocol.GroupResult] = {}
         self._pongs: set[int] = set()
         self._nonce = itertools.count(1)
+        self._incarnation: str | None = None  # of the scheduler's last PONG (None: none yet)
+        self._sent_to: dict[str, str | None] = {}  # request id -> the incarnation it was sent to
 
     def _dealer(self, endpoint: str) -> zmq.Socket:
         sock = _dealer(self.ctx, endpoint, self.keys)
@@ -188,11 +197,15 @@ class Client:
         return sock
 
     def send(self, request: protocol.SubmitRequest) -> str:
+        if self.liveness_s is not None and self._incarnation is None:
+            # once: which run of the scheduler this client talks to ("" when it did not answer: no verdict)
+            self._incarnation = self._incarnation if self._answers_ping(self.liveness_s) else ""
         try:
             self._sock.send_multipart(protocol.encode(protocol.Kind.SUBMIT, request))
         except zmq.Again:  # SNDTIMEO: no scheduler to queue for (a refused handshake), or a full queue
             raise SchedulerUnavailable(f"could not send {request.request_id!r} to {self.endpoint} within "
                                        f"{SEND_TIMEOUT_MS / 1000:.0f} s") from None
+        self._sent_to[request.request_id] = self._incarnation
         return request.request_id
 
     def wait(self, request_id: str, timeout_s: float | None = None) -> Result:
@@ -214,7 +227,12 @@ class Client:
                 raise SchedulerUnavailable(f"the scheduler at {self.endpoint} did not answer a PING within "
                                            f"{self.liveness_s:.1f} s (after {self.liveness_s:.1f} s without a word); "
                                            f"{request_id!r} was not answered")
+            if _restarted(self._sent_to.get(request_id), self._incarnation):
+                self._sent_to.pop(request_id, None)
+                raise SchedulerUnavailable(f"the scheduler at {self.endpoint} restarted; {request_id!r} was sent to "
+                                           "the run before and was not answered")
             heard = time.monotonic()
+        self._sent_to.pop(request_id, None)
         return Result.from_wire(self._pending.pop(request_id))
 
     def _answers_ping(self, timeout_s: float) -> bool:
@@ -234,6 +252,7 @@ class Client:
             kind, msg = protocol.decode_frames(ctl.recv_multipart(),
                                                {protocol.Kind.PONG, protocol.Kind.CONTROL_REPLY, protocol.Kind.ERROR})
             if kind is protocol.Kind.PONG and msg.nonce == nonce:
+                self._incarnation = msg.incarnation
                 return True
         # unanswered: drop the socket, so a late PONG never reads as the answer to a later request
         ctl.close(0)
@@ -284,6 +303,7 @@ class Client:
             raise ServiceError(msg)
         if kind is protocol.Kind.PONG:
             self._pongs.add(msg.nonce)
+            self._incarnation = msg.incarnation
         else:
             self._pending[msg.request_id] = msg
         return True
@@ -351,6 +371,7 @@ class AsyncClient:
         self._pongs: dict[int, asyncio.Future] = {}
         self._nonce = itertools.count(1)
         self._reader: asyncio.Task | None = None
+        self._incarnation: str | None = None  # of the scheduler's last PONG (None: none yet)
 
     def _ensure_reader(self) -> None:
         if self._reader is None or self._reader.done():
@@ -365,6 +386,7 @@ class AsyncClient:
             except protocol.ProtocolError:
                 continue
             if kind is protocol.Kind.PONG:
+                self._incarnation = msg.incarnation
                 fut = self._pongs.pop(msg.nonce, None)
             elif kind is protocol.Kind.ERROR:
                 # An unreadable message has no request id to match; fail the oldest waiter.
@@ -380,6 +402,10 @@ class AsyncClient:
                 fut.set_result(msg)
 
     async def submit_request(self, request: protocol.SubmitRequest) -> Result:
+        if self.liveness_s is not None and self._incarnation is None:
+            # once: which run of the scheduler this client talks to ("" when it did not answer: no verdict)
+            self._incarnation = self._incarnation if await self.ping(self.liveness_s) else ""
+        sent_to = self._incarnation
         fut = asyncio.get_running_loop().create_future()
         self._futures[request.request_id] = fut
         await self._sock.send_multipart(protocol.encode(protocol.Kind.SUBMIT, request))
@@ -400,6 +426,10 @@ class AsyncClient:
                 self._futures.pop(request.request_id, None)
                 raise SchedulerUnavailable(f"the scheduler at {self.endpoint} did not answer a PING within "
                                            f"{self.liveness_s:.1f} s; {request.request_id!r} was not answered")
+            if _restarted(sent_to, self._incarnation) and not fut.done():
+                self._futures.pop(request.request_id, None)
+                raise SchedulerUnavailable(f"the scheduler at {self.endpoint} restarted; {request.request_id!r} was "
+                                           "sent to the run before and was not answered")
 
     async def submit(self, image: np.ndarray, prompt: str | list[str] = "", **kwargs: Any) -> Result:
         return await self.submit_request(make_request(image, prompt, **kwargs))

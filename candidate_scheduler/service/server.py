@@ -93,6 +93,7 @@ class Scheduler:
         self.engine = Engine(config.engine, metrics,
                              first_batch_id=int.from_bytes(os.urandom(6), "big") + 1,
                              stopwatch=time.perf_counter)
+        self.incarnation = os.urandom(8).hex()  # said in every PONG (protocol.Pong)
         self.metrics = self.engine.metrics
         self._owns_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
@@ -343,7 +344,8 @@ class Scheduler:
             self._answer_error(sock, frames, exc)
             return None
         if kind is protocol.Kind.PING:
-            sock.send_multipart(protocol.reply_frames(identity, delimited, protocol.Kind.PONG, protocol.Pong(msg.nonce)))
+            pong = protocol.Pong(msg.nonce, incarnation=self.incarnation)
+            sock.send_multipart(protocol.reply_frames(identity, delimited, protocol.Kind.PONG, pong))
             return None
         return identity, delimited, kind, msg
 

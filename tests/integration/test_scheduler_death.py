@@ -116,3 +116,45 @@ def test_resubmit_true_rides_out_a_restart_and_a_live_resubmission_waits_for_the
     assert r.status == "done", (r.error_code, r.error)
     np.testing.assert_array_equal(r.candidates, expected_candidates(77, 2))
     client.close()
+
+
+def test_a_scheduler_restarted_before_the_first_ping_is_seen_by_its_incarnation(services):
+    # a supervisor (Ray, systemd) may bring the scheduler back on the same ports faster than a client's
+    # liveness PING: the new run answers the PING, but never heard of the group; its PONG's incarnation
+    # (protocol.Pong) tells the client so, instead of the group's timeout
+    sched = services.scheduler()  # no worker: the groups wait at the scheduler
+    liveness = 1.0
+    blocking = Client(sched.request, sched.control, liveness_s=liveness, timeout_s=20)
+    rid = blocking.send(make_request(IMAGE, "pick", count=2, seed=3, steps=4, request_id="before-restart"))
+    wait_for(lambda: blocking.status(rid).state != "unknown", 10, "the group received")
+
+    async def async_side(ready: threading.Event):
+        client = AsyncClient(sched.request, liveness_s=liveness)
+        task = asyncio.ensure_future(client.submit_request(
+            make_request(IMAGE, "pick", count=2, seed=4, steps=4, request_id="async-before-restart")))
+        await asyncio.sleep(0.3)
+        ready.set()
+        try:
+            await asyncio.wait_for(task, 20)
+        except SchedulerUnavailable as exc:
+            return time.monotonic(), str(exc)
+        finally:
+            client.close()
+        return None
+
+    ready, async_done = threading.Event(), []
+    side = threading.Thread(target=lambda: async_done.append(asyncio.run(async_side(ready))), daemon=True)
+    side.start()
+    assert ready.wait(10)
+    os.kill(sched.proc.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    services.scheduler(*_ports(sched))  # back on the same ports before either client probes
+    with pytest.raises(SchedulerUnavailable, match="restarted"):
+        blocking.wait(rid)
+    blocking_after = time.monotonic() - killed_at
+    side.join(timeout=30)
+    assert async_done and async_done[0] is not None and "restarted" in async_done[0][1]
+    async_after = async_done[0][0] - killed_at
+    bound = 2 * liveness + 3.0  # the restart itself, then silence and one answered PING
+    assert blocking_after <= bound and async_after <= bound, (blocking_after, async_after)
+    blocking.close()
