@@ -224,16 +224,31 @@ class Client:
             if not self._answers_ping(probe_s):
                 if probe_s < self.liveness_s:  # cut short by the timeout: not a verdict on the scheduler
                     raise TimeoutError(f"no reply for {request_id!r}")
+                self._incarnation = None  # the next send learns which run answers then
                 raise SchedulerUnavailable(f"the scheduler at {self.endpoint} did not answer a PING within "
                                            f"{self.liveness_s:.1f} s (after {self.liveness_s:.1f} s without a word); "
                                            f"{request_id!r} was not answered")
-            if _restarted(self._sent_to.get(request_id), self._incarnation):
+            if _restarted(self._sent_to.get(request_id), self._incarnation) and not self._held_here(request_id):
                 self._sent_to.pop(request_id, None)
                 raise SchedulerUnavailable(f"the scheduler at {self.endpoint} restarted; {request_id!r} was sent to "
                                            "the run before and was not answered")
             heard = time.monotonic()
         self._sent_to.pop(request_id, None)
         return Result.from_wire(self._pending.pop(request_id))
+
+    def _held_here(self, request_id: str) -> bool:
+        """Whether the scheduler that answers now has the group after all: sent after a restart this
+        client had not heard of yet, it reached the new run (asked on the control socket, when there is one)."""
+        if self.control_endpoint is None:
+            return False
+        try:
+            reply = self.status(request_id)
+            held = reply.ok and reply.state not in (None, "unknown")
+        except (TimeoutError, ServiceError):
+            return False
+        if held:
+            self._sent_to[request_id] = self._incarnation
+        return held
 
     def _answers_ping(self, timeout_s: float) -> bool:
         """A liveness probe: PING on the control socket when there is one (a burst of submissions on
@@ -424,6 +439,7 @@ class AsyncClient:
                 self._probe = asyncio.ensure_future(self.ping(self.liveness_s))
             if not await asyncio.shield(self._probe):
                 self._futures.pop(request.request_id, None)
+                self._incarnation = None  # the next send learns which run answers then
                 raise SchedulerUnavailable(f"the scheduler at {self.endpoint} did not answer a PING within "
                                            f"{self.liveness_s:.1f} s; {request.request_id!r} was not answered")
             if _restarted(sent_to, self._incarnation) and not fut.done():

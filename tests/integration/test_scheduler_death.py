@@ -158,3 +158,17 @@ def test_a_scheduler_restarted_before_the_first_ping_is_seen_by_its_incarnation(
     bound = 2 * liveness + 3.0  # the restart itself, then silence and one answered PING
     assert blocking_after <= bound and async_after <= bound, (blocking_after, async_after)
     blocking.close()
+
+
+def test_a_group_sent_after_a_restart_the_client_had_not_heard_of_is_not_taken_for_lost(services):
+    sched = services.scheduler()  # no worker: groups wait at the scheduler
+    client = Client(sched.request, sched.control, liveness_s=0.5, timeout_s=20)
+    client.ping()  # the client knows this run's incarnation
+    os.kill(sched.proc.pid, signal.SIGKILL)
+    services.scheduler(*_ports(sched))  # back at once: the client has heard nothing of it yet
+    rid = client.send(make_request(IMAGE, "pick", count=2, seed=5, steps=4, request_id="after-restart"))
+    # its PING sees another incarnation, but the new run has the group (STATUS): it waits on, no false alarm
+    with pytest.raises(TimeoutError):
+        client.wait(rid, timeout_s=3.0)
+    assert client.status(rid).state != "unknown"
+    client.close()
