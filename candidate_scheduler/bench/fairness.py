@@ -201,7 +201,7 @@ def report(result: dict) -> str:
         lines.append(
             f"| {a['arm']} | {_x(alone['p50'])} / {_x(alone['p99'])} | {_x(under['p50'])} / {_x(under['p99'])} "
             f"(n={under['n']}) | {_x(_ratio(under['p99'], alone['p50']), '.2f')}x | {a['flood_groups_per_s']:.0f} | "
- f"{_x(_ratio(a['flood_groups_per_s'], fifo), '.3f')} | "
+            f"{_x(_ratio(a['flood_groups_per_s'], fifo), '.3f')} | "
             f"{_x(_ratio(a.get('both_groups_per_s'), _reference(result['arms'], a, 'both_groups_per_s')), '.3f')} | "
             f"{cores['scheduler']:.2f} / {cores['workers']:.2f} / "
             f"{cores['client']:.2f} | {_x(a.get('staggered_starts'), 'd')} | {a['wrong_results']} |")

@@ -147,8 +147,9 @@ class Forbidden(PermissionError):
 class SchedulerUnavailable(ConnectionError):
     """The scheduler stopped answering: after `liveness_s` without a word from it, a PING went
     unanswered for `liveness_s` more -- or was answered by another run of it (a restart on the same
-    address, faster than the PING: protocol.Pong.incarnation), which never heard of the group. A client learns of a dead scheduler within 2 x liveness_s instead
-    of its whole timeout; resubmitting the same request id then is safe (core/resubmission.py)."""
+    address, faster than the PING: protocol.Pong.incarnation), which never heard of the group. A client
+    learns of a dead scheduler within 2 x liveness_s instead of its whole timeout; resubmitting the same
+    request id then is safe (core/resubmission.py)."""
 
 
 def _restarted(sent_to: str | None, now: str | None) -> bool:

@@ -98,7 +98,7 @@ def _flood(h: Harness, groups: int, *, deadline_s: float | None = None, robots: 
                                        principal=Principal("rl", "rl", Role.CLIENT)))
             h.take(h.engine.plan(h.now))
         elif kind == "robot":
-            rid = robot_at[f"robot{payload}"] = f"robot{payload}"
+            rid = f"robot{payload}"
             robot_at[rid] = t
             h.take(h.engine.submit(("r", rid), submission(rid, count=1, seed=7), h.now,
                                    principal=Principal("robots", "robots", Role.CLIENT)))
