@@ -18,6 +18,7 @@ import zmq
 import zmq.asyncio
 
 from candidate_scheduler import protocol
+from candidate_scheduler.service.control_link import ControlLink
 from candidate_scheduler.service.keys import ClientKeys
 
 
@@ -374,12 +375,18 @@ class Client:
 
 
 class AsyncClient:
-    """asyncio client: `await client.submit(...)`; many groups in flight on one socket."""
+    """asyncio client: `await client.submit(...)`; many groups in flight on one socket. With `control`
+    (the scheduler's control endpoint), a group whose scheduler seems to have restarted is asked for
+    (STATUS) before it is given up: sent after a restart this client had not heard of yet, it reached
+    the new run, which answers it. Without it, such a group is reported `restarted` (as Client does
+    without a control endpoint)."""
 
-    def __init__(self, endpoint: str, keys: ClientKeys | None = None, liveness_s: float | None = DEFAULT_LIVENESS_S):
+    def __init__(self, endpoint: str, keys: ClientKeys | None = None, liveness_s: float | None = DEFAULT_LIVENESS_S,
+                 control: str | None = None):
         self.ctx = zmq.asyncio.Context.instance()
         self.endpoint = endpoint
         self._sock = _dealer(self.ctx, endpoint, keys)
+        self.control = None if control is None else ControlLink(self.ctx, control, keys)
         self.liveness_s = liveness_s  # as Client's: SchedulerUnavailable within 2 x liveness_s
         self._heard = time.monotonic()  # when anything last came from the scheduler
         self._probe: asyncio.Task | None = None  # one liveness PING at a time, shared by every waiter
@@ -444,9 +451,19 @@ class AsyncClient:
                 raise SchedulerUnavailable(f"the scheduler at {self.endpoint} did not answer a PING within "
                                            f"{self.liveness_s:.1f} s; {request.request_id!r} was not answered")
             if _restarted(sent_to, self._incarnation) and not fut.done():
+                if await self._held_here(request.request_id):
+                    sent_to = self._incarnation
+                    continue
                 self._futures.pop(request.request_id, None)
                 raise SchedulerUnavailable(f"the scheduler at {self.endpoint} restarted; {request.request_id!r} was "
                                            "sent to the run before and was not answered")
+
+    async def _held_here(self, request_id: str) -> bool:
+        """Whether the run that answers now has the group (see the class docstring)."""
+        if self.control is None:
+            return False
+        reply = await self.control.ask(protocol.Kind.STATUS, protocol.StatusRequest(request_id), self.liveness_s)
+        return reply is not None and reply.ok and reply.state not in (None, "unknown")
 
     async def submit(self, image: np.ndarray, prompt: str | list[str] = "", **kwargs: Any) -> Result:
         return await self.submit_request(make_request(image, prompt, **kwargs))
@@ -468,3 +485,5 @@ class AsyncClient:
         if self._reader is not None:
             self._reader.cancel()
         self._sock.close(0)
+        if self.control is not None:
+            self.control.close()

@@ -41,8 +41,6 @@ from typing import Any
 import msgspec
 import websockets
 import websockets.asyncio.server
-import zmq
-import zmq.asyncio
 
 from candidate_scheduler import convert, protocol
 from candidate_scheduler.core import reducers
@@ -83,48 +81,12 @@ class _Refusal(Exception):
         self.kind = kind
 
 
-class ControlLink:
-    """The scheduler's control socket: STATS for the metadata, CANCEL for abandoned groups. One
-    request at a time; a reply that does not come in time drops the socket, so a late reply can
-    never be read as the answer to the next request."""
-
-    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, keys: ClientKeys | None = None):
-        self.ctx, self.endpoint, self.keys = ctx, endpoint, keys
-        self._sock: zmq.asyncio.Socket | None = None
-        self._lock = asyncio.Lock()
-
-    async def ask(self, kind: protocol.Kind, payload, timeout_s: float) -> protocol.ControlReply | None:
-        async with self._lock:
-            if self._sock is None:
-                self._sock = self.ctx.socket(zmq.DEALER)
-                self._sock.setsockopt(zmq.LINGER, 0)
-                if self.keys is not None:
-                    self.keys.apply(self._sock)
-                self._sock.connect(self.endpoint)
-            await self._sock.send_multipart(protocol.encode(kind, payload))
-            if not await self._sock.poll(int(timeout_s * 1000)):
-                self._sock.close(0)
-                self._sock = None
-                return None
-            frames = await self._sock.recv_multipart()
-        try:
-            reply_kind, msg = protocol.decode_frames(frames, {protocol.Kind.CONTROL_REPLY, protocol.Kind.ERROR})
-        except protocol.ProtocolError:
-            return None
-        return msg if reply_kind is protocol.Kind.CONTROL_REPLY else None
-
-    def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close(0)
-
-
 class OpenpiFront:
     def __init__(self, config: FrontConfig):
         self.config = config
         self.stats: collections.Counter = collections.Counter()  # event tallies, for logs and tests
-        self.client = AsyncClient(config.scheduler_request, keys=config.keys)
-        self.control = None if config.scheduler_control is None else ControlLink(
-            zmq.asyncio.Context.instance(), config.scheduler_control, config.keys)
+        self.client = AsyncClient(config.scheduler_request, keys=config.keys, control=config.scheduler_control)
+        self.control = self.client.control  # STATS for the metadata, CANCEL for abandoned groups
         self._server: websockets.asyncio.server.Server | None = None
         self._stats_cache: tuple[float, dict] | None = None
         self._conn_ids = itertools.count(1)
@@ -156,9 +118,7 @@ class OpenpiFront:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
-        self.client.close()
-        if self.control is not None:
-            self.control.close()
+        self.client.close()  # and its control link
 
     # ---- metadata ---------------------------------------------------------------------------------
     async def _scheduler_info(self) -> dict[str, Any]:
