@@ -292,6 +292,8 @@ class WorkerLink:
         with e.guard(event):  # bookkeeping: whatever raises here, the slices below are still retried
             if e.cache_bytes.pop(worker.worker_id, None) is not None:
                 e.metrics.conditioning_cache_bytes_in_use(sum(e.cache_bytes.values()))
+            if e.config.prefetch and e.config.prefetch_lead_s < math.inf:  # the gauge forgets its margin too
+                e.metrics.prefetch_margin(max(e.prefetch_margin.values(), default=0.0))
             e.metrics.worker_failure(reason)
         for a in held:
             for entry in a.entries:

@@ -300,6 +300,23 @@ def test_a_worker_left_with_nothing_to_run_gets_its_next_work_earlier():
     assert all(h.reply(f"rl{i}").status == "done" for i in range(40))
 
 
+def test_a_lost_worker_takes_its_margin_out_of_the_gauge():
+    h = Harness(prefetch=1, prefetch_lead_s=0.01)
+    _calibrated(h, "w1")
+    for i in range(40):
+        _send(h, f"rl{i}", "rl")
+    first = h.engine.assignments[h.work[0].batch_id]
+    h.advance(first.predicted_s / 2)
+    gauge = []
+    h.engine.metrics = type("Gauge", (), {"prefetch_margin": lambda _self, s: gauge.append(s),
+                                          "__getattr__": lambda _self, _name: lambda *a, **k: None})()
+    h.answer(h.work[0])  # starved: a margin of its own
+    assert gauge[-1] == pytest.approx(0.01)
+    h.advance(h.engine.config.heartbeat_timeout_s + 1.0)
+    h.take(h.engine.tick(h.now))  # silent past the heartbeat timeout: lost
+    assert "w1" not in h.engine.workers and gauge[-1] == 0.0
+
+
 def test_step_sends_only_as_many_spare_rows_as_are_about_to_free():
     h = Harness(batching="step", prefetch=1, prefetch_lead_s=0.01)
     _calibrated(h, "w1")
