@@ -161,6 +161,7 @@ def _restarted(sent_to: str | None, now: str | None) -> bool:
 
 DEFAULT_LIVENESS_S = 3.0  # silence before a PING, and how long the PING may take: a bound of 6 s
 SEND_TIMEOUT_MS = 10_000
+_SENT_TO_KEPT = 100_000  # groups whose incarnation a Client remembers until they are waited for
 
 
 def _dealer(ctx: zmq.Context, endpoint: str, keys: ClientKeys | None) -> zmq.Socket:
@@ -208,6 +209,8 @@ class Client:
             raise SchedulerUnavailable(f"could not send {request.request_id!r} to {self.endpoint} within "
                                        f"{SEND_TIMEOUT_MS / 1000:.0f} s") from None
         self._sent_to[request.request_id] = self._incarnation
+        if len(self._sent_to) > _SENT_TO_KEPT:  # sent and never waited for: forget the oldest (its wait, if
+            del self._sent_to[next(iter(self._sent_to))]  # it ever comes, gives no restart verdict: a timeout)
         return request.request_id
 
     def wait(self, request_id: str, timeout_s: float | None = None) -> Result:
