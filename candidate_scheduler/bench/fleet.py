@@ -9,14 +9,18 @@ with every request encoded before the clock starts. Per fleet size and batching 
 - `burst_mixed`: N/2 groups of 1, 2, 4 and 8 candidates in turn;
 - `poisson`: one-candidate groups at Poisson times, at 70% of the fleet's ideal rate, for about 1.5 s;
 - `burst_deadline`: N one-candidate groups, each with a deadline of twice the burst's ideal drain
-  time (the deadline code runs for every group: refusal at receipt, the forecast at each send).
+  time (the deadline code runs for every group: refusal at receipt, the forecast at each send);
+- `burst_workers_niced` (a diagnostic, for the large fleets and the smoke run): `burst` again with every
+  worker thread at nice 10, so that on this machine's shared cores the scheduler runs first, as it would
+  beside workers on other hosts. Never a target figure.
 
 Reported: groups/s answered `done`; utilisation = the time the workers would need if every batch were
 full (candidates x steps x step time / capacity / K) over the wall time from the first send to the
 last reply; p50/p99 of receipt to reply (measured by the scheduler) and of send to reply (by the
 client); and whether anything was starved of CPU on this machine's 2 cores -- each process's own CPU
 seconds over the wall time (the scheduler's, the workers' together, the client's) and the client's
-send rate. Every reply is checked: one per group, and every `done` action equal to the null model's
+send rate -- and how long each process class was ready to run but waited for a core (the kernel's
+run-queue delay, /proc/PID/task/*/schedstat), over the wall time. Every reply is checked: one per group, and every `done` action equal to the null model's
 answer for its seeds (parity), so a fast wrong scheduler cannot pass.
 
 The engine's own time per event against queue depth (in process, no IO) is `fleet_engine.py`; the
@@ -36,6 +40,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from candidate_scheduler.bench.common import PROMPT
+from candidate_scheduler.bench.fleet_report import NICED, WORKERS_NICE
 from candidate_scheduler.service.launcher import Launcher
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -70,6 +75,7 @@ class Workload:
     groups: int
     rate: float | None = None  # Poisson arrivals per second; None: all at once
     deadline_s: float | None = None
+    workers_nice: int = 0  # the workers' threads run at this nice value meanwhile (0: as started)
 
 
 def workloads(size: FleetSize, smoke: bool) -> list[Workload]:
@@ -82,6 +88,8 @@ def workloads(size: FleetSize, smoke: bool) -> list[Workload]:
         rate = 0.7 * size.ideal_groups_per_s
         out.append(Workload("poisson", (1,), max(20, int(rate * (0.5 if smoke else 1.5))), rate=rate))
     out.append(Workload("burst_deadline", (1,), size.burst, deadline_s=max(1.0, 2 * drain_s)))
+    if smoke or size.workers >= 16:
+        out.append(Workload(NICED, (1,), size.burst, workers_nice=WORKERS_NICE))
     return out
 
 
@@ -90,6 +98,40 @@ def cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def waited_s(pid: int) -> float:
+    """Seconds a live process's threads together were ready to run but waited for a core (run-queue
+    delay, from /proc/PID/task/TID/schedstat: run time, wait time, timeslices, in nanoseconds)."""
+    total = 0
+    for tid in _tasks(pid):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):  # a thread that ended meanwhile, or no schedstat here
+            continue
+    return total / 1e9
+
+
+def _tasks(pid: int) -> list[str]:
+    try:
+        return os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+
+
+def renice(pids: list[int], nice: int) -> bool:
+    """Every thread of these processes at `nice` (Linux: a nice value is per thread); False when not
+    permitted (lowering it back needs root or CAP_SYS_NICE)."""
+    try:
+        for pid in pids:
+            for tid in _tasks(pid):
+                os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+    except PermissionError:
+        return False
+    except ProcessLookupError:  # a thread that ended meanwhile
+        pass
+    return True
 
 
 def machine_busy() -> tuple[float, float]:
@@ -214,14 +256,22 @@ def run_workload(handle, size: FleetSize, workload: Workload, tag: str, seed: in
         from candidate_scheduler.bench.open_loop import poisson_schedule
 
         send_at = poisson_schedule(workload.rate, workload.groups / workload.rate, seed)
-    pids = {"scheduler": [handle.proc.pid], "workers": [w.pid for w in handle.workers]}
-    before = {k: sum(cpu_s(p) for p in v) for k, v in pids.items()}
-    client_before = resource.getrusage(resource.RUSAGE_SELF)
-    busy_before = machine_busy()
-    run = drive(handle.request, frames, send_at, timeout_s=120 + 10 * workload.groups / size.ideal_groups_per_s)
-    busy_after = machine_busy()
-    client_after = resource.getrusage(resource.RUSAGE_SELF)
-    after = {k: sum(cpu_s(p) for p in v) for k, v in pids.items()}
+    pids = {"scheduler": [handle.proc.pid], "workers": [w.pid for w in handle.workers], "client": [os.getpid()]}
+    if workload.workers_nice and not renice(pids["workers"], workload.workers_nice):
+        return {"workload": asdict(workload), "skipped": "renice not permitted (needs root or CAP_SYS_NICE)"}
+    try:
+        before = {k: sum(cpu_s(p) for p in v) for k, v in pids.items() if k != "client"}
+        waited_before = {k: sum(waited_s(p) for p in v) for k, v in pids.items()}
+        client_before = resource.getrusage(resource.RUSAGE_SELF)
+        busy_before = machine_busy()
+        run = drive(handle.request, frames, send_at, timeout_s=120 + 10 * workload.groups / size.ideal_groups_per_s)
+        busy_after = machine_busy()
+        client_after = resource.getrusage(resource.RUSAGE_SELF)
+        after = {k: sum(cpu_s(p) for p in v) for k, v in pids.items() if k != "client"}
+        waited_after = {k: sum(waited_s(p) for p in v) for k, v in pids.items()}
+    finally:
+        if workload.workers_nice:
+            renice(pids["workers"], 0)
     replies = run["replies"]
     wall = max(at for at, _r in replies.values()) - run["t0"]
     done = [i for i, (_at, r) in replies.items() if r.status == "done"]
@@ -244,6 +294,8 @@ def run_workload(handle, size: FleetSize, workload: Workload, tag: str, seed: in
         "client_send_s": send_s,
         "client_send_per_s": workload.groups / send_s if send_s > 0 else None,
         "cores": cores,  # CPU seconds per wall second of each process class
+        # seconds ready to run but waiting for a core, per wall second, of each process class (all its threads)
+        "waited": {k: (waited_after[k] - waited_before[k]) / wall for k in waited_after},
         "machine_busy": d_busy / d_total if d_total else None,  # of all cores together (1.0 = every core busy)
         "check": check(workload, counts, image, replies),
     }
@@ -259,7 +311,7 @@ def _percentiles(values: list[float]) -> dict:
 def run_fleet(smoke: bool, progress=None) -> dict:
     """Every fleet size x batching mode x workload (SMOKE: two small fleets); the raw figures."""
     sizes = SMOKE if smoke else FULL
-    runs = []
+    runs, skipped = [], []
     log_dir = tempfile.mkdtemp(prefix="cs-fleet-")
     for size in sizes:
         for mode in MODES:
@@ -273,10 +325,10 @@ def run_fleet(smoke: bool, progress=None) -> dict:
                     tag = f"{mode}{size.workers}{workload.name}"
                     result = run_workload(handle, size, workload, tag, seed=k)
                     result.update(workers=size.workers, step_s=size.step_s, batching=mode)
-                    runs.append(result)
+                    (skipped if "skipped" in result else runs).append(result)
                     if progress is not None:
                         progress(result)
-    return {"runs": runs, "capacity": CAPACITY, "steps": STEPS, "side": SIDE, "log_dir": log_dir}
+    return {"runs": runs, "skipped": skipped, "capacity": CAPACITY, "steps": STEPS, "side": SIDE, "log_dir": log_dir}
 
 
 def run_fleet_bench(out_dir, *, smoke: bool = False, plot: bool = True, baseline: str | None = None) -> dict:
