@@ -239,7 +239,10 @@ class PartialReduction:
         """The reduced action (float32; None for ``none``). Raises unless every candidate is folded."""
         self._require_complete()
         if self._result is None:
-            self._result = reduce_full(self.reducer_name, self.candidates())
+            # one candidate: a view of its row, not np.stack (half the cost of a one-candidate reduction;
+            # reduce_full copies what it reduces, so nothing here is shared with the caller)
+            stacked = self._rows[0][None] if self.count == 1 else self.candidates()
+            self._result = reduce_full(self.reducer_name, stacked)
         return self._result.action
 
     @property
