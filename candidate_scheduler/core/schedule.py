@@ -89,7 +89,11 @@ def _place(snap: PlanningSnapshot, trace: Trace) -> list[tuple[str, tuple[Unit, 
     if snap.batching == "dispatch":
         idle = [w.batch_slot() for w in snap.workers if w.takes_a_batch and snap.prefetch_due(w)]
         return plan_dispatch(snap.queue, idle, trace.at) if idle else []
-    slots = [s for s in (w.slot(spare=snap.spare_due(w)) for w in snap.workers) if s.free_rows + s.spare > 0]
+    slots = []
+    for w in snap.workers:
+        spare = snap.spare_due(w) if w.spare else 0  # none to give: no need to ask when (the common case)
+        if w.free_rows + spare > 0:
+            slots.append(w.slot(spare=spare))
     if not slots:
         return []  # the common case under load: every row busy, nothing to plan
     return [(wid, (u,)) for wid, u in plan_step(snap.queue, slots, deadlines.backfiller(snap), trace.at)]

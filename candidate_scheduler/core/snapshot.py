@@ -44,6 +44,16 @@ class RunningWork:
             object.__setattr__(self, "ends_at", self.sent_at + self.predicted_s)
 
 
+def _running_work(a) -> RunningWork:
+    """The view of a core.workers.Assignment, kept on it until its predicted end moves (the only field of
+    it that changes: WorkerLink.reanchor)."""
+    view = a.view
+    if view is None or view.ends_at != a.ends_at:
+        view = a.view = RunningWork(a.batch_id, tuple((e.request_id, e.slice_index) for e in a.entries), a.rows,
+                                    a.cost_rows, a.steps, a.label, a.forward_key, a.sent_at, a.predicted_s, a.ends_at)
+    return view
+
+
 @dataclass(frozen=True)
 class WorkerView:
     worker_id: str
@@ -69,11 +79,7 @@ class WorkerView:
     @classmethod
     def of(cls, w, rows: int, prefetch: int) -> WorkerView:
         """The view of a core.workers.WorkerState that may run `rows` rows at once now."""
-        return cls(w.worker_id, rows, w.conditions_aside, tuple(
-            RunningWork(a.batch_id, tuple((e.request_id, e.slice_index) for e in a.entries), a.rows, a.cost_rows,
-                        a.steps, a.label, a.forward_key, a.sent_at, a.predicted_s, a.ends_at)
-            for a in w.assignments.values()),
-            prefetch)
+        return cls(w.worker_id, rows, w.conditions_aside, tuple(map(_running_work, w.assignments.values())), prefetch)
 
     def slot(self, spare: int | None = None) -> WorkerSlot:
         """For step batching: its free rows, and the spare rows it may hold for later (`spare` of them)."""
@@ -211,7 +217,7 @@ class PlanningSnapshot:
         no elastic count either: that waits until a group could start)."""
         if self.batching == "dispatch":
             return any(w.takes_a_batch and self.prefetch_due(w) for w in self.workers)
-        return any(w.free_rows or self.spare_due(w) for w in self.workers)
+        return any(w.free_rows or (w.spare and self.spare_due(w)) for w in self.workers)
 
     def wake_at(self) -> float | None:
         """The next instant a planning pass may place work that no pass can place now: the earliest time

@@ -35,6 +35,9 @@ class Assignment:
     seen_at: float | None = None  # last heartbeat that listed it
     cancelled: set[str] = field(default_factory=set)
     rows: int = field(init=False)  # candidate rows it holds
+    # Its planning view (snapshot.RunningWork), kept while its predicted end holds: a step-batching
+    # worker holds a dozen assignments, and rebuilding all their views after every result cost ~60 us
+    view: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.rows = sum(len(e.candidate_ids) for e in self.entries)

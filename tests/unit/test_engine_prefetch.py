@@ -362,3 +362,18 @@ def test_the_queue_says_whether_a_worker_could_take_any_of_it():
     assert index.could_join(None, 4) and index.could_join(("64x64",), 8)
     assert not index.could_join(("64x64",), 3)  # too large for the free rows
     assert not index.could_join(("128x128",), 8)  # another forward: it cannot join that batch
+
+
+def test_a_workers_view_reuses_each_assignments_view_until_its_predicted_end_moves():
+    from candidate_scheduler.core.microbatch import BatchEntry
+    from candidate_scheduler.core.snapshot import WorkerView
+    from candidate_scheduler.core.workers import Assignment
+
+    a = Assignment(7, "w1", (BatchEntry("g", 0, (0, 1)),), ("k",), sent_at=10.0, label="L", predicted_s=0.5, steps=4)
+    worker = type("W", (), {"worker_id": "w1", "conditions_aside": False, "assignments": {7: a}})()
+    first = WorkerView.of(worker, 8, 1).running[0]
+    assert first.ends_at == 10.5 and first.keys == (("g", 0),) and first.rows == 2
+    assert WorkerView.of(worker, 8, 1).running[0] is first  # nothing moved: the same view
+    a.ends_at = 10.2  # re-anchored (WorkerLink.reanchor): what a plan reads must move with it
+    again = WorkerView.of(worker, 8, 1)
+    assert again.running[0] is not first and again.running[0].ends_at == 10.2 and again.busy_until == 10.2
