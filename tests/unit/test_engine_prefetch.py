@@ -276,12 +276,17 @@ def test_a_starved_result_doubles_the_margin_and_any_other_shrinks_it(margin, st
     assert next_margin(margin, starved, lead) == pytest.approx(expected)
 
 
-def test_a_worker_left_with_nothing_to_run_gets_its_next_work_earlier():
+def _flooded(groups: int = 40) -> tuple[Harness, object]:
+    """One calibrated worker under late prefetch, `groups` queued; the harness and its first assignment."""
     h = Harness(prefetch=1, prefetch_lead_s=0.01)
     _calibrated(h, "w1")
-    for i in range(40):
+    for i in range(groups):
         _send(h, f"rl{i}", "rl")
-    first = h.engine.assignments[h.work[0].batch_id]
+    return h, h.engine.assignments[h.work[0].batch_id]
+
+
+def test_a_worker_left_with_nothing_to_run_gets_its_next_work_earlier():
+    h, first = _flooded()
     lead_before = h.engine.snapshot(h.now)
     assert lead_before.lead_s(lead_before.workers[0]) == pytest.approx(0.01)
     # the batch ends earlier than predicted, before the worker was due: it holds nothing next
@@ -301,11 +306,7 @@ def test_a_worker_left_with_nothing_to_run_gets_its_next_work_earlier():
 
 
 def test_a_lost_worker_takes_its_margin_out_of_the_gauge():
-    h = Harness(prefetch=1, prefetch_lead_s=0.01)
-    _calibrated(h, "w1")
-    for i in range(40):
-        _send(h, f"rl{i}", "rl")
-    first = h.engine.assignments[h.work[0].batch_id]
+    h, first = _flooded()
     h.advance(first.predicted_s / 2)
     gauge = []
     h.engine.metrics = type("Gauge", (), {"prefetch_margin": lambda _self, s: gauge.append(s),
