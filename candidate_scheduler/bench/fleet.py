@@ -100,17 +100,24 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
-def waited_s(pid: int) -> float:
-    """Seconds a live process's threads together were ready to run but waited for a core (run-queue
-    delay, from /proc/PID/task/TID/schedstat: run time, wait time, timeslices, in nanoseconds)."""
-    total = 0
-    for tid in _tasks(pid):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[1])
-        except (OSError, IndexError, ValueError):  # a thread that ended meanwhile, or no schedstat here
-            continue
-    return total / 1e9
+def waits(pids: list[int]) -> dict[tuple[int, str], int]:
+    """Nanoseconds each live thread of these processes was ready to run but waited for a core (the
+    run-queue delay, from /proc/PID/task/TID/schedstat: run time, wait time, timeslices)."""
+    out = {}
+    for pid in pids:
+        for tid in _tasks(pid):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    out[pid, tid] = int(f.read().split()[1])
+            except (OSError, IndexError, ValueError):  # a thread that ended meanwhile, or no schedstat here
+                continue
+    return out
+
+
+def waited_s(before: dict, after: dict) -> float:
+    """Seconds waited between two `waits` snapshots, thread by thread: a thread that ended meanwhile
+    drops out (its wait before must not be taken off the total), one that started counts in full."""
+    return sum(ns - before.get(key, 0) for key, ns in after.items()) / 1e9
 
 
 def _tasks(pid: int) -> list[str]:
@@ -120,18 +127,25 @@ def _tasks(pid: int) -> list[str]:
         return []
 
 
+def can_renice_back() -> bool:
+    """Whether this process may lower a nice value back to 0 once it raised it: root, or an RLIMIT_NICE
+    of 20 or more (anyone may raise a nice value, so that alone says nothing)."""
+    return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20
+
+
 def renice(pids: list[int], nice: int) -> bool:
-    """Every thread of these processes at `nice` (Linux: a nice value is per thread); False when not
-    permitted (lowering it back needs root or CAP_SYS_NICE)."""
-    try:
-        for pid in pids:
-            for tid in _tasks(pid):
+    """Every thread of these processes at `nice` (Linux: a nice value is per thread); False when a thread
+    refused it."""
+    ok = True
+    for pid in pids:
+        for tid in _tasks(pid):
+            try:
                 os.setpriority(os.PRIO_PROCESS, int(tid), nice)
-    except PermissionError:
-        return False
-    except ProcessLookupError:  # a thread that ended meanwhile
-        pass
-    return True
+            except ProcessLookupError:  # a thread that ended meanwhile
+                continue
+            except PermissionError:
+                ok = False
+    return ok
 
 
 def machine_busy() -> tuple[float, float]:
@@ -257,21 +271,24 @@ def run_workload(handle, size: FleetSize, workload: Workload, tag: str, seed: in
 
         send_at = poisson_schedule(workload.rate, workload.groups / workload.rate, seed)
     pids = {"scheduler": [handle.proc.pid], "workers": [w.pid for w in handle.workers], "client": [os.getpid()]}
+    if workload.workers_nice and not can_renice_back():
+        return {"workload": asdict(workload), "skipped": "renice back to 0 not permitted (needs root or RLIMIT_NICE)"}
     if workload.workers_nice and not renice(pids["workers"], workload.workers_nice):
-        return {"workload": asdict(workload), "skipped": "renice not permitted (needs root or CAP_SYS_NICE)"}
+        renice(pids["workers"], 0)
+        return {"workload": asdict(workload), "skipped": "renice not permitted"}
     try:
         before = {k: sum(cpu_s(p) for p in v) for k, v in pids.items() if k != "client"}
-        waited_before = {k: sum(waited_s(p) for p in v) for k, v in pids.items()}
+        waited_before = {k: waits(v) for k, v in pids.items()}
         client_before = resource.getrusage(resource.RUSAGE_SELF)
         busy_before = machine_busy()
         run = drive(handle.request, frames, send_at, timeout_s=120 + 10 * workload.groups / size.ideal_groups_per_s)
         busy_after = machine_busy()
         client_after = resource.getrusage(resource.RUSAGE_SELF)
         after = {k: sum(cpu_s(p) for p in v) for k, v in pids.items() if k != "client"}
-        waited_after = {k: sum(waited_s(p) for p in v) for k, v in pids.items()}
+        waited_after = {k: waits(v) for k, v in pids.items()}
     finally:
-        if workload.workers_nice:
-            renice(pids["workers"], 0)
+        if workload.workers_nice and not renice(pids["workers"], 0):
+            print("fleet bench: could not renice the workers back to 0", file=sys.stderr)
     replies = run["replies"]
     wall = max(at for at, _r in replies.values()) - run["t0"]
     done = [i for i, (_at, r) in replies.items() if r.status == "done"]
@@ -295,7 +312,7 @@ def run_workload(handle, size: FleetSize, workload: Workload, tag: str, seed: in
         "client_send_per_s": workload.groups / send_s if send_s > 0 else None,
         "cores": cores,  # CPU seconds per wall second of each process class
         # seconds ready to run but waiting for a core, per wall second, of each process class (all its threads)
-        "waited": {k: (waited_after[k] - waited_before[k]) / wall for k in waited_after},
+        "waited": {k: waited_s(waited_before[k], waited_after[k]) / wall for k in waited_after},
         "machine_busy": d_busy / d_total if d_total else None,  # of all cores together (1.0 = every core busy)
         "check": check(workload, counts, image, replies),
     }

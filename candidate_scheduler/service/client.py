@@ -208,6 +208,7 @@ class Client:
         except zmq.Again:  # SNDTIMEO: no scheduler to queue for (a refused handshake), or a full queue
             raise SchedulerUnavailable(f"could not send {request.request_id!r} to {self.endpoint} within "
                                        f"{SEND_TIMEOUT_MS / 1000:.0f} s") from None
+        self._sent_to.pop(request.request_id, None)  # sent again: the newest, last to be forgotten
         self._sent_to[request.request_id] = self._incarnation
         if len(self._sent_to) > _SENT_TO_KEPT:  # sent and never waited for: forget the oldest (its wait, if
             del self._sent_to[next(iter(self._sent_to))]  # it ever comes, gives no restart verdict: a timeout)
@@ -390,7 +391,7 @@ class AsyncClient:
         self.endpoint = endpoint
         self._sock = _dealer(self.ctx, endpoint, keys)
         self.control = None if control is None else ControlLink(self.ctx, control, keys)
-        self.liveness_s = liveness_s  # as Client's: SchedulerUnavailable within 2 x liveness_s
+        self.liveness_s = liveness_s  # as Client's: SchedulerUnavailable within 2 x liveness_s (3 x: a restart)
         self._heard = time.monotonic()  # when anything last came from the scheduler
         self._probe: asyncio.Task | None = None  # one liveness PING at a time, shared by every waiter
         self._futures: dict[str, asyncio.Future] = {}
@@ -454,7 +455,7 @@ class AsyncClient:
                 raise SchedulerUnavailable(f"the scheduler at {self.endpoint} did not answer a PING within "
                                            f"{self.liveness_s:.1f} s; {request.request_id!r} was not answered")
             if _restarted(sent_to, self._incarnation) and not fut.done():
-                if await self._held_here(request.request_id):
+                if await self._held_here(request.request_id) or fut.done():  # answered meanwhile: taken above
                     sent_to = self._incarnation
                     continue
                 self._futures.pop(request.request_id, None)
@@ -462,10 +463,16 @@ class AsyncClient:
                                            "sent to the run before and was not answered")
 
     async def _held_here(self, request_id: str) -> bool:
-        """Whether the run that answers now has the group (see the class docstring)."""
+        """Whether the run that answers now has the group (see the class docstring). Asked within
+        `liveness_s`, the wait for the link included (every waiter of a restart asks), so a group is given
+        up within 3 x liveness_s: the silence, the PING, the STATUS."""
         if self.control is None:
             return False
-        reply = await self.control.ask(protocol.Kind.STATUS, protocol.StatusRequest(request_id), self.liveness_s)
+        ask = self.control.ask(protocol.Kind.STATUS, protocol.StatusRequest(request_id), self.liveness_s)
+        try:
+            reply = await asyncio.wait_for(ask, self.liveness_s)
+        except (TimeoutError, zmq.ZMQError):  # no answer in time, or no link: no evidence it is held
+            return False
         return reply is not None and reply.ok and reply.state not in (None, "unknown")
 
     async def submit(self, image: np.ndarray, prompt: str | list[str] = "", **kwargs: Any) -> Result:

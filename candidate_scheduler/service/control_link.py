@@ -29,12 +29,17 @@ class ControlLink:
                 if self.keys is not None:
                     self.keys.apply(self._sock)
                 self._sock.connect(self.endpoint)
-            await self._sock.send_multipart(protocol.encode(kind, payload))
-            if not await self._sock.poll(int(timeout_s * 1000)):
-                self._sock.close(0)
-                self._sock = None
-                return None
-            frames = await self._sock.recv_multipart()
+            try:
+                await self._sock.send_multipart(protocol.encode(kind, payload))
+                if not await self._sock.poll(int(timeout_s * 1000)):
+                    self.close()
+                    return None
+                frames = await self._sock.recv_multipart()
+            except BaseException:
+                # cancelled (or failed) with its reply still to come: that reply must never be read as the
+                # answer to the next request, so the socket goes with it
+                self.close()
+                raise
         try:
             reply_kind, msg = protocol.decode_frames(frames, {protocol.Kind.CONTROL_REPLY, protocol.Kind.ERROR})
         except protocol.ProtocolError:

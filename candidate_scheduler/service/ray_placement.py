@@ -110,7 +110,8 @@ class ClientSpec:
         from candidate_scheduler.service.keys import ClientKeys
 
         keys = None if self.keys is None else ClientKeys.from_env(self.keys)
-        return AsyncClient(self.request, keys=keys, control=self.control, **kwargs)
+        kwargs.setdefault("control", self.control)
+        return AsyncClient(self.request, keys=keys, **kwargs)
 
 
 @dataclass

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from candidate_scheduler.bench import fleet as fleet_bench
 from candidate_scheduler.service.launcher import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,12 +37,14 @@ def test_fleet_bench_smoke_answers_every_group_once_and_correctly(tmp_path):
             assert r["events"] > 0 and r["event_ms"]["median"] > 0 and r["groups_per_s"] > 0
     runs = result["fleet"]["runs"]
     assert {(r["workers"], r["batching"]) for r in runs} == {(k, m) for k in (1, 4) for m in ("dispatch", "step")}
-    # the diagnostic arm renices the workers: root (CI) may; elsewhere it is skipped and says why
+    # the diagnostic arm renices the workers and back: as root (CI) it runs; without the right to lower a
+    # nice value again it is skipped and says why
     names = {r["workload"]["name"] for r in runs}
     skipped = result["fleet"]["skipped"]
     assert names | {r["workload"]["name"] for r in skipped} == {"burst", "burst_mixed", "poisson", "burst_deadline",
                                                                "burst_workers_niced"}
     assert all("renice" in r["skipped"] for r in skipped)
+    assert bool(skipped) == (not fleet_bench.can_renice_back())
     for r in runs:
         check = r["check"]
         assert check["replies"] == check["groups"] == r["workload"]["groups"], r["workload"]

@@ -17,6 +17,7 @@ import time
 import numpy as np
 import pytest
 
+from candidate_scheduler.protocol import Kind
 from candidate_scheduler.service.client import AsyncClient, Client, SchedulerUnavailable, make_request
 from tests.conftest import wait_for
 from tests.integration.test_scheduler import IMAGE, expected_candidates
@@ -178,8 +179,18 @@ def test_a_group_sent_after_a_restart_the_client_had_not_heard_of_is_not_taken_f
 def test_an_async_group_sent_after_an_unheard_restart_waits_on_with_a_control_link(services, with_control):
     sched = services.scheduler()  # no worker: groups wait at the scheduler
 
+    asked = []  # what the client asked on its control link, and what it was told
+
     async def run() -> str:
         client = AsyncClient(sched.request, liveness_s=0.5, control=sched.control if with_control else None)
+        if with_control:
+            ask = client.control.ask
+
+            async def recorded(kind, payload, timeout_s):
+                reply = await ask(kind, payload, timeout_s)
+                asked.append((kind, None if reply is None else reply.state))
+                return reply
+            client.control.ask = recorded
         try:
             assert await client.ping(5.0)  # the client knows this run's incarnation
             os.kill(sched.proc.pid, signal.SIGKILL)
@@ -199,6 +210,7 @@ def test_an_async_group_sent_after_an_unheard_restart_waits_on_with_a_control_li
     if with_control:
         # its PING sees another incarnation, but the new run has the group (STATUS): it waits on
         assert outcome == "waiting"
+        assert asked and all(kind is Kind.STATUS and state not in (None, "unknown") for kind, state in asked)
         with sched.client() as admin:
             assert admin.status("async-after-restart").state != "unknown"
     else:  # no way to ask: reported as sent to the run before (the documented behaviour without control)
