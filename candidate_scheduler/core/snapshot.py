@@ -21,7 +21,7 @@ from candidate_scheduler.core.cost_model import CostModel, Scaled
 from candidate_scheduler.core.forecast import SimItem, SimWorker
 from candidate_scheduler.core.pending import PendingIndex
 from candidate_scheduler.core.planning import Unit, WorkerSlot
-from candidate_scheduler.core.stagger import MIN_SPACING_S, deep, delay
+from candidate_scheduler.core.stagger import MIN_SPACING_S, MIXED_FLEET, deep, delay
 
 
 @dataclass(frozen=True)
@@ -238,9 +238,10 @@ class PlanningSnapshot:
         """The staggered starts, and when each one's batch must be sent: its start less the conditioning
         a worker that conditions aside does before the first step (the lead of late prefetch is for work
         that waits on the worker; this work must not), never before its boundary, or it would start there.
-        Dispatch batching only. Empty unless the backlog is deep, the cost model can time a batch, a batch
-        over the workers is above the timing jitter, and the group at the head is best effort: a
-        deadline's forecast counts on every worker starting at its boundary."""
+        Dispatch batching only. Empty unless the backlog is deep, the cost model can time a batch, the
+        workers take about as long for one (MIXED_FLEET), a batch over the workers is above the timing
+        jitter, and the group at the head is best effort: a deadline's forecast counts on every worker
+        starting at its boundary."""
         if (not self.stagger or self.batching != "dispatch" or len(self.workers) < 2 or not self.calibrated
                 or not deep(self.queue.candidates, sum(w.rows for w in self.workers))):
             return {}, {}
@@ -248,13 +249,20 @@ class PlanningSnapshot:
         view = None if head is None else self.group(head[1].request_id)
         if view is None or view.deadline is not None:
             return {}, {}
-        kind, first = head[0], self.workers[0]  # the period: a full batch of the head's kind, back to back
-        units = max(1, first.rows // kind.size)
-        period = kind.steps * self.cost.forward_s(first.worker_id, kind.label, units * kind.cost_rows)
-        if not first.conditions_aside:  # else its conditioning overlaps the batch before
-            period += units * self.cost.overhead_s(first.worker_id, kind.label)
-        live = sum(1 for w in self.workers if w.rows)  # a worker told 0 rows runs nothing: no boundary
-        spacing = period / max(1, live)
+        kind = head[0]
+
+        def period_of(w: WorkerView) -> float:  # a full batch of the head's kind, back to back
+            units = max(1, w.rows // kind.size)
+            period = kind.steps * self.cost.forward_s(w.worker_id, kind.label, units * kind.cost_rows)
+            if not w.conditions_aside:  # else its conditioning overlaps the batch before
+                period += units * self.cost.overhead_s(w.worker_id, kind.label)
+            return period
+
+        periods = [period_of(w) for w in self.workers if w.rows]  # a worker told 0 rows runs nothing
+        if not periods or max(periods) > MIXED_FLEET * min(periods):
+            return {}, {}  # a mixed fleet's boundaries drift apart by themselves: one period spaces none of them
+        period, live = periods[0], len(periods)
+        spacing = period / live
         if spacing < MIN_SPACING_S:
             return {}, {}
         due, ends = [], {}  # ends: worker id -> the boundary where what it runs or holds now is done
@@ -280,6 +288,7 @@ class PlanningSnapshot:
             phases[w.worker_id] = (phase + wait) % period  # where its next batch will end
             if wait > 0:
                 starts[w.worker_id] = boundary + wait
+                units = max(1, w.rows // kind.size)  # the groups it conditions before its first step
                 before = units * self.cost.overhead_s(w.worker_id, kind.label) if w.conditions_aside else 0.0
                 sends[w.worker_id] = max(boundary, boundary + wait - before)
         return starts, sends

@@ -24,6 +24,9 @@ milliseconds are not spread: the scheduler's own timing (a late wake-up, a burst
 boundaries by as much, so the caller staggers only where the spacing is at least MIN_SPACING_S plus
 the margin a worker has shown its work needs to arrive in time (core/prefetch.py).
 
+A mixed fleet, whose workers take more than MIXED_FLEET times as long as one another for a batch, is
+not staggered: its boundaries drift apart by themselves, and one period would space none of them.
+
 Dispatch batching only. Under step batching a worker's rows free as their groups end, and a group
 arriving joins at the next step boundary with a free row; holding a whole worker back for its phase
 there showed no gain within the noise (the robot's p99 over its unloaded latency in the fairness
@@ -46,6 +49,7 @@ HOLD = 0.25  # of a spacing: a boundary this close to another's is a collision
 SPREAD = 0.9  # of a spacing: how far from every other a colliding boundary is moved
 BALANCE = 0.35  # of a spacing: the least move that evens out the gaps on either side of a boundary
 MIN_SPACING_S = 0.005  # spacings below this are within the scheduler's own timing jitter
+MIXED_FLEET = 1.25  # workers' batch periods further apart than this: a mixed fleet, not staggered
 
 
 def deep(queued_rows: int, fleet_rows: int) -> bool:

@@ -59,11 +59,12 @@ STEP_S = 0.025  # 4 steps: a batch takes 0.1 s
 DEEP = 4 * 8 * DEEP_WAVES + 64  # deep, on four workers of 8 rows, with two batches placed
 
 
-def _fleet(workers: int = 4, **config) -> Harness:
+def _fleet(workers: int = 4, step_s: tuple[float, ...] = (), **config) -> Harness:
+    """`workers` workers of 8 rows whose steps take STEP_S (or `step_s`, worker by worker)."""
     h = Harness(**{"prefetch": 1, "prefetch_lead_s": 0.01, "max_queued_groups": 100_000, **config})
-    profile = tuple((LABEL, r, STEP_S) for r in (1, 4, 8)) + ((LABEL, 0, 0.0),)
     for k in range(workers):
-        wid = f"w{k}"
+        wid, step = f"w{k}", step_s[k] if step_s else STEP_S
+        profile = tuple((LABEL, r, step) for r in (1, 4, 8)) + ((LABEL, 0, 0.0),)
         h.take(h.engine.register(wid.encode(), Registration(wid, capability(), 8, profile=profile), h.now))
     return h
 
@@ -220,3 +221,12 @@ def test_only_dispatch_batching_staggers(batching):
         assert h.engine.wake_at == pytest.approx(100.0 + STEP_S)
     else:  # every idle worker's free rows are filled at once
         assert {w.identity for w in h.work} == {b"w0", b"w1", b"w2", b"w3"} and not h.engine.held_back
+
+
+def test_a_mixed_fleet_is_not_staggered():
+    # one worker takes twice as long for a batch: one period would space none of their boundaries
+    h = _fleet(step_s=(STEP_S, STEP_S, STEP_S, 2 * STEP_S))
+    for i in range(DEEP):
+        h.take(h.engine.submit(("c", f"g{i}"), submission(f"g{i}", count=1, seed=i), h.now, plan=False))
+    h.take(h.engine.plan(h.now))
+    assert sorted(w.identity for w in h.work) == [b"w0", b"w1", b"w2", b"w3"] and not h.engine.held_back
