@@ -20,8 +20,9 @@ last reply; p50/p99 of receipt to reply (measured by the scheduler) and of send 
 client); and whether anything was starved of CPU on this machine's 2 cores -- each process's own CPU
 seconds over the wall time (the scheduler's, the workers' together, the client's) and the client's
 send rate -- and how long each process class was ready to run but waited for a core (the kernel's
-run-queue delay, /proc/PID/task/*/schedstat), over the wall time. Every reply is checked: one per group, and every `done` action equal to the null model's
-answer for its seeds (parity), so a fast wrong scheduler cannot pass.
+run-queue delay, /proc/PID/task/*/schedstat), over the wall time. Every reply is checked: one per
+group, and every `done` action equal to the null model's answer for its seeds (parity), so a fast
+wrong scheduler cannot pass.
 
 The engine's own time per event against queue depth (in process, no IO) is `fleet_engine.py`; the
 report puts both together (fleet_report.py).

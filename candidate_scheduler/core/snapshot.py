@@ -21,7 +21,7 @@ from candidate_scheduler.core.cost_model import CostModel, Scaled
 from candidate_scheduler.core.forecast import SimItem, SimWorker
 from candidate_scheduler.core.pending import PendingIndex
 from candidate_scheduler.core.planning import Unit, WorkerSlot
-from candidate_scheduler.core.stagger import MIN_SPACING_S, MIXED_FLEET, deep, delay
+from candidate_scheduler.core.stagger import MIN_SPACING_S, deep, delay, mixed
 
 
 @dataclass(frozen=True)
@@ -259,7 +259,7 @@ class PlanningSnapshot:
             return period
 
         periods = [period_of(w) for w in self.workers if w.rows]  # a worker told 0 rows runs nothing
-        if not periods or max(periods) > MIXED_FLEET * min(periods):
+        if not periods or mixed(periods):
             return {}, {}  # a mixed fleet's boundaries drift apart by themselves: one period spaces none of them
         period, live = periods[0], len(periods)
         spacing = period / live

@@ -57,6 +57,11 @@ def deep(queued_rows: int, fleet_rows: int) -> bool:
     return fleet_rows > 0 and queued_rows >= DEEP_WAVES * fleet_rows
 
 
+def mixed(periods_s: Sequence[float]) -> bool:
+    """Whether the workers' batch periods are too far apart for one period to space their boundaries."""
+    return max(periods_s) > MIXED_FLEET * min(periods_s)
+
+
 def delay(period_s: float, workers: int, taken: Sequence[float], balance: bool = True) -> float:
     """The delay before a worker starts its next batch, from its boundary (phase 0). `taken`: the other
     workers' phases relative to it, sorted, each in [0, period_s). `balance`: whether its boundary is a

@@ -1,6 +1,7 @@
 """`python -m candidate_scheduler.bench --fleet --smoke` keeps working: the engine in process against queue
 depth (both batching modes, with and without deadlines), then `serve` against 1 and 4 null worker
-processes over ZMQ, every workload (with the workers reniced for the diagnostic one, then back); it writes the JSON, the report and both plots.
+processes over ZMQ, every workload (with the workers reniced for the diagnostic one, then back); it
+writes the JSON, the report and both plots.
 
 Numbers are not asserted (a shared CI machine is too noisy). Completeness and parity are: every group
 was answered exactly once, every `done` action is the null model's answer for its seeds, and only a

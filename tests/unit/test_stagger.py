@@ -10,7 +10,7 @@ import pytest
 
 from candidate_scheduler.core.access import Principal, Role
 from candidate_scheduler.core.messages import Registration
-from candidate_scheduler.core.stagger import BALANCE, DEEP_WAVES, HOLD, deep, delay
+from candidate_scheduler.core.stagger import BALANCE, DEEP_WAVES, HOLD, MIXED_FLEET, deep, delay, mixed
 from tests.unit.test_engine import Harness, capability, submission
 
 P = 100.0  # a batch, in the table's units
@@ -50,6 +50,10 @@ def test_a_collision_and_a_balance_are_told_apart_by_their_thresholds():
 
 def test_only_a_deep_backlog_is_staggered():
     assert deep(DEEP_WAVES * 32, 32) and not deep(DEEP_WAVES * 32 - 1, 32) and not deep(10**6, 0)
+
+
+def test_a_fleet_is_mixed_when_its_batch_periods_are_further_apart_than_mixed_fleet():
+    assert not mixed([0.1, 0.1 * MIXED_FLEET]) and mixed([0.1, 0.1 * MIXED_FLEET * 1.01]) and not mixed([0.3])
 
 
 # ---- in the engine: a flood on four workers, with a virtual clock ------------------------------------------
