@@ -30,5 +30,5 @@ issue's targets with PASS/MISS) and PNG plots (latency vs N with p90 whiskers; s
 
 The load benchmark (`--load`, `bench/load.py`): open-loop Poisson arrivals of candidate groups against
 `sglang_sequential`, `dispatch` and `step` serving, each arm's capacity, and p50/p99 latency and
-goodput from 0.3x to 1.2x of it. Outputs: ``load_cpu.json``, ``load_report.md``, ``load_p99.png``.
+goodput over its capacity search and at 1.2x of it. Outputs: ``load_cpu.json``, ``load_report.md``, ``load_p99.png``.
 """

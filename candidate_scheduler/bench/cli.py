@@ -3,15 +3,22 @@ fairness benchmarks.
 
 The default run (`make bench`) does all five, one after the other. `--load` runs the load benchmark only,
 `--deadline` the deadline benchmark only, `--fleet` the fleet benchmark only, `--fairness` the fairness
-benchmark only, `--no-load` the method benchmark only; the smoke run (`--smoke`) is the method benchmark's unless one of those is given."""
+benchmark only, `--no-load` the method benchmark only; the smoke run (`--smoke`) is the method benchmark's
+unless one of those is given. A run of more than one part writes `bench_run.json`: each part's wall time,
+which is how `make bench`'s 15 minutes are checked."""
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
+import os
 import sys
+import time
+from pathlib import Path
 
 from candidate_scheduler.arg_types import margin_quantile
-from candidate_scheduler.bench.common import DEFAULT_MODEL, DEFAULT_OUT
+from candidate_scheduler.bench.common import DEFAULT_MODEL, DEFAULT_OUT, git_rev, loadavg
 
 
 def parts(args) -> tuple[bool, bool, bool, bool, bool]:
@@ -31,42 +38,73 @@ def parts(args) -> tuple[bool, bool, bool, bool, bool]:
 
 
 def main(args) -> int:
-    run_methods, run_load, run_deadline, run_fleet, run_fairness = parts(args)
-    if run_methods:
-        from candidate_scheduler.bench.report import summary, write_outputs
-        from candidate_scheduler.bench.run import run
-
-        result, opts = run(args)
-        files = write_outputs(result, opts)
-        print(f"bench: {result['meta']['wall_s']:.0f} s; wrote {files['json']}, {files['report']}"
-              + (f", {len(files['plots'])} plots" if files["plots"] else ""))
-        print(summary(result))
-    if run_load:
-        from candidate_scheduler.bench import load
-
-        code = load.main(args)
+    names = ("method", "load", "deadline", "fleet", "fairness")
+    chosen = [name for name, run_it in zip(names, parts(args)) if run_it]
+    runners = {"method": _methods, "load": _load, "deadline": _deadline, "fleet": _fleet, "fairness": _fairness}
+    started, load_before, walls = time.perf_counter(), loadavg(), {}
+    for name in chosen:
+        t0 = time.perf_counter()
+        code = runners[name](args)
+        walls[name] = time.perf_counter() - t0
         if code:
             return code
-    if run_deadline:
-        from pathlib import Path
-
-        from candidate_scheduler.bench.deadline import run_deadline_bench
-
-        run_deadline_bench(Path(args.out), model=args.model, smoke=args.smoke, plot=not args.no_plots,
-                           device=args.device, margin_quantile=args.deadline_margin_quantile)
-    if run_fleet:
-        from candidate_scheduler.bench.fleet import run_fleet_bench
-
-        run_fleet_bench(args.out, smoke=args.smoke, plot=not args.no_plots, baseline=args.fleet_baseline)
-    if run_fairness:
-        from candidate_scheduler.bench.fairness import run_fairness_bench
-
-        run_fairness_bench(args.out, smoke=args.smoke, plot_it=not args.no_plots)
-        if args.fairness_repeats:
-            from candidate_scheduler.bench.fairness import run_repeats_bench
-
-            run_repeats_bench(args.out, args.fairness_repeats)
+    if len(chosen) > 1:  # the whole `make bench`: what each part took, against its 15 minutes
+        _write_walls(args, walls, time.perf_counter() - started, load_before)
     return 0
+
+
+def _methods(args) -> int:
+    from candidate_scheduler.bench.report import summary, write_outputs
+    from candidate_scheduler.bench.run import run
+
+    result, opts = run(args)
+    files = write_outputs(result, opts)
+    print(f"bench: {result['meta']['wall_s']:.0f} s; wrote {files['json']}, {files['report']}"
+          + (f", {len(files['plots'])} plots" if files["plots"] else ""))
+    print(summary(result))
+    return 0
+
+
+def _load(args) -> int:
+    from candidate_scheduler.bench import load
+
+    return load.main(args)
+
+
+def _deadline(args) -> int:
+    from candidate_scheduler.bench.deadline import run_deadline_bench
+
+    run_deadline_bench(Path(args.out), model=args.model, smoke=args.smoke, plot=not args.no_plots,
+                       device=args.device, margin_quantile=args.deadline_margin_quantile)
+    return 0
+
+
+def _fleet(args) -> int:
+    from candidate_scheduler.bench.fleet import run_fleet_bench
+
+    run_fleet_bench(args.out, smoke=args.smoke, plot=not args.no_plots, baseline=args.fleet_baseline)
+    return 0
+
+
+def _fairness(args) -> int:
+    from candidate_scheduler.bench.fairness import run_fairness_bench, run_repeats_bench
+
+    run_fairness_bench(args.out, smoke=args.smoke, plot_it=not args.no_plots, ablations=args.fairness_ablations)
+    if args.fairness_repeats:
+        run_repeats_bench(args.out, args.fairness_repeats)
+    return 0
+
+
+def _write_walls(args, walls: dict[str, float], total_s: float, load_before) -> None:
+    record = {"created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "git": git_rev(),
+              "smoke": bool(args.smoke), "cpu_count": os.cpu_count(), "loadavg_start": load_before,
+              "loadavg_end": loadavg(), "parts_s": walls, "total_s": total_s}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = "bench_run_smoke.json" if args.smoke else "bench_run.json"
+    (out / name).write_text(json.dumps(record, indent=2) + "\n")
+    parts_text = ", ".join(f"{k} {v:.0f} s" for k, v in walls.items())
+    print(f"bench: all parts {total_s:.0f} s ({total_s / 60:.1f} min: {parts_text}); wrote {out / name}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,6 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fairness-repeats", type=int, default=0, metavar="N",
                    help="with the fairness benchmark: run the arms its targets compare N times more "
                         "(fairness_repeats.md): its tail moves from run to run")
+    p.add_argument("--fairness-ablations", action="store_true",
+                   help="with the fairness benchmark: run every arm, the ablations too (each takes one setting away: "
+                        "prefetch, late prefetch); by default only the arms the targets compare and first come first "
+                        "served")
 
     m = p.add_argument_group("method benchmark")
     m.add_argument("--repeats", type=int, default=None, help="timed repeats per shape (default: small 40, large 15)")

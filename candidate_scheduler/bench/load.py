@@ -10,7 +10,7 @@ Open-loop Poisson arrivals of candidate groups (counts mixed over 1, 2, 4, 8; 20
 - `step`: `serve --batching step` + one cosmos3 worker (groups join and leave at step boundaries).
 
 Per arm and shape: unloaded latency, capacity (the highest offered load whose p99 stays within 3x the
-unloaded latency; a short bounded search), then 0.3x..1.2x of that capacity and the point at 0.7x the
+unloaded latency; a short bounded search), then 1.2x of that capacity and the point at 0.7x the
 `dispatch` capacity. Per point: p50/p99 latency, goodput, time to first denoise step, rows per forward.
 A few replies of every arm are checked bitwise against sglang's pipeline. Outputs in --out:
 `load_<device>[_smoke].json`, `load_report.md`, `load_p99.png`.

@@ -33,6 +33,26 @@ def consistent_capacity(rows: list[dict]) -> float | None:
     return max(passed, default=None)
 
 
+def capacity_bracket(rows: list[dict]) -> tuple[float | None, float | None]:
+    """Where the arm's capacity lies, as far as its points tell: [the consistent capacity, the lowest
+    load that failed) -- None above when none failed. The search steps geometrically from each arm's
+    own one-at-a-time rate, so two arms' probes fall on different loads, and a ratio of their
+    capacities carries that grid: it resolves a difference only when the brackets do not overlap."""
+    failed = [r["offered_groups_per_s"] for r in rows if not r["p99_within_slo"]]
+    return consistent_capacity(rows), min(failed, default=None)
+
+
+def bracket_verdict(step: tuple | None, dispatch: tuple | None) -> str | None:
+    """`step` against `dispatch` by their capacity brackets (capacity_bracket)."""
+    if step is None or dispatch is None or step[0] is None or dispatch[0] is None:
+        return None
+    if dispatch[1] is not None and step[0] >= dispatch[1]:
+        return "`step` above `dispatch` (its lowest passing load is above every load `dispatch` failed)"
+    if step[1] is not None and step[1] <= dispatch[0]:
+        return "`step` below `dispatch` (it failed a load `dispatch` passed)"
+    return "not resolved: the brackets overlap, so either may be the higher"
+
+
 def targets(shape: dict) -> list[dict]:
     """The issue's targets on one shape (reported, never asserted); `measured` None when an arm is absent."""
     cap = shape["capacity_groups_per_s"]
@@ -87,7 +107,9 @@ def build_result(shapes: list[dict], meta: dict) -> dict:
         "targets": [t for s in shapes for t in targets(s)],
         "shapes": {s["shape"]: {**{k: v for k, v in s.items() if k != "points"},
                                 "capacity_consistent_groups_per_s": {arm: consistent_capacity(rows)
-                                                                     for arm, rows in s["points"].items()}}
+                                                                     for arm, rows in s["points"].items()},
+                                "capacity_bracket_groups_per_s": {arm: list(capacity_bracket(rows))
+                                                                  for arm, rows in s["points"].items()}}
                    for s in shapes},
     }
 
@@ -158,19 +180,26 @@ def write_report(result: dict, out_dir: Path, json_name: str, plot: str | None) 
         lines += ["", f"## {shape}, {info['steps']} steps ({observations})", "",
                   "Unloaded latency (one group at a time), median ms per count, and capacity:", "",
                   "| arm | " + " | ".join(f"N={c}" for c in COUNTS) + " | unloaded (max) ms | mix mean ms | SLO ms "
-                  "| capacity groups/s | capacity | consistent with every point |",
-                  "|---|" + "---|" * (len(COUNTS) + 6)]
+                  "| capacity groups/s | capacity | consistent with every point | lies in groups/s |",
+                  "|---|" + "---|" * (len(COUNTS) + 7)]
+        brackets = info.get("capacity_bracket_groups_per_s", {})
         for arm in arms:
             u = info["unloaded"][arm]
             cells = " | ".join(fmt(u["per_count_median_s"][str(c)] * 1e3) for c in COUNTS)
             lines.append(f"| {arm} | {cells} | {fmt(u['unloaded_s'] * 1e3)} | {fmt(u['unloaded_mean_s'] * 1e3)} "
                          f"| {fmt(u['slo_s'] * 1e3)} | {fmt(info['capacity_groups_per_s'][arm], 2)} "
                          f"| {info['capacity_search'][arm]['bound']} ({info['capacity_search'][arm]['probes']} probes) "
-                         f"| {fmt(info.get('capacity_consistent_groups_per_s', {}).get(arm), 2)} |")
+                         f"| {fmt(info.get('capacity_consistent_groups_per_s', {}).get(arm), 2)} "
+                         f"| {_bracket_text(brackets.get(arm))} |")
         lines += ["", "Capacity is the search's (the highest probe within the SLO, below the lowest that failed). "
                   "*Consistent with every point* applies the same rule to all the arm's points, the sweep and the "
                   "longer comparison point included: lower when a point below the search's capacity failed, higher when "
-                  "one above it passed."]
+                  "one above it passed. *Lies in*: from that load to the lowest load that failed. Each arm's search "
+                  "steps from its own one-at-a-time rate, so the arms' probes fall on different loads; a capacity "
+                  "ratio resolves a difference only where the brackets do not overlap."]
+        verdict = bracket_verdict(*(tuple(brackets[a]) if a in brackets else None for a in ("step", "dispatch")))
+        if verdict:
+            lines += ["", f"`step` against `dispatch` by these brackets: {verdict}."]
         if info.get("compare_rate_groups_per_s"):
             lines += ["", f"Comparison point: {fmt(info['compare_rate_groups_per_s'], 2)} groups/s = {COMPARE_AT:g}x "
                       "the `dispatch` capacity."]
@@ -227,13 +256,20 @@ def summary(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _bracket_text(bracket) -> str:
+    if not bracket or bracket[0] is None:
+        return "n/a"
+    return f"[{bracket[0]:.2f}, {'none failed' if bracket[1] is None else format(bracket[1], '.2f')})"
+
+
 def rebuild(json_path: Path, plots: bool = True) -> dict:
     """The outputs again from a load JSON (after the report changed): the points are regrouped by shape
     and the targets and consistency figures recomputed; the measurements are the JSON's own."""
     old = json.loads(Path(json_path).read_text())
     shapes = []
     for name, info in old["shapes"].items():
-        shape = {k: v for k, v in info.items() if k != "capacity_consistent_groups_per_s"}
+        shape = {k: v for k, v in info.items()
+                 if k not in ("capacity_consistent_groups_per_s", "capacity_bracket_groups_per_s")}
         shape["points"] = {arm: [r for r in rows if r["shape"] == name] for arm, rows in old["arms"].items()}
         shapes.append(shape)
     return write_outputs(build_result(shapes, old["meta"]), Path(json_path).parent, plots)

@@ -184,13 +184,15 @@ class ShapeBench:
 
     def compare(self, arm: Arm, rate: float, own_capacity: float, slo_s: float, done_rates: list[float]) -> dict:
         """The point at COMPARE_AT x the dispatch arm's capacity. Far past the arm's own capacity it may
-        stop early (its p99 is over the SLO either way, and the backlog would only grow)."""
+        stop early and runs as long as a sweep point, not `compare_scale` times longer: its p99 is over
+        the SLO either way, and the backlog would only grow (no target compares such an arm there)."""
         for row, _run in self.runs[arm.name] if self.shape.compare_scale == 1 else ():
             if abs(row["offered_groups_per_s"] / rate - 1) < 0.03 and not row["stopped_early"]:
                 row["phase"] += f" = compare {COMPARE_AT:g}x dispatch"
                 return row
-        row = self.point(arm, rate, slo_s, f"compare {COMPARE_AT:g}x dispatch", early_stop=rate > 1.3 * own_capacity,
-                         shape=self.shape.compare_plan())
+        past = rate > 1.3 * own_capacity
+        row = self.point(arm, rate, slo_s, f"compare {COMPARE_AT:g}x dispatch", early_stop=past,
+                         shape=None if past else self.shape.compare_plan())
         done_rates.append(rate)
         return row
 

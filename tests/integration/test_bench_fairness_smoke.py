@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from candidate_scheduler.bench.fairness import ARMS
+from candidate_scheduler.bench.fairness import DEFAULT_ARMS
 from candidate_scheduler.service.launcher import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +30,7 @@ def test_fairness_bench_smoke_answers_both_tenants_correctly(tmp_path):
     folder = out / "fairness_smoke"
     result = json.loads((folder / "fairness.json").read_text())
     assert result["meta"]["smoke"] is True
-    assert [a["arm"] for a in result["arms"]] == [name for name, _flags in ARMS]
+    assert [a["arm"] for a in result["arms"]] == [name for name, _flags in DEFAULT_ARMS]
     for a in result["arms"]:
         answered = a["statuses"]
         assert set(answered) == {"done"}, (a["arm"], answered)

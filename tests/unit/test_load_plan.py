@@ -1,4 +1,5 @@
-"""The load benchmark's pure parts: arrival schedules, the early-stop bound, flag parsing, rows per forward."""
+"""The load benchmark's pure parts: arrival schedules, the early-stop bound, flag parsing, rows per forward,
+capacity brackets, and which plan the comparison point runs."""
 
 from __future__ import annotations
 
@@ -121,3 +122,37 @@ def test_the_consistent_capacity_is_the_highest_pass_below_the_lowest_failure_of
     assert consistent_capacity(rows((1.0, True), (1.5, True))) == 1.5  # nothing failed
     assert consistent_capacity(rows((1.0, False), (2.0, True))) is None  # the lowest point failed
     assert consistent_capacity([]) is None
+
+
+def test_a_capacity_ratio_counts_as_resolved_only_when_the_brackets_do_not_overlap():
+    from candidate_scheduler.bench.load_report import bracket_verdict, capacity_bracket
+
+    def rows(*points):
+        return [{"offered_groups_per_s": rate, "p99_within_slo": ok} for rate, ok in points]
+
+    # the committed 256x256 run: dispatch passed 2.19 and failed 2.58, step passed 1.94 and failed 2.28
+    dispatch = capacity_bracket(rows((1.82, True), (2.19, True), (2.58, False), (3.64, False)))
+    step = capacity_bracket(rows((1.61, True), (1.94, True), (2.28, False), (3.23, False)))
+    assert dispatch == (2.19, 2.58) and step == (1.94, 2.28)
+    assert bracket_verdict(step, dispatch).startswith("not resolved")
+    # 64x64: step passed 9.56, above the 9.46 dispatch failed
+    assert bracket_verdict(capacity_bracket(rows((9.56, True), (11.48, False))),
+                           capacity_bracket(rows((7.89, True), (9.46, False)))).startswith("`step` above")
+    assert bracket_verdict((1.0, 1.5), (2.0, None)).startswith("`step` below")  # dispatch failed nothing
+    assert bracket_verdict((3.0, None), (2.0, None)).startswith("not resolved")  # nothing above either failed
+    assert bracket_verdict((None, 1.0), (2.0, 3.0)) is None  # step's lowest point failed: no bracket
+
+
+def test_an_arm_far_past_its_capacity_runs_the_comparison_point_as_a_sweep_point(monkeypatch):
+    from types import SimpleNamespace
+
+    from candidate_scheduler.bench.load_shape import ShapeBench
+
+    shape = FULL.shapes[0]
+    bench = ShapeBench(shape, FULL, {"dispatch": None, "sglang_sequential": None}, None, None, 1)
+    calls = []
+    monkeypatch.setattr(bench, "point", lambda arm, rate, slo, phase, **kw: calls.append((arm.name, kw)) or {})
+    bench.compare(SimpleNamespace(name="dispatch"), 5.5, 7.9, 2.0, [])  # below its own capacity: 4x as long
+    bench.compare(SimpleNamespace(name="sglang_sequential"), 5.5, 3.0, 9.0, [])  # 1.8x its capacity
+    assert calls[0][1] == {"early_stop": False, "shape": shape.compare_plan()}
+    assert calls[1][1] == {"early_stop": True, "shape": None}  # point() then uses the sweep's own plan
