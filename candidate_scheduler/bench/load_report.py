@@ -275,13 +275,6 @@ def rebuild(json_path: Path, plots: bool = True) -> dict:
     return write_outputs(build_result(shapes, old["meta"]), Path(json_path).parent, plots)
 
 
-if __name__ == "__main__":
-    import sys
-
-    for path in sys.argv[1:] or ["bench/results/load_cpu.json"]:
-        print(summary(json.loads(Path(rebuild(Path(path))["json"]).read_text())))
-
-
 def _forecast_lines(info: dict, arms: dict, shape: str) -> list[str]:
     """The cost model's predictions against what each assignment took (send to result): on an idle
     worker (the unloaded groups, one at a time) and under each load point, per forward label."""
@@ -302,3 +295,9 @@ def _forecast_lines(info: dict, arms: dict, shape: str) -> list[str]:
                    f"| {e['within_10pct'] * 100:.0f}% |")
     return out
 
+
+if __name__ == "__main__":
+    import sys
+
+    for path in sys.argv[1:] or ["bench/results/load_cpu.json"]:
+        print(summary(json.loads(Path(rebuild(Path(path))["json"]).read_text())))
