@@ -23,6 +23,7 @@ one misses fewer deadlines and serves fewer candidates, or refuses more groups).
 
 from __future__ import annotations
 
+import bisect
 import collections
 import math
 import re
@@ -137,22 +138,27 @@ class CostModel:
         self.margin_quantile = check_margin_quantile(margin_quantile)
         self.workers: dict[str, WorkerCost] = {}
         self.errors: collections.deque[float] = collections.deque(maxlen=ERRORS_KEPT)
+        self._ranked: list[float] = []  # the same errors, sorted: margin() reads a quantile every event
         self._margin: float | None = None  # margin() since the last error observed
         # Answers since the last observation: forecasts ask the same few questions many times over.
         self._memo: dict[tuple, float] = {}
 
     def observe_error(self, predicted_s: float, actual_s: float) -> None:
-        if predicted_s > 0 and actual_s >= 0:
-            self.errors.append(actual_s / predicted_s)
+        if 0 < predicted_s < math.inf and actual_s >= 0:  # inf / inf would be a NaN no ranking can place
+            if len(self.errors) == self.errors.maxlen:
+                del self._ranked[bisect.bisect_left(self._ranked, self.errors[0])]
+            ratio = actual_s / predicted_s
+            self.errors.append(ratio)
+            bisect.insort(self._ranked, ratio)
             self._margin = None
 
     def margin(self) -> float:
         """The `margin_quantile` percentile of actual / predicted over recent assignments, at least 1."""
         if self._margin is None:
-            if len(self.errors) < MIN_ERRORS:
+            ranked = self._ranked
+            if len(ranked) < MIN_ERRORS:
                 self._margin = 1.0
             else:
-                ranked = sorted(self.errors)
                 self._margin = max(1.0, ranked[int(self.margin_quantile * (len(ranked) - 1))])
         return self._margin
 

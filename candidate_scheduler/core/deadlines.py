@@ -198,7 +198,7 @@ def backfiller(snap: PlanningSnapshot) -> Callable[[str, Unit, Unit], bool] | No
         return shadows[key]
 
     def ok(worker_id: str, head: Unit, unit: Unit) -> bool:
-        sim = snap.sim_workers(only=worker_id)[0]
-        return snap.now + duration(cost, sim, [unit]) <= shadow(worker_id, head.size)
+        there = sum(a.cost_rows for a in snap.worker(worker_id).running)
+        return snap.now + duration(cost, worker_id, (unit,), there) <= shadow(worker_id, head.size)
 
     return ok

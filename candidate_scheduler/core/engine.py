@@ -288,8 +288,15 @@ class Engine:
 
     def snapshot(self, now: float) -> PlanningSnapshot:
         """What a planning decision may read (core/snapshot.py), as the engine stands now."""
-        return PlanningSnapshot(now, self.config.batching, self.config.best_effort_s,
-                                tuple(self.worker_view(w) for w in self.workers.values()), self.cost,
+        self._capability()  # brings every worker's rows up to date
+        prefetch = self.config.prefetch
+        views = []
+        for w in self.workers.values():  # kept until its work or its rows change: most are, every pass
+            v = w.view
+            if v is None or v.rows != w.rows:
+                v = w.view = WorkerView.of(w, w.rows, prefetch)
+            views.append(v)
+        return PlanningSnapshot(now, self.config.batching, self.config.best_effort_s, tuple(views), self.cost,
                                 self.cost.margin(), self._calibrated(), self.pending, self._group_view,
                                 self.elastic, self.config.prefetch, self.config.prefetch_lead_s, self.prefetch_margin,
                                 self.config.stagger, self.held_back)
@@ -299,6 +306,8 @@ class Engine:
 
     def _calibrated(self) -> bool:
         """Every live worker has a cost model (once it has one, it keeps it until it is forgotten)."""
+        if self._known_cost.issuperset(self.workers):
+            return True
         for wid in self.workers:
             if wid not in self._known_cost:
                 if not self.cost.calibrated(wid):
@@ -446,12 +455,6 @@ class Engine:
         """The rows a worker may hold: its capacity, capped by its predicted peak memory (CUDA)."""
         return self.cost.workers[w.worker_id].max_rows_for(w.memory_budget_bytes, w.capacity) \
             if w.worker_id in self.cost.workers else w.capacity
-
-    def worker_view(self, w: WorkerState) -> WorkerView:
-        self._capability()
-        if w.view is None or w.view.rows != w.rows:  # kept until its work or its rows change
-            w.view = WorkerView.of(w, w.rows, self.config.prefetch)
-        return w.view
 
     def _group_view(self, rid: str) -> GroupView | None:
         g = self.groups.get(rid)

@@ -70,13 +70,13 @@ class SimWorker:
         return cost.forward_s(self.worker_id, items[0].label, sum(i.cost_rows for i in items))
 
 
-def duration(cost, worker: SimWorker, units: list[Unit]) -> float:
-    """Predicted wall time of units placed together on `worker` now (one dispatch batch, or one join),
-    with the rows running there now sharing its forwards."""
+def duration(cost, worker_id: str, units: list[Unit] | tuple[Unit, ...], rows_there: int = 0) -> float:
+    """Predicted wall time of units placed together on a worker now (one dispatch batch, or one join),
+    with the `rows_there` it holds now sharing their forwards (a simulated worker's items, all of them)."""
     label = units[0].label
-    rows = sum(u.cost_rows for u in units) + sum(i.cost_rows for i in worker.items)
-    fixed = len(units) * cost.overhead_s(worker.worker_id, label)
-    return fixed + max(u.steps for u in units) * cost.forward_s(worker.worker_id, label, rows)
+    rows = sum(u.cost_rows for u in units) + rows_there
+    fixed = len(units) * cost.overhead_s(worker_id, label)
+    return fixed + max(u.steps for u in units) * cost.forward_s(worker_id, label, rows)
 
 
 def _key(u: Unit) -> tuple[str, int]:

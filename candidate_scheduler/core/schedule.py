@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from candidate_scheduler.core import deadlines
-from candidate_scheduler.core.forecast import SimItem, SimWorker, duration
+from candidate_scheduler.core.forecast import duration
 from candidate_scheduler.core.planning import Unit, plan_dispatch, plan_step
 from candidate_scheduler.core.snapshot import PlanningSnapshot
 
@@ -130,7 +130,8 @@ def _assignments(snap: PlanningSnapshot, placed, trace: Trace) -> tuple[Placemen
     for wid, groups in by_worker.items():
         trace.at(None)
         view = snap.worker(wid)
-        sim = snap.sim_workers(only=wid)[0] if snap.calibrated else None
+        # every row it holds shares the forwards of what joins now (a sim's items: sim_workers)
+        there = sum(a.cost_rows for a in view.running) if snap.calibrated else None
         busy = bool(view.running)
         free = view.free_rows if snap.batching == "step" else (0 if busy else view.rows)
         until = view.busy_until  # when what it holds is predicted done, this pass's placements included
@@ -138,15 +139,12 @@ def _assignments(snap: PlanningSnapshot, placed, trace: Trace) -> tuple[Placemen
             trace.at(units[0].request_id)
             rows = sum(u.size for u in units)
             predicted = run = 0.0
-            if sim is not None and rows <= free:
-                predicted = run = duration(snap.cost, sim, list(units))
+            if there is not None and rows <= free:
+                predicted = run = duration(snap.cost, wid, units, there)
                 until = max(until, snap.now + predicted)
-                # what follows in this pass shares its forwards with these rows
-                sim.items.append(SimItem(tuple((u.request_id, u.slice_index) for u in units), rows,
-                                         sum(u.cost_rows for u in units), float(max(u.steps for u in units)),
-                                         units[0].label, units[0].forward_key))
-            elif sim is not None:  # it waits on the worker until what it holds now is done, then runs
-                wait, alone = max(0.0, until - snap.now), duration(snap.cost, SimWorker(wid, view.rows), list(units))
+                there += sum(u.cost_rows for u in units)  # what follows in this pass shares its forwards
+            elif there is not None:  # it waits on the worker until what it holds now is done, then runs
+                wait, alone = max(0.0, until - snap.now), duration(snap.cost, wid, units)
                 if view.conditions_aside:  # conditioned on the worker's side thread while it waits: it starts
                     # once both are done (counted in full, each held batch's predicted end would drift
                     # later than the real one by its conditioning, and late prefetch would send the next late)

@@ -297,15 +297,17 @@ class PlanningSnapshot:
         return w.takes_a_batch if self.batching == "dispatch" else w.spare > 0
 
     def worker(self, worker_id: str) -> WorkerView:
-        return next(w for w in self.workers if w.worker_id == worker_id)
+        return self._by_id[worker_id]
+
+    @cached_property
+    def _by_id(self) -> Mapping[str, WorkerView]:
+        return {w.worker_id: w for w in self.workers}
 
     def sim_workers(self, only: str | None = None) -> list[SimWorker]:
         """Fresh simulated workers as they run now (core/forecast.py): for each assignment, the steps it
         has left are what its time so far bought at the rows running there now."""
         sims = []
-        for w in self.workers:
-            if only is not None and w.worker_id != only:
-                continue
+        for w in self.workers if only is None else (self.worker(only),):
             sim = SimWorker(w.worker_id, w.rows, conditions_aside=w.conditions_aside)
             # what runs: the assignments that fit its rows, in the order sent (under dispatch batching the
             # first one alone: a batch runs on its own); the rest waits on the worker

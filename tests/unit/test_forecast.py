@@ -83,7 +83,7 @@ def test_the_margin_is_the_measured_90th_percentile_of_the_prediction_error():
     for _ in range(4):
         c.observe_error(1.0, 2.0)
     assert c.margin() == 1.0  # too few to say
-    c.errors.clear()
+    c = cost()  # a fresh window
     for ratio in [0.8] * 10 + [1.0] * 8 + [1.3] * 2:
         c.observe_error(1.0, ratio)
     assert c.margin() == pytest.approx(1.0)
