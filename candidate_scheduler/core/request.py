@@ -8,7 +8,7 @@ or a ValueError; the engine answers either with status `invalid`.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,10 +70,10 @@ def validate(sub: Submission) -> GroupRequest:
     if sub.deadline_s is not None and not (isinstance(sub.deadline_s, (int, float)) and 0.0 < sub.deadline_s <= MAX_DEADLINE_S):
         raise CandidateContractError("deadline_s", "invalid_value", f"must be in (0, {MAX_DEADLINE_S:g}] seconds",
                                      sub.deadline_s)
-    spec = CandidateTrajectorySpec(**_spec_fields(sub.candidates or {}))
+    spec = _checked_once(CandidateTrajectorySpec, sub.candidates, _spec_fields)
     if spec.count > MAX_CANDIDATES:
         raise CandidateContractError("count", "count_over_limit", f"at most {MAX_CANDIDATES}", spec.count)
-    sampling = _sampling(sub.sampling)
+    sampling = _checked_once(SamplingSpec, sub.sampling)
     images = _observations(sub.images, sub.batched)
     prompts = _prompts(sub.prompt, images.shape[0])
     noise = _initial_noise(sub.initial_noise, spec, sampling)
@@ -87,19 +87,19 @@ def validate(sub: Submission) -> GroupRequest:
 _CACHED_TYPES = frozenset({str, int, float, bool, type(None)})
 
 
-def _sampling(raw: Mapping[str, Any] | None) -> SamplingSpec:
-    """SamplingSpec(**raw): a client's groups share a few specs, each checked once. The key holds each
+def _checked_once(cls: type, raw: Mapping[str, Any] | None, fields: Callable[[Mapping], dict] = dict):
+    """cls(**fields(raw)): a client's groups share a few specs, each checked once. The key holds each
     value's type, since 4 == 4.0 == True in Python and only the int is a valid step count; a container
-    (return_step_indices) would hide its items' types, so a spec with one is checked afresh."""
+    (seeds, return_step_indices) would hide its items' types, so a spec with one is checked afresh."""
     items = (raw or {}).items()
     if all(type(value) in _CACHED_TYPES for _name, value in items):
-        return _checked_sampling(tuple(sorted((name, type(value), value) for name, value in items)))
-    return SamplingSpec(**dict(items))
+        return _checked(cls, tuple(sorted((name, type(value), value) for name, value in items)))
+    return cls(**fields(raw or {}))
 
 
 @functools.lru_cache(maxsize=1024)
-def _checked_sampling(key: tuple) -> SamplingSpec:
-    return SamplingSpec(**{name: value for name, _type, value in key})  # a bad spec raises: nothing kept
+def _checked(cls: type, key: tuple):
+    return cls(**{name: value for name, _type, value in key})  # a bad spec raises: nothing kept
 
 
 def _spec_fields(raw: Mapping[str, Any]) -> dict[str, Any]:

@@ -243,6 +243,23 @@ def test_a_sampling_spec_seen_before_is_not_taken_for_one_that_only_compares_equ
             validate(Submission("e", image, "p", {"count": 1, "reducer": "none"}, 1, {**seen, "return_step_indices": bad}))
 
 
+def test_a_candidate_spec_seen_before_is_not_taken_for_one_that_only_compares_equal():
+    from candidate_scheduler.core.request import Submission, validate
+
+    image = np.zeros((16, 16, 3), np.uint8)
+    first = validate(Submission("a", image, "p", {"count": 2, "min_count": 1}, 1, None)).spec
+    assert validate(Submission("b", image, "p", {"count": 2, "min_count": 1}, 1, None)).spec is first  # checked once
+    for bad, field in (({"count": 2.0, "min_count": 1}, "count"), ({"count": 2, "min_count": True}, "min_count"),
+                       ({"count": 2, "return_candidates": 1}, "return_candidates")):
+        with pytest.raises(CandidateContractError) as err:
+            validate(Submission("c", image, "p", bad, 1, None))
+        assert err.value.field == field
+    seeds = validate(Submission("d", image, "p", {"count": 2, "seeds": [5, 6]}, 1, None)).spec  # a list: not cached
+    assert seeds.seeds == (5, 6) and seeds.candidate_seeds(1) == (5, 6)
+    with pytest.raises(CandidateContractError, match="seeds"):
+        validate(Submission("e", image, "p", {"count": 2, "seeds": [5, True]}, 1, None))
+
+
 def test_a_negative_prompt_is_a_string_no_longer_than_a_prompt():
     from candidate_scheduler.core.work import MAX_PROMPT_CHARS, SamplingSpec
 
