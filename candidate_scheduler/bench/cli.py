@@ -82,7 +82,8 @@ def _deadline(args) -> int:
 def _fleet(args) -> int:
     from candidate_scheduler.bench.fleet import run_fleet_bench
 
-    run_fleet_bench(args.out, smoke=args.smoke, plot=not args.no_plots, baseline=args.fleet_baseline)
+    run_fleet_bench(args.out, smoke=args.smoke, plot=not args.no_plots, baseline=args.fleet_baseline,
+                    baseline_events=args.fleet_baseline_events)
     return 0
 
 
@@ -164,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--fleet-baseline", default=None, metavar="REV",
                    help="with --fleet: instead of the fleet run, the engine in process against this git revision's "
                         "engine, point by point side by side (fleet_baseline.*; e.g. 768553e)")
+    f.add_argument("--fleet-baseline-events", type=int, default=None, metavar="N",
+                   help="with --fleet-baseline: N timed events at every point for both engines (default: 300, "
+                        "fewer for the earlier engine at deep queues, which an O(queue) engine needs)")
 
     d = p.add_argument_group("deadline benchmark")
     d.add_argument("--deadline-margin-quantile", type=margin_quantile, default=None,

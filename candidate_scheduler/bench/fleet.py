@@ -349,13 +349,14 @@ def run_fleet(smoke: bool, progress=None) -> dict:
     return {"runs": runs, "skipped": skipped, "capacity": CAPACITY, "steps": STEPS, "side": SIDE, "log_dir": log_dir}
 
 
-def run_fleet_bench(out_dir, *, smoke: bool = False, plot: bool = True, baseline: str | None = None) -> dict:
+def run_fleet_bench(out_dir, *, smoke: bool = False, plot: bool = True, baseline: str | None = None,
+                    baseline_events: int | None = None) -> dict:
     """`bench --fleet`: the engine in process against queue depth, then the fleet over ZMQ; writes
     fleet.json (fleet_smoke.json with --smoke), the report and the plots. With `baseline` (a git
     revision) instead: only the engine in process, each point against that revision's engine and this
     one side by side, written to fleet_baseline.json / .md / .png (a plain run never touches them)."""
     if baseline is not None:
-        return run_baseline(out_dir, baseline, plot=plot)
+        return run_baseline(out_dir, baseline, plot=plot, events=baseline_events)
     import datetime
     from pathlib import Path
 
@@ -402,8 +403,9 @@ def run_fleet_bench(out_dir, *, smoke: bool = False, plot: bool = True, baseline
     return result
 
 
-def run_baseline(out_dir, revision: str, *, plot: bool = True) -> dict:
-    """The engine in process, `revision`'s and this one's, point by point (see run_fleet_bench)."""
+def run_baseline(out_dir, revision: str, *, plot: bool = True, events: int | None = None) -> dict:
+    """The engine in process, `revision`'s and this one's, point by point (see run_fleet_bench); with
+    `events`, that many at every point for both (else 300, fewer for `revision` at deep queues)."""
     import datetime
     from pathlib import Path
 
@@ -418,7 +420,8 @@ def run_baseline(out_dir, revision: str, *, plot: bool = True) -> dict:
                     file=sys.stderr, dynamic_ncols=True, mininterval=0.5)
     root = _worktree(revision)
     try:
-        rows = fleet_engine.sweep(depths, events=300, baseline=root, progress=lambda _r: progress.update(1))
+        rows = fleet_engine.sweep(depths, events=events or 300, baseline=root, same_events=events is not None,
+                                  progress=lambda _r: progress.update(1))
     finally:
         progress.close()
         subprocess.run(["git", "worktree", "remove", "--force", root], cwd=_ROOT, capture_output=True)

@@ -151,16 +151,18 @@ def time_per_event(batching: str, depth: int, *, workers: int = 32, rows: int = 
 
 
 def sweep(depths=(100, 1000, 5000, 10_000), modes=("dispatch", "step"), *, events: int = 400,
-          deadline_every: int = 0, progress=None, baseline: str | None = None) -> list[dict]:
+          deadline_every: int = 0, progress=None, baseline: str | None = None, same_events: bool = False) -> list[dict]:
     """Every (mode, depth) point, each in a fresh process (no heap or caches carried over). With
     `baseline` (a checkout of an older revision), each point runs there too, right before this one: the
-    two engines measured side by side on the same machine state (rows with "revision": "baseline")."""
+    two engines measured side by side on the same machine state (rows with "revision": "baseline");
+    `same_events`: as many events there as here (else fewer at deep queues, for an O(queue) engine)."""
     rows = []
     for mode in modes:
         for depth in depths:
             if baseline is not None:
                 # an old engine is O(queue) per event: fewer events keep its deep points within a minute
-                rows.append({**_point(baseline, mode, depth, min(events, max(40, 400_000 // depth)), deadline_every),
+                n = events if same_events else min(events, max(40, 400_000 // depth))
+                rows.append({**_point(baseline, mode, depth, n, deadline_every),
                              "revision": "baseline"})
                 if progress is not None:
                     progress(rows[-1])
