@@ -10,6 +10,10 @@ same client measures any build of it side by side (before and after a cost-model
     python -m candidate_scheduler.bench.forecast_idle --compare before.json after.json > table.md
 
 Idle means one group in flight: a forecast here is the cost model alone, with no queue to model.
+
+Then the elastic check (#21, as a new user tried it): at 256x256, a count-32 group with min_count 2 and a
+deadline of 1.5x a count-8 group's latency, a fresh observation each time. The count the scheduler picks
+is a promise; every admitted group must be answered `done` within its deadline.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ PHASES = (
 )
 
 
-def run(endpoint: str, control: str, steps: int = 20) -> dict:
+def run(endpoint: str, control: str, steps: int = 20, elastic_trials: int = 8, phases_too: bool = True) -> dict:
     from candidate_scheduler import Client, synthetic_image
 
     phases, groups, seen = [], [], set()
@@ -59,7 +63,7 @@ def run(endpoint: str, control: str, steps: int = 20) -> dict:
         return m
 
     with Client(endpoint, control) as client:
-        for name, side, kind, rounds in PHASES:
+        for name, side, kind, rounds in PHASES if phases_too else ():
             same = synthetic_image(side, side, seed=7)
             pool = [synthetic_image(side, side, seed=s) for s in (11, 12)]
             for img in (*pool, same):  # the worker caches these before the phase is measured
@@ -78,8 +82,54 @@ def run(endpoint: str, control: str, steps: int = 20) -> dict:
             phases.append({"phase": name, "ratios": ratios, "errors": forecast_errors(metrics)})
             print(f"forecast_idle: {name}: {len(ratios)} assignments, p50 "
                   f"{np.median(ratios):.2f}", file=sys.stderr, flush=True)
+        trials = elastic(client, elastic_trials, steps) if elastic_trials else []
     return {"created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "git": git_rev(),
-            "steps": steps, "phases": phases, "groups": groups}
+            "steps": steps, "phases": phases, "groups": groups, "elastic": trials}
+
+
+def elastic(client, trials: int, steps: int, side: int = 256) -> list[dict]:
+    """`trials` elastic groups (see the module docstring); the deadline is 1.5x the quicker of two
+    count-8 groups' latencies, measured after one that warms the shape up."""
+    import time
+
+    from candidate_scheduler import synthetic_image
+
+    seed, latencies, out = 90_000, [], []
+    for _ in range(3):
+        seed += 1
+        started = time.monotonic()
+        client.submit(synthetic_image(side, side, seed=seed), "pick up the red cube", count=8, seed=seed,
+                      steps=steps, height=side, width=side)
+        latencies.append(time.monotonic() - started)
+    deadline = 1.5 * min(latencies[1:])
+    for _ in range(trials):
+        seed += 1
+        started = time.monotonic()
+        reply = client.submit(synthetic_image(side, side, seed=seed), "pick up the red cube", count=32, min_count=2,
+                              deadline_s=deadline, seed=seed, steps=steps, height=side, width=side)
+        out.append({"status": reply.status, "served": reply.served_count, "elapsed_s": time.monotonic() - started,
+                    "deadline_s": deadline, "forecasts": reply.metrics.get("forecasts") or []})
+        print(f"forecast_idle: elastic: {reply.status}, {reply.served_count} served in {out[-1]['elapsed_s']:.3f} s "
+              f"(deadline {deadline:.3f} s)", file=sys.stderr, flush=True)
+    return out
+
+
+def elastic_table(trials: list[dict]) -> str:
+    """One row: how many elastic groups were done in time, the counts served, the slack left, and the
+    worst measured / predicted among their assignments. In time by the client's clock, which adds the
+    link to the scheduler's receipt-to-reply time: stricter than the deadline itself."""
+    if not trials:
+        return ""
+    in_time = [t for t in trials if t["status"] == "done" and t["elapsed_s"] <= t["deadline_s"]]
+    served = sorted(t["served"] for t in trials if t["served"])
+    slack = [t["deadline_s"] - t["elapsed_s"] for t in in_time]
+    ratios = [f["measured_s"] / f["predicted_s"] for t in trials for f in t["forecasts"] if f.get("predicted_s", 0) > 0]
+    cells = [str(len(trials)), f"{len(in_time)}", ", ".join(sorted({t['status'] for t in trials} - {"done"})) or "-",
+             f"{served[0]}-{served[-1]}" if served else "-",
+             f"{1e3 * min(slack):.0f} / {1e3 * float(np.median(slack)):.0f}" if slack else "-",
+             f"{max(ratios):.2f}" if ratios else "-"]
+    return ("| elastic groups | done in time | other answers | served | slack ms (min / p50) "
+            "| worst measured / predicted |\n|---|---|---|---|---|---|\n| " + " | ".join(cells) + " |\n")
 
 
 def summary_row(ratios: list[float]) -> tuple[float, float, float, float]:
@@ -90,6 +140,9 @@ def summary_row(ratios: list[float]) -> tuple[float, float, float, float]:
 
 def compare(runs: list[dict]) -> str:
     """One markdown table: per phase, each run's p10/p50/p90 of measured / predicted and the share within 10%."""
+    runs = [r for r in runs if r["phases"]]  # an --elastic-only run has none
+    if not runs:
+        return ""
     tags = [r.get("tag") or r["git"] for r in runs]
     lines = ["| phase | assignments | " + " | ".join(f"{t}: p10 / p50 / p90, within 10%" for t in tags) + " |",
              "|---|---|" + "---|" * len(runs)]
@@ -150,8 +203,10 @@ def noise_floor(groups: list[dict]) -> str:
 
 def tables(run: dict) -> str:
     name = run.get("tag") or run["git"]
-    return (f"\nFixed cost per group replayed from {name} ({run['created']}):\n\n" + replay_fixed(run["groups"])
-            + f"\nNoise floor in {name}:\n\n" + noise_floor(run["groups"]))
+    elastic_rows = elastic_table(run.get("elastic") or [])
+    phases = (f"\nFixed cost per group replayed from {name} ({run['created']}):\n\n" + replay_fixed(run["groups"])
+              + f"\nNoise floor in {name}:\n\n" + noise_floor(run["groups"])) if run["groups"] else ""
+    return phases + (f"\nElastic groups in {name}:\n\n" + elastic_rows if elastic_rows else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--endpoint", default="tcp://127.0.0.1:5555")
     p.add_argument("--control", default="tcp://127.0.0.1:5556")
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--elastic", type=int, default=8, metavar="N", help="elastic groups to send at the end (0: none)")
+    p.add_argument("--elastic-only", action="store_true",
+                   help="only the elastic groups: as a new user meets them, on a worker that has seen nothing yet")
     p.add_argument("--out", type=Path)
     p.add_argument("--tag", default="", help="the build measured, for the comparison's columns")
     p.add_argument("--compare", nargs="+", type=Path, help="runs' JSON files: print their table and exit")
@@ -166,14 +224,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare:
         runs = [json.loads(path.read_text()) for path in args.compare]
         print(compare(runs), end="")
-        for r in (r for r in runs if r.get("groups")):
+        for r in (r for r in runs if r.get("groups") or r.get("elastic")):
             print(tables(r), end="")
         return 0
-    result = {**run(args.endpoint, args.control, args.steps), "tag": args.tag}
+    result = {**run(args.endpoint, args.control, args.steps, args.elastic, not args.elastic_only), "tag": args.tag}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(compare([result]) + tables(result), end="")
+    print((compare([result]) if result["phases"] else "") + tables(result), end="")
     return 0
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from candidate_scheduler.bench.forecast_idle import compare, noise_floor, replay_fixed
+from candidate_scheduler.bench.forecast_idle import compare, elastic_table, noise_floor, replay_fixed
 
 
 def group(phase: str, fresh: bool, count: int = 1, measured_s: float = 0.2) -> dict:
@@ -33,3 +33,15 @@ def test_compare_puts_each_run_in_its_own_column():
     run = {"tag": "a", "git": "x", "phases": [{"phase": "p", "ratios": [0.5, 1.0, 1.05, 2.0]}]}
     cells = row(compare([run, {**run, "tag": "b"}]), "p")
     assert cells[1] == "4" and cells[2] == cells[3] and cells[2].endswith("50%")
+
+
+def test_the_elastic_row_counts_a_late_done_as_a_miss():
+    def trial(status: str, elapsed_s: float, served: int | None = 10) -> dict:
+        return {"status": status, "served": served, "elapsed_s": elapsed_s, "deadline_s": 1.5,
+                "forecasts": [{"predicted_s": 1.0, "measured_s": elapsed_s}]}
+
+    table = elastic_table([trial("done", 1.2), trial("done", 1.4), trial("done", 1.6), trial("expired", 1.5, None)])
+    n, in_time, other, served, slack, worst = row(table, "4")
+    assert (n, in_time, other, served) == ("4", "2", "expired", "10-10")
+    assert slack == "100 / 200" and worst == "1.60"
+    assert elastic_table([]) == ""
