@@ -74,6 +74,24 @@ class _NoMetrics:
         return lambda *args, **kwargs: None
 
 
+class _Guard:
+    """Engine.guard's context: a class, not a generator, since every event enters a few per group."""
+
+    __slots__ = ("engine", "event", "request_ids")
+
+    def __init__(self, engine: Engine, event: str, request_ids: tuple[str, ...]):
+        self.engine, self.event, self.request_ids = engine, event, request_ids
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, _tb) -> bool:
+        if not isinstance(exc, Exception):
+            return False  # none, or KeyboardInterrupt / SystemExit: not a fault to answer
+        self.engine._fault(self.event, exc, self.request_ids)  # an event must fail only the groups it concerns
+        return True
+
+
 class Engine:
     def __init__(self, config: EngineConfig | None = None, metrics: Any | None = None, first_batch_id: int = 1,
                  stopwatch=None):
@@ -142,14 +160,10 @@ class Engine:
         """A planning pass on its own: what the shell runs after a burst of events it did not plan after."""
         return self._event("schedule", now, lambda: None)
 
-    @contextlib.contextmanager
-    def guard(self, event: str, *request_ids: str):
+    def guard(self, event: str, *request_ids: str) -> _Guard:
         """Run a step of `event`; if it raises, answer `request_ids` (the groups it was working on) with
         an internal error, report the fault, and go on."""
-        try:
-            yield
-        except Exception as exc:  # noqa: BLE001 - an event must fail only the groups it concerns
-            self._fault(event, exc, request_ids)
+        return _Guard(self, event, request_ids)
 
     def _fault(self, event: str, exc: BaseException, request_ids) -> None:
         text = f"{type(exc).__name__}: {exc}"
