@@ -77,12 +77,7 @@ def _forecast_units(snap: PlanningSnapshot, count_of: Callable[[GroupView], int 
 
 def _alone_s(snap: PlanningSnapshot, units: list[Unit]) -> float:
     """The least time the largest of these slices takes on any idle worker: a bound no queue improves."""
-    cost = snap.planned_cost
-    biggest = max(units, key=lambda u: u.cost_rows)
-    return min(cost.overhead_s(w.worker_id, biggest.label)
-               + biggest.steps * cost.forward_s(w.worker_id, biggest.label, biggest.cost_rows)
-               for w in snap.workers if w.rows >= biggest.size) if any(w.rows >= biggest.size for w in snap.workers) \
-        else math.inf
+    return fluid.Pipe(snap).run_s(max(units, key=lambda u: u.cost_rows), busy=False)
 
 
 def refuse_at_receipt(snap: PlanningSnapshot, view: GroupView) -> float | None:

@@ -116,6 +116,8 @@ class Engine:
         self._known_cost: set[str] = set()  # workers whose cost model is calibrated
         self._slicing: tuple[ModelCapability, int] | None = None  # (capability, smallest rows); None: stale
         self._room: bool | None = None  # some worker may take work now (None: stale); planning's first question
+        self._rows_epoch = 0  # bumped when a worker comes or goes or its rows change (rows_changed)
+        self._fleet_memo: tuple[tuple, dict] = ((), {})  # (what it holds for, answers): PlanningSnapshot.memo
         # When the shell should run a planning pass though nothing happened: a worker becomes due for the
         # work it will hold next (late prefetch), or for its staggered start. None: the next event is soon enough.
         self.wake_at: float | None = None
@@ -234,6 +236,7 @@ class Engine:
         """A worker came or went, or the rows one may hold changed (capacity, memory): sizes are stale."""
         self._slicing = None
         self._room = None
+        self._rows_epoch += 1
 
     def load_changed(self) -> None:
         """A worker took or gave back work: whether any has room is stale."""
@@ -310,10 +313,14 @@ class Engine:
             if v is None or v.rows != w.rows:
                 v = w.view = WorkerView.of(w, w.rows, prefetch)
             views.append(v)
+        margin = self.cost.margin()
+        key = (self._rows_epoch, self.cost.version, margin)
+        if self._fleet_memo[0] != key:
+            self._fleet_memo = (key, {})
         return PlanningSnapshot(now, self.config.batching, self.config.best_effort_s, tuple(views), self.cost,
-                                self.cost.margin(), self._calibrated(), self.pending, self._group_view,
+                                margin, self._calibrated(), self.pending, self._group_view,
                                 self.elastic, self.config.prefetch, self.config.prefetch_lead_s, self.prefetch_margin,
-                                self.config.stagger, self.held_back)
+                                self.config.stagger, self.held_back, memo=self._fleet_memo[1])
 
     def forget_cost(self, worker_id: str) -> None:
         self._known_cost.discard(worker_id)

@@ -36,36 +36,52 @@ EXACT_LIMIT = 128  # queued slices ahead plus the fleet's rows, beyond which the
 
 def exact_enough(snap: PlanningSnapshot, order: tuple) -> bool:
     """Whether the exact simulation is cheap enough for a group at `order` (see the module docstring)."""
-    budget = EXACT_LIMIT - sum(w.rows for w in snap.workers)
+    rows = snap.memo.get("rows")
+    if rows is None:
+        rows = snap.memo["rows"] = sum(w.rows for w in snap.workers)
+    budget = EXACT_LIMIT - rows
     return budget > 0 and sum(n for _bucket, n in snap.queue.ahead(order)) <= budget
 
 
 class Pipe:
-    """The fleet as one pipe, for one snapshot."""
+    """The fleet as one pipe, for one snapshot. What depends only on the workers' rows and the cost model
+    is kept in the snapshot's memo, which outlives the snapshot until either changes."""
 
     def __init__(self, snap: PlanningSnapshot):
         self.snap = snap
         self.cost = snap.planned_cost
-        self._rates: dict[str, float] = {}
-        self._fixed: dict[str, float] = {}
+        self.memo = snap.memo
+
+    def worker_rates(self, label: str) -> tuple[float, ...]:
+        """Each worker's row-steps per second at full occupancy, for forwards of `label` (in snap.workers'
+        order, which holds while the memo does: a worker coming or going clears it)."""
+        key = ("worker_rates", label)
+        rates = self.memo.get(key)
+        if rates is None:
+            rates = []
+            for w in self.snap.workers:
+                step = self.cost.forward_s(w.worker_id, label, w.rows)
+                rates.append(w.rows / step if step > 0 else math.inf)
+            rates = self.memo[key] = tuple(rates)
+        return rates
 
     def rate(self, label: str) -> float:
         """Row-steps per second of the whole fleet at full occupancy, for forwards of `label`."""
-        if label not in self._rates:
-            total = 0.0
-            for w in self.snap.workers:
-                step = self.cost.forward_s(w.worker_id, label, w.rows)
-                total += w.rows / step if step > 0 else math.inf
-            self._rates[label] = total
-        return self._rates[label]
+        key = ("rate", label)
+        rate = self.memo.get(key)
+        if rate is None:
+            rate = self.memo[key] = sum(self.worker_rates(label))
+        return rate
 
     def fixed_s(self, label: str) -> float:
         """A slice's fixed cost (conditioning, postprocess) spread over the fleet: the workers' mean, over
         their number (they condition side by side)."""
-        if label not in self._fixed:
+        key = ("fixed", label)
+        fixed = self.memo.get(key)
+        if fixed is None:
             workers = self.snap.workers
-            self._fixed[label] = sum(self.cost.overhead_s(w.worker_id, label) for w in workers) / len(workers) ** 2
-        return self._fixed[label]
+            fixed = self.memo[key] = sum(self.cost.overhead_s(w.worker_id, label) for w in workers) / len(workers) ** 2
+        return fixed
 
     def work_s(self, units) -> float:
         """Seconds of the pipe's time that these slices take (their rows x steps, and their fixed cost)."""
@@ -75,10 +91,9 @@ class Pipe:
         """Until what runs now has drained: each worker's predicted remaining time, weighted by its share
         of the pipe."""
         now, total = self.snap.now, 0.0
-        for w in self.snap.workers:
-            if w.running:
-                step = self.cost.forward_s(w.worker_id, label, w.rows)
-                total += (w.rows / step if step > 0 else 0.0) * max(0.0, w.busy_until - now) * self.cost.factor
+        for w, worker_rate in zip(self.snap.workers, self.worker_rates(label)):
+            if w.running and worker_rate < math.inf:
+                total += worker_rate * max(0.0, w.busy_until - now) * self.cost.factor
         rate = self.rate(label)
         return total / rate if 0 < rate < math.inf else 0.0
 
@@ -91,14 +106,18 @@ class Pipe:
 
     def run_s(self, unit: Unit, busy: bool) -> float:
         """One slice's own time on the best worker: its fixed cost and its steps, at a full forward when the
-        fleet is busy (it shares its forwards), at its own rows when it is not."""
-        best = math.inf
-        for w in self.snap.workers:
-            if w.rows < unit.size:
-                continue
-            rows = w.rows if busy else unit.cost_rows
-            best = min(best, self.cost.overhead_s(w.worker_id, unit.label)
-                       + unit.steps * self.cost.forward_s(w.worker_id, unit.label, rows))
+        fleet is busy (it shares its forwards), at its own rows when it is not (inf: no worker holds it)."""
+        key = ("run", unit.label, unit.size, unit.cost_rows, unit.steps, busy)
+        best = self.memo.get(key)
+        if best is None:
+            best = math.inf
+            for w in self.snap.workers:
+                if w.rows < unit.size:
+                    continue
+                rows = w.rows if busy else unit.cost_rows
+                best = min(best, self.cost.overhead_s(w.worker_id, unit.label)
+                           + unit.steps * self.cost.forward_s(w.worker_id, unit.label, rows))
+            self.memo[key] = best
         return best
 
     def finish(self, units: list[Unit], ahead_s: float) -> float:

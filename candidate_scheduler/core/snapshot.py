@@ -150,6 +150,10 @@ class PlanningSnapshot:
     # Staggered starts an earlier pass decided, still to come: kept, not decided again from a boundary
     # that has moved since (an idle worker's boundary is always now)
     decided: Mapping[str, float] = field(default_factory=dict)
+    # Fleet-wide answers that depend only on the workers' rows and the cost model with its margin (a
+    # fluid rate, a slice's best time alone): the engine keeps them across snapshots until one of those
+    # changes, so a burst of deadline groups does not loop over every worker for each (core/fluid.py)
+    memo: dict = field(default_factory=dict)
 
     @property
     def planned_cost(self) -> Scaled:

@@ -8,7 +8,7 @@ import pytest
 
 from candidate_scheduler.core import deadlines, fluid
 from tests.unit.test_engine import Harness, submission
-from tests.unit.test_engine_deadlines import calibrated
+from tests.unit.test_engine_deadlines import LABEL, calibrated
 
 WORKERS = 20  # x 8 rows = 160 rows: past fluid.EXACT_LIMIT on its own
 STEP_S = 0.05 + 0.01 * 8  # a forward of 8 rows (the calibrated profile)
@@ -64,3 +64,15 @@ def test_an_elastic_group_on_a_busy_fleet_is_served_the_count_the_pipe_has_time_
     fleet.run_all()
     r = fleet.reply("elastic")
     assert r.status == "done" and r.metrics["served_count"] == 8
+
+
+def test_the_pipe_answers_afresh_once_the_cost_model_has_learned_something(fleet):
+    burst(fleet, 320)  # every row busy for one group's run, and as many groups queued behind
+    fleet.submit("before", count=1, steps=10, deadline_s=3.5 * RUN_S)
+    assert "before" not in fleet.replies  # about three runs: the running one, the queued one, its own
+    for i in range(WORKERS):  # every worker's forwards turn out 4x slower than its warm-up said
+        for _ in range(60):
+            fleet.engine.cost.observe_forward(f"w{i}", LABEL, 8, 4 * STEP_S)
+    fleet.submit("after", count=1, steps=10, deadline_s=3.5 * RUN_S)
+    r = fleet.reply("after")  # the pipe's fleet rates were kept between submissions; not past a lesson
+    assert r.status == "rejected" and r.error_code == "deadline_unmeetable"
