@@ -415,21 +415,24 @@ def run_baseline(out_dir, revision: str, *, plot: bool = True, events: int | Non
     from candidate_scheduler.bench.common import git_rev, loadavg
 
     started, load_before = time.perf_counter(), loadavg()
-    depths = (100, 1000, 5000, 10_000)
-    progress = tqdm(total=4 * len(depths), desc=f"fleet: engine, {revision} and this revision", unit="run",
-                    file=sys.stderr, dynamic_ncols=True, mininterval=0.5)
+    depths, deadline_depths = (100, 1000, 5000, 10_000), (100, 10_000)
+    progress = tqdm(total=4 * (len(depths) + len(deadline_depths)), desc=f"fleet: engine, {revision} and this revision",
+                    unit="run", file=sys.stderr, dynamic_ncols=True, mininterval=0.5)
     root = _worktree(revision)
     try:
         rows = fleet_engine.sweep(depths, events=events or 300, baseline=root, same_events=events is not None,
                                   progress=lambda _r: progress.update(1))
+        # every group with a deadline: refusal at receipt, and the forecast at each send
+        deadline = fleet_engine.sweep(deadline_depths, events=events or 300, deadline_every=1, baseline=root,
+                                      same_events=events is not None, progress=lambda _r: progress.update(1))
     finally:
         progress.close()
         subprocess.run(["git", "worktree", "remove", "--force", root], cwd=_ROOT, capture_output=True)
     meta = {"created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "git": git_rev(),
             "baseline": _rev(revision), "cpu_count": os.cpu_count(), "engine_workers": rows[0]["workers"],
             "engine_rows": rows[0]["rows"], "loadavg_start": load_before, "loadavg_end": loadavg(),
-            "wall_s": time.perf_counter() - started}
-    result = {"meta": meta, "engine": rows}
+            "wall_s": time.perf_counter() - started, "same_events": events is not None}
+    result = {"meta": meta, "engine": rows, "engine_deadlines": deadline}
     files = fleet_report.write_baseline(result, Path(out_dir), plot=plot)
     print(f"fleet baseline: {meta['wall_s']:.0f} s; wrote {files['json']}, {files['report']}")
     return result

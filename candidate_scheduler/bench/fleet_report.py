@@ -160,9 +160,13 @@ def write_baseline(result: dict, out_dir: Path, plot: bool = True) -> dict:
              f"Written by `candidate-scheduler bench --fleet --fleet-baseline {meta['baseline']}` "
              "(bench/fleet_engine.py, each point in a fresh process; the earlier revision's right before this one's).",
              "", f"{meta['engine_workers']} fake workers of {meta['engine_rows']} rows, one-candidate groups, the queue "
-             "held at a fixed depth; an event is one worker result (fold, reduce, answer, plan). Fewer events at the "
-             "earlier engine's deep points keep each within about a minute.", ""]
+             "held at a fixed depth; an event is one worker result (fold, reduce, answer, plan)."
+             + ("" if meta.get("same_events") else " Fewer events at the earlier engine's deep points keep each "
+                "within about a minute."), ""]
     lines += _engine_table(result["engine"], "Without deadlines", meta["baseline"])
+    if result.get("engine_deadlines"):
+        lines += _engine_table(result["engine_deadlines"], "Every group with a deadline (refusal at receipt on each)",
+                               meta["baseline"])
     plots = []
     if plot:
         plots = [_engine_plot({"meta": meta, "engine": result["engine"]}, out_dir, "fleet_baseline.png")]
