@@ -90,7 +90,7 @@ def refuse_at_receipt(snap: PlanningSnapshot, view: GroupView) -> float | None:
     if alone > view.deadline:
         return alone
     if not fluid.exact_enough(snap, view.order):
-        finish = fluid.refusal_finish(snap, view)
+        finish = fluid.refusal_finish(snap, view, own)
         return finish if finish > view.deadline else None
     units = _forecast_units(snap, lambda g: g.min_count if g.elastic else None, (view, view.min_count))
     finish = forecast(snap.now, snap.sim_workers(), units, snap.planned_cost, snap.batching,

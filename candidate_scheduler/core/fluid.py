@@ -129,12 +129,12 @@ class Pipe:
         return self.snap.now + waiting + self.run_s(last, waiting > 0)
 
 
-def refusal_finish(snap: PlanningSnapshot, view: GroupView) -> float:
-    """The pipe's finish of a new group at its minimum count, every startable elastic group ahead of it
-    at its minimum too (core/deadlines.refuse_at_receipt's question)."""
+def refusal_finish(snap: PlanningSnapshot, view: GroupView, units: list[Unit]) -> float:
+    """The pipe's finish of a new group as these units (at its minimum count), every startable elastic
+    group ahead of it at its minimum too (core/deadlines.refuse_at_receipt's question)."""
     pipe = Pipe(snap)
     ahead = pipe.ahead_s(view.order) - _elastic_excess(snap, pipe, view.order)
-    return pipe.finish(view.units(view.min_count, snap.slice_capacity), ahead)
+    return pipe.finish(units, ahead)
 
 
 def _elastic_excess(snap: PlanningSnapshot, pipe: Pipe, before: tuple, after: tuple | None = None) -> float:

@@ -162,7 +162,10 @@ class PlanningSnapshot:
     @property
     def slice_capacity(self) -> int:
         """The rows admission sizes slices for: the smallest live worker's."""
-        return min(w.rows for w in self.workers)
+        rows = self.memo.get("slice_capacity")
+        if rows is None:
+            rows = self.memo["slice_capacity"] = min(w.rows for w in self.workers)
+        return rows
 
     # ---- late prefetch: work that will wait on a worker is sent just in time, not as soon as there is room.
     # Until it is sent it stays in the queue, where a group that arrives meanwhile -- another tenant's,
