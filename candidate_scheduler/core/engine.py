@@ -41,6 +41,7 @@ from candidate_scheduler.core.cost_model import CostModel
 from candidate_scheduler.core.engine_config import EngineConfig  # noqa: F401 - re-exported (its users import it here)
 from candidate_scheduler.core.group import Group, refusal
 from candidate_scheduler.core.group_state import GroupStatus
+from candidate_scheduler.core.guard import Guard
 from candidate_scheduler.core.intake import Intake
 from candidate_scheduler.core.messages import (
     CancelRows,
@@ -72,24 +73,6 @@ class _NoMetrics:
 
     def __getattr__(self, name: str):
         return lambda *args, **kwargs: None
-
-
-class _Guard:
-    """Engine.guard's context: a class, not a generator, since every event enters a few per group."""
-
-    __slots__ = ("engine", "event", "request_ids")
-
-    def __init__(self, engine: Engine, event: str, request_ids: tuple[str, ...]):
-        self.engine, self.event, self.request_ids = engine, event, request_ids
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind, exc, _tb) -> bool:
-        if not isinstance(exc, Exception):
-            return False  # none, or KeyboardInterrupt / SystemExit: not a fault to answer
-        self.engine._fault(self.event, exc, self.request_ids)  # an event must fail only the groups it concerns
-        return True
 
 
 class Engine:
@@ -162,10 +145,10 @@ class Engine:
         """A planning pass on its own: what the shell runs after a burst of events it did not plan after."""
         return self._event("schedule", now, lambda: None)
 
-    def guard(self, event: str, *request_ids: str) -> _Guard:
+    def guard(self, event: str, *request_ids: str) -> Guard:
         """Run a step of `event`; if it raises, answer `request_ids` (the groups it was working on) with
         an internal error, report the fault, and go on."""
-        return _Guard(self, event, request_ids)
+        return Guard(self._fault, event, request_ids)
 
     def _fault(self, event: str, exc: BaseException, request_ids) -> None:
         text = f"{type(exc).__name__}: {exc}"

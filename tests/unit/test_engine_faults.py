@@ -10,6 +10,7 @@ import pytest
 from candidate_scheduler.core import deadlines, reducers
 from candidate_scheduler.core import engine as engine_module
 from candidate_scheduler.core import intake as intake_module
+from candidate_scheduler.core.guard import Guard
 from candidate_scheduler.core.messages import InternalFault, SliceOutcome
 from candidate_scheduler.core.outcomes import Verdict, classify
 from candidate_scheduler.core.planning import WorkerSlot
@@ -293,3 +294,13 @@ def test_a_late_answer_for_a_cancelled_slice_is_never_folded_into_a_new_group_wi
     r = h.reply("r")
     assert r.status == "done" and tuple(r.candidate_seeds) == tuple(new.slices[0].dispatch.seeds)
     np.testing.assert_allclose(r.action, reduced(r.candidate_seeds))
+
+
+def test_a_guard_answers_an_exception_and_lets_an_interrupt_through():
+    faults = []
+    with Guard(lambda *fault: faults.append(fault), "result", ("g1",)):
+        raise ValueError("boom")
+    assert [(event, type(exc), ids) for event, exc, ids in faults] == [("result", ValueError, ("g1",))]
+    with pytest.raises(KeyboardInterrupt), Guard(lambda *fault: faults.append(fault), "result", ()):
+        raise KeyboardInterrupt
+    assert len(faults) == 1  # an interrupt is not a fault to answer: the process is being stopped
