@@ -44,7 +44,8 @@ class FakeFleet:
     """An engine and K fake workers; every message the engine sends is kept or answered."""
 
     def __init__(self, batching: str, workers: int, rows: int, *, step_s: float = 0.01, steps: int = 4,
-                 deadline_every: int = 0, deadline_s: float = 30.0, counts: tuple[int, ...] = (1,)):
+                 deadline_every: int = 0, deadline_s: float = 30.0, counts: tuple[int, ...] = (1,),
+                 min_count: int | None = None):
         config = {"batching": batching, "max_queued_groups": 1_000_000}
         # Prefetched work is sent at once and idle workers start at once: late prefetch and staggered
         # starts are timed by the shell's wake-up passes (Engine.wake_at), and this harness has no shell and
@@ -58,6 +59,7 @@ class FakeFleet:
         self.now = 1000.0
         self.steps, self.counts = steps, counts
         self.deadline_every, self.deadline_s = deadline_every, deadline_s
+        self.min_count = min_count  # with a deadline, an elastic count: [min_count, count]
         self.outstanding: collections.OrderedDict[int, SendWork] = collections.OrderedDict()
         self.answered = 0
         self._n = 0
@@ -80,8 +82,10 @@ class FakeFleet:
         self._n += 1
         deadline = self.deadline_s if self.deadline_every and i % self.deadline_every == 0 else None
         count = self.counts[i % len(self.counts)]
-        return Submission(f"g{i}", IMAGE, "pick", {"count": count, "reducer": "mean"}, i, {"steps": self.steps},
-                          deadline_s=deadline)
+        candidates = {"count": count, "reducer": "mean"}
+        if deadline is not None and self.min_count is not None and self.min_count < count:
+            candidates["min_count"] = self.min_count
+        return Submission(f"g{i}", IMAGE, "pick", candidates, i, {"steps": self.steps}, deadline_s=deadline)
 
     def submit(self, n: int) -> float:
         """Submit n groups; the seconds the engine spent."""
@@ -114,9 +118,10 @@ class FakeFleet:
 
 
 def time_per_event(batching: str, depth: int, *, workers: int = 32, rows: int = 8, events: int = 400,
-                   warmup: int = 50, deadline_every: int = 0, counts: tuple[int, ...] = (1,)) -> dict:
+                   warmup: int = 50, deadline_every: int = 0, counts: tuple[int, ...] = (1,),
+                   min_count: int | None = None) -> dict:
     """The engine's time per worker-result event with `depth` groups queued (see the module docstring)."""
-    fleet = FakeFleet(batching, workers, rows, deadline_every=deadline_every, counts=counts)
+    fleet = FakeFleet(batching, workers, rows, deadline_every=deadline_every, counts=counts, min_count=min_count)
     # the workers' rows full (and what they may hold besides: prefetch), `depth` waiting behind them
     held = workers * rows * (1 + getattr(fleet.engine.config, "prefetch", 0))
     fleet.submit(depth + held)
@@ -142,7 +147,7 @@ def time_per_event(batching: str, depth: int, *, workers: int = 32, rows: int = 
     ev = summary_stats(event_s)
     return {
         "batching": batching, "depth": depth, "workers": workers, "rows": rows, "events": len(event_s),
-        "deadline_every": deadline_every, "counts": list(counts), "queued_at_end": queued,
+        "deadline_every": deadline_every, "counts": list(counts), "min_count": min_count, "queued_at_end": queued,
         "event_ms": {k: (v * 1e3 if isinstance(v, float) else v) for k, v in ev.items()},
         "event_mean_ms": float(np.mean(event_s)) * 1e3 if event_s else None,
         "submit_us": submit_s / submitted * 1e6 if submitted else None,
