@@ -16,15 +16,11 @@ import argparse
 import json
 from pathlib import Path
 
+from candidate_scheduler.bench.fleet_report import cpu_us_per_group
+
 
 def _key(run: dict) -> tuple:
     return run["workers"], run["batching"], run["workload"]["name"]
-
-
-def scheduler_us_per_group(run: dict) -> float | None:
-    """The scheduler process's CPU seconds per group answered `done`, in microseconds."""
-    done = run["groups_per_s"] * run["wall_s"]
-    return run["cores"]["scheduler"] * run["wall_s"] / done * 1e6 if done else None
 
 
 def _span(values: list[float], digits: int) -> str:
@@ -47,7 +43,7 @@ def compare(before: list[dict], after: list[dict]) -> str:
         return ", ".join(sorted({r["meta"]["git"] for r in results}))
 
     def us(runs: list[dict]) -> list[float]:
-        return [v for v in map(scheduler_us_per_group, runs) if v is not None]
+        return [v for v in (cpu_us_per_group(r, "scheduler") for r in runs) if v is not None]
 
     b, a = by_key(before), by_key(after)
     lines = [f"Before: {revs(before)} ({len(before)} runs); after: {revs(after)} ({len(after)} runs).", "",

@@ -53,6 +53,12 @@ def _fleet_table(runs: list[dict]) -> list[str]:
     return out
 
 
+def cpu_us_per_group(run: dict, process: str) -> float | None:
+    """A process class's CPU seconds per group answered `done`, in microseconds (None: none done)."""
+    done = run["groups_per_s"] * run["wall_s"]
+    return run["cores"][process] * run["wall_s"] / done * 1e6 if done else None
+
+
 def _cpu_budget(runs: list[dict], cores: int) -> list[str]:
     """Per burst run: each process class's CPU per group answered, and the rate the machine's cores would
     allow if every one of them did nothing else (the ceiling a 2-core machine puts on the figure)."""
@@ -62,8 +68,7 @@ def _cpu_budget(runs: list[dict], cores: int) -> list[str]:
     for r in runs:
         if r["workload"]["name"] not in ("burst", NICED):
             continue
-        done = r["groups_per_s"] * r["wall_s"]
-        per = {k: v * r["wall_s"] / done * 1e6 for k, v in r["cores"].items()} if done else {}
+        per = {k: cpu_us_per_group(r, k) or 0.0 for k in r["cores"]}
         total = sum(per.values())
         sched = per.get("scheduler", 0)
         out.append(f"| {r['workers']} | {r['batching']} | {r['workload']['name']} | {sched:.0f} | "

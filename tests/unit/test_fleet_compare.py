@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from candidate_scheduler.bench.fleet_compare import compare, scheduler_us_per_group
+from candidate_scheduler.bench.fleet_compare import compare
+from candidate_scheduler.bench.fleet_report import cpu_us_per_group
 
 
 def run(utilisation: float, scheduler_cores: float, *, wrong: int = 0, workers: int = 16) -> dict:
@@ -16,7 +17,7 @@ def result(git: str, *runs: dict) -> dict:
 
 
 def test_the_scheduler_cpu_per_group_is_its_cores_over_the_groups_answered():
-    assert scheduler_us_per_group(run(0.7, 0.8)) == 400.0  # 0.8 cores at 2,000 groups/s
+    assert cpu_us_per_group(run(0.7, 0.8), "scheduler") == 400.0  # 0.8 cores at 2,000 groups/s
 
 
 def test_each_build_is_a_range_over_its_runs_and_a_wrong_reply_shows():
