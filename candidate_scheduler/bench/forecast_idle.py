@@ -23,6 +23,7 @@ import datetime
 import hashlib
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -90,8 +91,6 @@ def run(endpoint: str, control: str, steps: int = 20, elastic_trials: int = 8, p
 def elastic(client, trials: int, steps: int, side: int = 256) -> list[dict]:
     """`trials` elastic groups (see the module docstring); the deadline is 1.5x the quicker of two
     count-8 groups' latencies, measured after one that warms the shape up."""
-    import time
-
     from candidate_scheduler import synthetic_image
 
     seed, latencies, out = 90_000, [], []
@@ -231,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print((compare([result]) if result["phases"] else "") + tables(result), end="")
+    print(compare([result]) + tables(result), end="")
     return 0
 
 
