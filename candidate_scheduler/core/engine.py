@@ -38,6 +38,7 @@ from candidate_scheduler.core.access import LOCAL, Action, Principal
 from candidate_scheduler.core.admission import decide
 from candidate_scheduler.core.control import Control
 from candidate_scheduler.core.cost_model import CostModel
+from candidate_scheduler.core.elastic_index import ElasticEntry, ElasticIndex
 from candidate_scheduler.core.engine_config import EngineConfig  # noqa: F401 - re-exported (its users import it here)
 from candidate_scheduler.core.group import Group, refusal
 from candidate_scheduler.core.group_state import GroupStatus
@@ -94,7 +95,7 @@ class Engine:
         self.cost = CostModel(self.config.margin_quantile)
         self._largest_fitted = 0  # the largest worker's rows when pending slices were last fitted to it
         self.cache_bytes: dict[str, int] = {}  # worker id -> its conditioning cache's bytes in use
-        self.elastic: set[str] = set()  # queued groups with a deadline whose count may still shrink
+        self.elastic = ElasticIndex()  # queued groups with a deadline whose count may still shrink
         self.unstarted: set[str] = set()  # admitted groups none of whose slices has started
         self._known_cost: set[str] = set()  # workers whose cost model is calibrated
         self._slicing: tuple[ModelCapability, int] | None = None  # (capability, smallest rows); None: stale
@@ -241,8 +242,6 @@ class Engine:
             group.order = self.order_of(group)
             self._admitted += 1
             self.unstarted.add(group.request_id)
-            if group.deadline is not None and group.spec.min_count < group.served_count:
-                self.elastic.add(group.request_id)
             self._enqueue(group)
             self.metrics.microbatches_per_group(len(decision.slices))
         else:
@@ -257,8 +256,14 @@ class Engine:
     def _enqueue(self, g: Group) -> None:
         """Index every pending slice of the group (after admission or a change of its slices)."""
         self.pending.discard_group(g.request_id)
-        for i, ids in g.pending_slices():
+        slices = g.pending_slices()
+        for i, ids in slices:
             self.pending.add(self._unit(g, i, ids))
+        if g.deadline is not None and g.spec.min_count < g.served_count and g.request_id in self.unstarted:
+            extra = (g.served_count - g.spec.min_count) * g.request.observations * g.sampling.steps
+            self.elastic.put(ElasticEntry(g.request_id, g.order, g.label, extra, len(slices), g.spec.min_count))
+        else:
+            self.elastic.discard(g.request_id)
 
     def requeue(self, g: Group, slice_index: int) -> None:
         """A slice that went back to pending (a retry); halved first if no live worker can hold it any
@@ -408,8 +413,6 @@ class Engine:
             return  # --policy reject after an out-of-memory shrink: keep the count it was admitted with
         g.serve_first(r.count, decision)
         self._enqueue(g)
-        if g.spec.min_count >= g.served_count:
-            self.elastic.discard(g.request_id)
 
     def _start(self, p: schedule.Placement) -> None:
         worker = self.workers.get(p.worker_id)

@@ -139,13 +139,10 @@ def refusal_finish(snap: PlanningSnapshot, view: GroupView, units: list[Unit]) -
 
 def _elastic_excess(snap: PlanningSnapshot, pipe: Pipe, before: tuple, after: tuple | None = None) -> float:
     """The pipe time the startable elastic groups queued in (after, before) would give back at their
-    minimum counts."""
+    minimum counts (core/elastic_index.py keeps the sums)."""
     excess = 0.0
-    for rid in snap.elastic:
-        g = snap.group(rid)
-        if g is None or not g.elastic or not g.order < before or (after is not None and not after < g.order):
-            continue
-        excess += pipe.work_s(snap.queue.units_of(rid)) - pipe.work_s(g.units(g.min_count, snap.slice_capacity))
+    for label, rowsteps, slices in snap.elastic.between(after, before, snap.slice_capacity):
+        excess += rowsteps / pipe.rate(label) + slices * pipe.fixed_s(label)
     return max(0.0, excess)
 
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from functools import cached_property
 
 from candidate_scheduler.core.admission import split_balanced
 from candidate_scheduler.core.cost_model import CostModel, Scaled
+from candidate_scheduler.core.elastic_index import ElasticIndex
 from candidate_scheduler.core.forecast import SimItem, SimWorker
 from candidate_scheduler.core.pending import PendingIndex
 from candidate_scheduler.core.planning import Unit, WorkerSlot
@@ -142,7 +142,7 @@ class PlanningSnapshot:
     calibrated: bool  # every live worker has a cost model: without one, nothing is forecast
     queue: PendingIndex
     group: Callable[[str], GroupView | None]
-    elastic: AbstractSet[str] = frozenset()  # queued groups whose count may still shrink (read through)
+    elastic: ElasticIndex = field(default_factory=ElasticIndex)  # queued groups whose count may still shrink (read through)
     prefetch: int = 0  # batches' worth a worker may hold beyond what it runs
     prefetch_lead_s: float = math.inf  # how long before a worker needs it prefetched work is sent
     prefetch_margin: Mapping[str, float] = field(default_factory=dict)  # worker id -> extra lead (core/prefetch.py)

@@ -76,3 +76,17 @@ def test_the_pipe_answers_afresh_once_the_cost_model_has_learned_something(fleet
     fleet.submit("after", count=1, steps=10, deadline_s=3.5 * RUN_S)
     r = fleet.reply("after")  # the pipe's fleet rates were kept between submissions; not past a lesson
     assert r.status == "rejected" and r.error_code == "deadline_unmeetable"
+
+
+
+
+def test_a_deadline_group_is_admitted_when_the_elastic_groups_ahead_of_it_could_shrink_to_make_room(fleet):
+    # 160 groups of 8: 8 rounds of the fleet's rows at their counts, one at their minimum (at their counts,
+    # not even they would all be admitted)
+    for i in range(160):
+        fleet.take(fleet.engine.submit(("client", f"e{i}"), submission(f"e{i}", count=8, seed=i, steps=10,
+                                       deadline_s=2.5 * RUN_S, candidates_min=1), fleet.now, plan=False))
+    assert not fleet.replies and len(fleet.engine.elastic) == 160
+    fleet.take(fleet.engine.submit(("client", "room"), submission("room", count=1, seed=0, steps=10,
+                                   deadline_s=3 * RUN_S), fleet.now, plan=False))
+    assert "room" not in fleet.replies  # behind them all: in time only once they give back their excess
