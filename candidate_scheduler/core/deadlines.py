@@ -77,7 +77,7 @@ def _forecast_units(snap: PlanningSnapshot, count_of: Callable[[GroupView], int 
 
 def _alone_s(snap: PlanningSnapshot, units: list[Unit]) -> float:
     """The least time the largest of these slices takes on any idle worker: a bound no queue improves."""
-    return fluid.Pipe(snap).run_s(max(units, key=lambda u: u.cost_rows), busy=False)
+    return fluid.Pipe.of(snap).run_s(max(units, key=lambda u: u.cost_rows), busy=False)
 
 
 def refuse_at_receipt(snap: PlanningSnapshot, view: GroupView) -> float | None:
@@ -109,14 +109,14 @@ def choose_count(snap: PlanningSnapshot, view: GroupView) -> int:
     # The deadline groups right behind it are watched, at their minimum counts; the groups ahead are
     # forecast too (at their counts as they stand): a group second in the queue that was forecast alone
     # would keep a count it cannot have once the first one starts.
+    if not fluid.exact_enough(snap, view.order):
+        return _largest(view, fluid.feasibility(snap, view, WATCH_WINDOW))
     behind: dict[str, GroupView] = {}
     for walked, unit in enumerate(snap.queue.ordered((*view.order, math.inf))):
         if walked >= WATCH_WINDOW:
             break
         if unit.request_id not in behind and (g := snap.group(unit.request_id)) is not None:
             behind[unit.request_id] = g
-    if not fluid.exact_enough(snap, view.order):
-        return _largest(view, fluid.feasibility(snap, view, [g for g in behind.values() if g.deadline is not None]))
     watched = [view] + [g for g in behind.values() if g.deadline is not None]
 
     def count_of(n: int) -> Callable[[GroupView], int | None]:

@@ -44,13 +44,24 @@ def exact_enough(snap: PlanningSnapshot, order: tuple) -> bool:
 
 
 class Pipe:
-    """The fleet as one pipe, for one snapshot. What depends only on the workers' rows and the cost model
-    is kept in the snapshot's memo, which outlives the snapshot until either changes."""
+    """The fleet as one pipe, for one snapshot (`Pipe.of`). What depends only on the workers' rows and the
+    cost model is kept in the snapshot's memo, which outlives the snapshot until either changes; what
+    depends on the time or the queue is kept here, for the snapshot's one decision."""
 
     def __init__(self, snap: PlanningSnapshot):
         self.snap = snap
         self.cost = snap.planned_cost
         self.memo = snap.memo
+        self._busy: dict[str, float] = {}  # label -> busy_s
+        self._watched: dict[str, tuple | None] = {}  # request id -> watch_terms
+
+    @classmethod
+    def of(cls, snap: PlanningSnapshot) -> Pipe:
+        """The snapshot's pipe: a planning pass asks about several groups, each about the same ones behind."""
+        pipe = snap.scratch.get(cls)
+        if pipe is None:
+            pipe = snap.scratch[cls] = cls(snap)
+        return pipe
 
     def worker_rates(self, label: str) -> tuple[float, ...]:
         """Each worker's row-steps per second at full occupancy, for forwards of `label` (in snap.workers'
@@ -90,12 +101,15 @@ class Pipe:
     def busy_s(self, label: str) -> float:
         """Until what runs now has drained: each worker's predicted remaining time, weighted by its share
         of the pipe."""
-        now, total = self.snap.now, 0.0
-        for w, worker_rate in zip(self.snap.workers, self.worker_rates(label)):
-            if w.running and worker_rate < math.inf:
-                total += worker_rate * max(0.0, w.busy_until - now) * self.cost.factor
-        rate = self.rate(label)
-        return total / rate if 0 < rate < math.inf else 0.0
+        busy = self._busy.get(label)
+        if busy is None:
+            now, total = self.snap.now, 0.0
+            for w, worker_rate in zip(self.snap.workers, self.worker_rates(label)):
+                if w.running and worker_rate < math.inf:
+                    total += worker_rate * max(0.0, w.busy_until - now) * self.cost.factor
+            rate = self.rate(label)
+            busy = self._busy[label] = total / rate if 0 < rate < math.inf else 0.0
+        return busy
 
     def ahead_s(self, order: tuple) -> float:
         """Seconds of the pipe's time that the queued slices ahead of `order` take, as they stand."""
@@ -124,15 +138,41 @@ class Pipe:
         """When a group of these slices ends, with `ahead_s` of the pipe's time before its first starts."""
         if not units:
             return self.snap.now
+        return self.finish_after(*self.waiting(units), ahead_s)
+
+    def waiting(self, units: list[Unit]) -> tuple[Unit, float]:
+        """A group's last slice (its largest), and the pipe time before that one starts besides what is
+        queued ahead of the group: what runs now, and the group's other slices."""
         last = max(units, key=lambda u: u.cost_rows)
-        waiting = self.busy_s(last.label) + ahead_s + self.work_s([u for u in units if u is not last])
+        return last, self.busy_s(last.label) + self.work_s([u for u in units if u is not last])
+
+    def finish_after(self, last: Unit, waiting_s: float, ahead_s: float) -> float:
+        waiting = waiting_s + ahead_s
         return self.snap.now + waiting + self.run_s(last, waiting > 0)
+
+    def watch_terms(self, request_id: str) -> tuple | None:
+        """A queued group as a watched group (feasibility): its deadline, its last slice and what it waits for
+        at its minimum count besides the queue ahead (`waiting`), and the pipe time it would give back at
+        its minimum (0 unless elastic). None: no such group."""
+        terms = self._watched.get(request_id, ())
+        if terms == ():
+            g = self.snap.group(request_id)
+            if g is None:
+                terms = None
+            else:
+                mins = g.units(g.min_count, self.snap.slice_capacity)
+                last, waiting = self.waiting(mins) if g.deadline is not None else (None, 0.0)
+                excess = (self.work_s(self.snap.queue.units_of(request_id)) - self.work_s(mins)
+                          if request_id in self.snap.elastic else 0.0)
+                terms = (g.deadline, last, waiting, excess)
+            self._watched[request_id] = terms
+        return terms
 
 
 def refusal_finish(snap: PlanningSnapshot, view: GroupView, units: list[Unit]) -> float:
     """The pipe's finish of a new group as these units (at its minimum count), every startable elastic
     group ahead of it at its minimum too (core/deadlines.refuse_at_receipt's question)."""
-    pipe = Pipe(snap)
+    pipe = Pipe.of(snap)
     ahead = pipe.ahead_s(view.order) - _elastic_excess(snap, pipe, view.order)
     return pipe.finish(units, ahead)
 
@@ -146,23 +186,39 @@ def _elastic_excess(snap: PlanningSnapshot, pipe: Pipe, before: tuple, after: tu
     return max(0.0, excess)
 
 
-def feasibility(snap: PlanningSnapshot, view: GroupView, watched: list[GroupView]) -> Callable[[int], bool]:
-    """Whether, serving n candidates, the group and the `watched` deadline groups queued behind it (at their
-    minimum counts) all finish in time through the pipe (core/deadlines.choose_count searches n)."""
-    pipe = Pipe(snap)
+def feasibility(snap: PlanningSnapshot, view: GroupView, window: int) -> Callable[[int], bool]:
+    """Whether, serving n candidates, the group and the deadline groups among the next `window` slices
+    queued behind it (at their minimum counts) all finish in time through the pipe
+    (core/deadlines.choose_count searches n)."""
+    pipe = Pipe.of(snap)
     capacity = snap.slice_capacity
     base = pipe.ahead_s(view.order)
     current = pipe.work_s(snap.queue.units_of(view.request_id))
+    # What each watched group waits for, but the group's own count, found in one walk: the pipe time queued
+    # between it and the group, less what the elastic groups there would give back at their minimum --
+    # sums kept along the walk, not asked of the whole queue per watched group, and asked once, not per probe
+    others = []
+    walked_s = given_back = 0.0
+    seen: set[str] = set()
+    for walked, unit in enumerate(snap.queue.ordered((*view.order, math.inf))):
+        if walked >= window:
+            break
+        if unit.request_id not in seen:
+            seen.add(unit.request_id)
+            terms = pipe.watch_terms(unit.request_id)
+            if terms is not None:
+                deadline, last, waiting, excess = terms
+                if deadline is not None:
+                    others.append((deadline, last, waiting, base + current + walked_s - max(0.0, given_back)))
+                given_back += excess
+        walked_s += pipe.work_s((unit,))
 
     def feasible(n: int) -> bool:
         mine = view.units(n, capacity)
         if pipe.finish(mine, base) > view.deadline:
             return False
         delta = pipe.work_s(mine) - current  # what serving n instead of its count now adds ahead of the others
-        for g in watched:
-            ahead = pipe.ahead_s(g.order) + delta - _elastic_excess(snap, pipe, g.order, view.order)
-            if pipe.finish(g.units(g.min_count, capacity), ahead) > g.deadline:
-                return False
-        return True
+        return all(pipe.finish_after(last, waiting, ahead + delta) <= deadline
+                   for deadline, last, waiting, ahead in others)
 
     return feasible

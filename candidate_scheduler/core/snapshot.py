@@ -307,6 +307,13 @@ class PlanningSnapshot:
         return self._by_id[worker_id]
 
     @cached_property
+    def scratch(self) -> dict:
+        """Answers that hold for this snapshot only (one decision, during which the engine does not change),
+        kept by the rules that ask them more than once (core/fluid.Pipe.of); `memo` is for those that
+        outlive it."""
+        return {}
+
+    @cached_property
     def _by_id(self) -> Mapping[str, WorkerView]:
         return {w.worker_id: w for w in self.workers}
 
