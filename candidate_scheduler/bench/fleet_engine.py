@@ -122,8 +122,8 @@ def time_per_event(batching: str, depth: int, *, workers: int = 32, rows: int = 
                    min_count: int | None = None) -> dict:
     """The engine's time per worker-result event with `depth` groups queued (see the module docstring)."""
     fleet = FakeFleet(batching, workers, rows, deadline_every=deadline_every, counts=counts, min_count=min_count)
-    # the workers' rows full (and what they may hold besides: prefetch), `depth` waiting behind them
-    held = workers * rows * (1 + getattr(fleet.engine.config, "prefetch", 0))
+    # the workers' rows full (and what they may hold besides: prefetch), `depth` groups waiting behind them
+    held = workers * rows * (1 + getattr(fleet.engine.config, "prefetch", 0)) * len(counts) // sum(counts)
     fleet.submit(depth + held)
     event_s: list[float] = []
     submit_s = 0.0
@@ -155,39 +155,49 @@ def time_per_event(batching: str, depth: int, *, workers: int = 32, rows: int = 
     }
 
 
+ELASTIC = {"deadline_every": 1, "counts": (8,), "min_count": 2}  # the elastic workload (sweep(elastic=True))
+
+
 def sweep(depths=(100, 1000, 5000, 10_000), modes=("dispatch", "step"), *, events: int = 400,
-          deadline_every: int = 0, progress=None, baseline: str | None = None, same_events: bool = False) -> list[dict]:
+          deadline_every: int = 0, progress=None, baseline: str | None = None, same_events: bool = False,
+          elastic: bool = False) -> list[dict]:
     """Every (mode, depth) point, each in a fresh process (no heap or caches carried over). With
     `baseline` (a checkout of an older revision), each point runs there too, right before this one: the
     two engines measured side by side on the same machine state (rows with "revision": "baseline");
-    `same_events`: as many events there as here (else fewer at deep queues, for an O(queue) engine)."""
+    `same_events`: as many events there as here (else fewer at deep queues, for an O(queue) engine).
+    `elastic`: every group of 8 candidates with a deadline and at least 2 (choose_count at every pass);
+    fewer warm-up events, since an engine that sums the elastic groups one by one takes seconds each."""
+    workload = dict(ELASTIC) if elastic else {"deadline_every": deadline_every, "counts": (1,), "min_count": None}
+    warmup = 10 if elastic else 50
     rows = []
     for mode in modes:
         for depth in depths:
             if baseline is not None:
                 # an old engine is O(queue) per event: fewer events keep its deep points within a minute
-                n = events if same_events else min(events, max(40, 400_000 // depth))
-                rows.append({**_point(baseline, mode, depth, n, deadline_every),
-                             "revision": "baseline"})
+                fewer = max(10, 20_000 // depth) if elastic else max(40, 400_000 // depth)
+                n = events if same_events else min(events, fewer)
+                rows.append({**_point(baseline, mode, depth, n, workload, warmup), "revision": "baseline"})
                 if progress is not None:
                     progress(rows[-1])
-            rows.append({**_point(None, mode, depth, events, deadline_every), "revision": "current"})
+            rows.append({**_point(None, mode, depth, events, workload, warmup), "revision": "current"})
             if progress is not None:
                 progress(rows[-1])
     return rows
 
 
-def _point(root: str | None, mode: str, depth: int, events: int, deadline_every: int) -> dict:
+def _point(root: str | None, mode: str, depth: int, events: int, workload: dict, warmup: int) -> dict:
     """One point in a child process; with `root`, against the engine of the checkout there (this file
     drives only the engine's public API, which older revisions have too)."""
     env = dict(os.environ)
     if root is not None:
         env["PYTHONPATH"] = root
-    cmd = [sys.executable, os.path.abspath(__file__), mode, str(depth), str(events), str(deadline_every)]
+    args = {"batching": mode, "depth": depth, "events": events, "warmup": warmup, **workload}
+    cmd = [sys.executable, os.path.abspath(__file__), json.dumps(args)]
     out = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=900, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-if __name__ == "__main__":  # one point, as JSON: python fleet_engine.py MODE DEPTH EVENTS DEADLINE_EVERY
-    mode, depth, events, every = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    print(json.dumps(time_per_event(mode, depth, events=events, deadline_every=every)))
+if __name__ == "__main__":  # one point, as JSON: python fleet_engine.py '{"batching": ..., "depth": ..., ...}'
+    point = json.loads(sys.argv[1])
+    point["counts"] = tuple(point["counts"])
+    print(json.dumps(time_per_event(point.pop("batching"), point.pop("depth"), **point)))

@@ -9,6 +9,8 @@ from pathlib import Path
 from candidate_scheduler.bench.common import fmt
 
 MODES = ("dispatch", "step")
+ELASTIC_TITLE = ("Every group elastic: 8 candidates, at least 2, with a deadline (refusal at receipt, and the "
+                 "count chosen at every pass)")
 NICED = "burst_workers_niced"  # the diagnostic workload (bench/fleet.py)
 WORKERS_NICE = 10  # its workers' nice value: they yield the cores to the scheduler and the client
 
@@ -118,6 +120,8 @@ def write_outputs(result: dict, out_dir: Path, plot: bool = True) -> dict:
     lines += _engine_table(result["engine"], "Without deadlines")
     if result.get("engine_deadlines"):
         lines += _engine_table(result["engine_deadlines"], "Every group with a deadline (refusal at receipt on each)")
+    if result.get("engine_elastic"):
+        lines += _engine_table(result["engine_elastic"], ELASTIC_TITLE)
     lines += [
         "## The scheduler over ZMQ against K null workers",
         "",
@@ -172,6 +176,8 @@ def write_baseline(result: dict, out_dir: Path, plot: bool = True) -> dict:
     if result.get("engine_deadlines"):
         lines += _engine_table(result["engine_deadlines"], "Every group with a deadline (refusal at receipt on each)",
                                meta["baseline"])
+    if result.get("engine_elastic"):
+        lines += _engine_table(result["engine_elastic"], ELASTIC_TITLE, meta["baseline"])
     plots = []
     if plot:
         plots = [_engine_plot({"meta": meta, "engine": result["engine"]}, out_dir, "fleet_baseline.png")]
@@ -219,6 +225,7 @@ def _engine_plot(result: dict, out_dir: Path, name: str) -> str:
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
     baseline = result["meta"].get("baseline")
     curves = [("engine", "current", "-", ""), ("engine_deadlines", "current", "--", " (deadlines)"),
+              ("engine_elastic", "current", "-.", " (elastic)"),
               ("engine", "baseline", ":", f" before ({baseline})")]
     for key, revision, style, suffix in curves:
         for mode, color in zip(MODES, ("#0072b2", "#009e73")):

@@ -31,11 +31,12 @@ def test_fleet_bench_smoke_answers_every_group_once_and_correctly(tmp_path):
     folder = out / "fleet_smoke"
     result = json.loads((folder / "fleet.json").read_text())
     assert result["meta"]["smoke"] is True
-    for key in ("engine", "engine_deadlines"):
+    for key in ("engine", "engine_deadlines", "engine_elastic"):
         rows = result[key]
         assert {(r["batching"], r["depth"]) for r in rows} == {(m, d) for m in ("dispatch", "step") for d in (100, 1000)}
         for r in rows:
             assert r["events"] > 0 and r["event_ms"]["median"] > 0 and r["groups_per_s"] > 0
+    assert all(r["counts"] == [8] and r["min_count"] == 2 and r["deadline_every"] == 1 for r in result["engine_elastic"])
     runs = result["fleet"]["runs"]
     assert {(r["workers"], r["batching"]) for r in runs} == {(k, m) for k in (1, 4) for m in ("dispatch", "step")}
     # the diagnostic arm renices the workers and back: as root (CI) it runs; without the right to lower a
