@@ -420,7 +420,7 @@ def run_baseline(out_dir, revision: str, *, plot: bool = True, events: int | Non
     started, load_before = time.perf_counter(), loadavg()
     depths, deadline_depths = (100, 1000, 5000, 10_000), (100, 10_000)
     elastic_depths = (100, 1000)  # an engine that sums elastic groups one by one takes seconds an event at 1,000
-    progress = tqdm(total=2 * (2 * len(depths) + 2 * len(deadline_depths) + len(elastic_depths)), desc=f"fleet: engine, {revision} and this revision",
+    progress = tqdm(total=4 * (len(depths) + len(deadline_depths) + len(elastic_depths)), desc=f"fleet: engine, {revision} and this revision",
                     unit="run", file=sys.stderr, dynamic_ncols=True, mininterval=0.5)
     root = _worktree(revision)
     try:
