@@ -10,6 +10,9 @@ with every request encoded before the clock starts. Per fleet size and batching 
 - `poisson`: one-candidate groups at Poisson times, at 70% of the fleet's ideal rate, for about 1.5 s;
 - `burst_deadline`: N one-candidate groups, each with a deadline of twice the burst's ideal drain
   time (the deadline code runs for every group: refusal at receipt, the forecast at each send);
+- `burst_elastic` (the large fleets and the smoke run): N/8 groups of 8 candidates that may shrink to 2,
+  each with a deadline of 0.6x the burst's ideal drain time: in time only if about half of the
+  candidates are shed, so every pass chooses counts (core/deadlines.choose_count);
 - `burst_workers_niced` (a diagnostic, for the large fleets and the smoke run): `burst` again with every
   worker thread at nice 10, so that on this machine's shared cores the scheduler runs first, as it would
   beside workers on other hosts. Never a target figure.
@@ -67,6 +70,7 @@ class FleetSize:
 FULL = (FleetSize(1, 0.01, 500), FleetSize(4, 0.01, 2000), FleetSize(16, 0.01, 4000), FleetSize(32, 0.02, 8000))
 SMOKE = (FleetSize(1, 0.01, 60), FleetSize(4, 0.01, 120))
 MODES = ("dispatch", "step")
+ELASTIC_COUNT, ELASTIC_MIN = 8, 2  # burst_elastic's groups
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,7 @@ class Workload:
     rate: float | None = None  # Poisson arrivals per second; None: all at once
     deadline_s: float | None = None
     workers_nice: int = 0  # the workers' threads run at this nice value meanwhile (0: as started)
+    min_count: int | None = None  # with a deadline: elastic counts, n in [min_count, count]
 
 
 def workloads(size: FleetSize, smoke: bool) -> list[Workload]:
@@ -89,6 +94,10 @@ def workloads(size: FleetSize, smoke: bool) -> list[Workload]:
         rate = 0.7 * size.ideal_groups_per_s
         out.append(Workload("poisson", (1,), max(20, int(rate * (0.5 if smoke else 1.5))), rate=rate))
     out.append(Workload("burst_deadline", (1,), size.burst, deadline_s=max(1.0, 2 * drain_s)))
+    if smoke or size.workers >= 16:
+        # as many rows as `burst`, in groups of 8 that may shrink to 2: in time only if about half of them do
+        out.append(Workload("burst_elastic", (ELASTIC_COUNT,), size.burst // ELASTIC_COUNT,
+                            deadline_s=max(1.0, 0.6 * drain_s), min_count=ELASTIC_MIN))
     if smoke or size.workers >= 16:
         out.append(Workload(NICED, (1,), size.burst, workers_nice=WORKERS_NICE))
     return out
@@ -167,7 +176,8 @@ def _requests(workload: Workload, tag: str) -> tuple[list, list[int], np.ndarray
         count = workload.counts[i % len(workload.counts)]
         counts.append(count)
         req = make_request(image, PROMPT, request_id=f"{tag}-{i}", count=count, seed=1000 + i, reducer="mean",
-                           deadline_s=workload.deadline_s, height=SIDE, width=SIDE, steps=STEPS)
+                           deadline_s=workload.deadline_s, height=SIDE, width=SIDE, steps=STEPS,
+                           min_count=workload.min_count)
         frames.append(protocol.encode(protocol.Kind.SUBMIT, req))
     return frames, counts, image
 
@@ -247,21 +257,28 @@ def null_model_action(image: np.ndarray, seeds: list[int], steps: int = STEPS, s
 
 
 def check(workload: Workload, counts: list[int], image: np.ndarray, replies: dict) -> dict:
-    """One reply per group; every `done` action is the null model's answer for its seeds."""
+    """One reply per group; every `done` action is the null model's answer for its seeds, which are its
+    first n candidates' (n its count, or in [min_count, count] when elastic)."""
     from candidate_scheduler import protocol
+    from candidate_scheduler.core.spec import CandidateTrajectorySpec
 
     statuses: dict[str, int] = {}
     wrong = 0
+    served = []
     for index in range(workload.groups):
         _at, r = replies[index]
         statuses[r.status] = statuses.get(r.status, 0) + 1
         if r.status != "done":
             continue
         seeds = list(r.candidate_seeds)
-        if len(seeds) != counts[index] or not np.array_equal(protocol.array_from_wire(r.action),
-                                                             null_model_action(image, seeds)):
+        least = counts[index] if workload.min_count is None else workload.min_count
+        first = list(CandidateTrajectorySpec(count=counts[index]).candidate_seeds(1000 + index)[:len(seeds)])
+        served.append(len(seeds))
+        if not least <= len(seeds) <= counts[index] or seeds != first or not np.array_equal(
+                protocol.array_from_wire(r.action), null_model_action(image, seeds)):
             wrong += 1
-    return {"statuses": statuses, "wrong_results": wrong, "replies": len(replies), "groups": workload.groups}
+    return {"statuses": statuses, "wrong_results": wrong, "replies": len(replies), "groups": workload.groups,
+            "served_mean": float(np.mean(served)) if served else None}
 
 
 def run_workload(handle, size: FleetSize, workload: Workload, tag: str, seed: int) -> dict:
@@ -293,7 +310,8 @@ def run_workload(handle, size: FleetSize, workload: Workload, tag: str, seed: in
     replies = run["replies"]
     wall = max(at for at, _r in replies.values()) - run["t0"]
     done = [i for i, (_at, r) in replies.items() if r.status == "done"]
-    ideal = sum(counts[i] for i in done) * STEPS * size.step_s / CAPACITY / size.workers
+    # the candidates served (an elastic group's may be fewer than it asked for)
+    ideal = sum(len(replies[i][1].candidate_seeds) for i in done) * STEPS * size.step_s / CAPACITY / size.workers
     receipt = [float(r.metrics["receipt_to_reply_s"]) for _at, r in replies.values() if "receipt_to_reply_s" in r.metrics]
     client_lat = [at - run["sent"][i] for i, (at, _r) in replies.items()]
     cores = {k: (after[k] - before[k]) / wall for k in after}

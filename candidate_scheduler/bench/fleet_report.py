@@ -46,6 +46,8 @@ def _fleet_table(runs: list[dict]) -> list[str]:
         check = r["check"]
         statuses = ", ".join(f"{n} {s}" for s, n in sorted(check["statuses"].items()))
         ok = "ok" if check["replies"] == check["groups"] and check["wrong_results"] == 0 else "FAILED"
+        if r["workload"].get("min_count") is not None and check.get("served_mean") is not None:
+            statuses += f"; served {check['served_mean']:.1f} of {max(r['workload']['counts'])} on average"
         out.append(
             f"| {r['workers']} | {r['step_s'] * 1e3:.0f} | {r['batching']} | {r['workload']['name']} | "
             f"{r['workload']['groups']:,} | {r['groups_per_s']:.0f} | {r['ideal_groups_per_s']:.0f} | "

@@ -44,7 +44,7 @@ def test_fleet_bench_smoke_answers_every_group_once_and_correctly(tmp_path):
     names = {r["workload"]["name"] for r in runs}
     skipped = result["fleet"]["skipped"]
     assert names | {r["workload"]["name"] for r in skipped} == {"burst", "burst_mixed", "poisson", "burst_deadline",
-                                                               "burst_workers_niced"}
+                                                               "burst_elastic", "burst_workers_niced"}
     assert all("renice" in r["skipped"] for r in skipped)
     assert bool(skipped) == (not fleet_bench.can_renice_back())
     for r in runs:
@@ -53,6 +53,8 @@ def test_fleet_bench_smoke_answers_every_group_once_and_correctly(tmp_path):
         assert check["wrong_results"] == 0, r["workload"]
         allowed = {"done", "rejected"} if r["workload"]["deadline_s"] else {"done"}
         assert set(check["statuses"]) <= allowed and check["statuses"].get("done", 0) > 0, (r["workload"], check)
+        if r["workload"]["min_count"] is not None:  # elastic: served n in [min_count, count], checked per reply
+            assert 2 <= check["served_mean"] <= 8, check
         assert 0 < r["utilisation"] <= 1.05 and r["groups_per_s"] > 0
         assert r["cores"]["scheduler"] > 0 and r["cores"]["workers"] > 0
         assert set(r["waited"]) == {"scheduler", "workers", "client"} and min(r["waited"].values()) >= 0
