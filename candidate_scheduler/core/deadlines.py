@@ -18,8 +18,9 @@ refused without a simulation.
 
 Elastic count before start. For a group with a deadline and min_count < count that is about to start,
 or waits near the head of the queue, the largest n in [min_count, count] is chosen such that it and
-the deadline groups queued right behind it (the next `WATCH_WINDOW` slices, at their minimum counts)
-are forecast to finish in time, behind the groups queued ahead of it (at their counts as they stand);
+the deadline groups queued right behind it (the next `WATCH_WINDOW` slices, at their minimum counts;
+on a large fleet, a sample of those further behind too: core/fluid.feasibility) are forecast to finish
+in time, behind the groups queued ahead of it (at their counts as they stand);
 with no such n, min_count. A waiting group may so start now with the rows that are free instead of
 later with all it asked for; once chosen, a count only ever shrinks. The served candidates are
 0..n-1, bitwise those of the full group. Without a calibrated cost model there is no forecast and

@@ -15,8 +15,9 @@ fleet is a pipe of known throughput instead:
   queue (core/pending.py), a binary search each, never one by one;
 - the group starts once that has drained, then runs its own steps at a full forward.
 
-So a group's predicted finish costs O(workers + buckets + elastic groups queued), whatever the queue
-holds (the startable elastic groups ahead give back their excess at their minimum counts). The pipe is the law
+So a group's predicted finish costs O(workers + buckets + labels x log elastic groups queued), whatever
+the queue holds (the startable elastic groups ahead give back their excess at their minimum counts,
+summed by core/elastic_index.py). The pipe is the law
 of large numbers' view of the planner: close when many workers share the queue, pessimistic by up to
 one group's own run (it waits for everything ahead to finish, not just to start), and optimistic when
 batches run half empty. core/deadlines.py uses it once the exact simulation would have to place more
@@ -212,6 +213,17 @@ def feasibility(snap: PlanningSnapshot, view: GroupView, window: int) -> Callabl
                     others.append((deadline, last, waiting, base + current + walked_s - max(0.0, given_back)))
                 given_back += excess
         walked_s += pipe.work_s((unit,))
+    # Past the window, a sample (core/pending.PendingIndex.sample_behind), each at the cost of a pass over
+    # the buckets: the queue is in deadline order, so under a burst of like deadlines its last group is the
+    # tightest, and counts chosen at the head one window at a time would take what the tail needs
+    for unit_order, rid, _slice in snap.queue.sample_behind(view.order, window):
+        terms = None if rid in seen else pipe.watch_terms(rid)
+        seen.add(rid)
+        if terms is not None and terms[0] is not None:
+            order = unit_order[:-1]  # the group's (its slices' orders add the slice index)
+            deadline, last, waiting, _excess = terms
+            others.append((deadline, last, waiting,
+                           pipe.ahead_s(order) - _elastic_excess(snap, pipe, order, view.order)))
 
     def feasible(n: int) -> bool:
         mine = view.units(n, capacity)

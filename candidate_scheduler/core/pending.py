@@ -15,6 +15,7 @@ front of their bucket (slices start in queue order), which is O(1) here.
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
@@ -131,6 +132,24 @@ class PendingIndex:
             n = bisect.bisect_left(bucket.entries, probe, lo=bucket.start) - bucket.start
             if n:
                 out.append((bucket, n))
+        return out
+
+    def sample_behind(self, order: tuple, first: int) -> list[tuple]:
+        """A sample of the units queued behind a group at `order` (its own excluded), for a rule that must
+        look past a window without walking the queue: in each bucket, the units `first`, 2 x `first`,
+        4 x `first`... places behind the group, and the bucket's last. Entries: (unit order, request id,
+        slice index); O(buckets x log queue)."""
+        probe = ((*order, math.inf),)  # after every slice of the group's own
+        out = []
+        for bucket in self._buckets.values():
+            entries = bucket.entries
+            pos = bisect.bisect_left(entries, probe, lo=bucket.start)
+            step = first
+            while pos + step - 1 < len(entries) - 1:
+                out.append(entries[pos + step - 1])
+                step *= 2
+            if pos < len(entries):
+                out.append(entries[-1])
         return out
 
     def walk(self, start: tuple | None = None) -> Walk:

@@ -90,3 +90,55 @@ def test_a_deadline_group_is_admitted_when_the_elastic_groups_ahead_of_it_could_
     fleet.take(fleet.engine.submit(("client", "room"), submission("room", count=1, seed=0, steps=10,
                                    deadline_s=3 * RUN_S), fleet.now, plan=False))
     assert "room" not in fleet.replies  # behind them all: in time only once they give back their excess
+
+
+def _run_in_time(h: Harness, steps: int, step_s) -> dict[str, float]:
+    """Dispatch batching in simulated time: each worker runs its batches one after another, a batch of r rows
+    taking steps x step_s(r) seconds; the engine hears of each at its end. request id -> reply time."""
+    import heapq
+
+    free: dict[bytes, float] = {}
+    ends: list = []
+    sent = 0
+    answered: dict[str, float] = {}
+    while True:
+        for send in h.work[sent:]:
+            rows = sum(len(sw.dispatch.candidate_ids) for sw in send.slices)
+            start = max(h.now, free.get(send.identity, h.now))
+            free[send.identity] = start + steps * step_s(rows)
+            heapq.heappush(ends, (free[send.identity], send.batch_id, send))
+        sent = len(h.work)
+        for rid in h.replies:
+            answered.setdefault(rid, h.now)
+        if not ends:
+            return answered
+        end, _bid, send = heapq.heappop(ends)
+        h.now = max(h.now, end)
+        if send.batch_id in h.engine.assignments:
+            h.answer(send)
+        h.take(h.engine.tick(h.now))
+
+
+def test_elastic_counts_at_the_head_of_a_burst_leave_room_for_its_tail_beyond_the_watch_window(monkeypatch):
+    monkeypatch.setattr(deadlines, "forecast", lambda *a, **k: (_ for _ in ()).throw(AssertionError("exact ran")))
+    h = Harness(batching="dispatch", max_queued_groups=10_000)
+    for i in range(WORKERS):
+        calibrated(h, f"w{i}")
+    # 200 groups of 8 that may shrink to 2, one deadline: 10 rounds of the fleet's rows at their counts,
+    # 2.5 at their minimum, 4 rounds' time: in time only if most are shed -- including by the first
+    # groups to start, whose watch window (deadlines.WATCH_WINDOW slices) sees a third of the burst
+    assert 200 > 3 * deadlines.WATCH_WINDOW
+    deadline = 4 * RUN_S + 0.3
+    for i in range(200):
+        h.take(h.engine.submit(("client", f"e{i}"), submission(f"e{i}", count=8, seed=i, steps=10,
+                               deadline_s=deadline, candidates_min=2), h.now, plan=False))
+    assert not h.replies  # every one admitted: at their minimum they all fit
+    start = h.now
+    h.take(h.engine.plan(h.now))
+    answered = _run_in_time(h, 10, lambda rows: 0.05 + 0.01 * rows)
+    replies = {rid: r[0] for rid, r in h.replies.items()}
+    assert len(replies) == 200
+    late = [rid for rid, r in replies.items() if r.status != "done" or answered[rid] > start + deadline]
+    assert not late, (len(late), sorted(late)[:5])
+    served = [r.metrics["served_count"] for r in replies.values()]
+    assert min(served) >= 2 and 200 * 2 < sum(served) < 200 * 8  # shed, not below the minimum, nor all of it

@@ -162,3 +162,19 @@ def test_orders_are_unique_per_slice():
     assert len(set(orders)) == 3 and orders == sorted(orders)
     assert list(itertools.islice(index_of([unit("a", 1, order=1, slice_index=i) for i in (2, 0, 1)]).ordered(), 3)) \
         == [unit("a", 1, order=1, slice_index=i) for i in (0, 1, 2)]
+
+
+def test_a_sample_behind_a_group_doubles_its_distance_in_each_bucket_and_ends_at_the_bucket_last():
+    index = PendingIndex(lambda u: u.batch_key)
+    for g in range(100):
+        for key in ("a", "b"):
+            if key == "b" and g % 10:
+                continue  # bucket b: every tenth group
+            index.add(Unit(f"{key}{g}", 0, (0,), key, key, (float(g), g, 0), 4, 1, "L"))
+    got = index.sample_behind((5.0, 5), 4)
+    a = [e[1] for e in got if e[1].startswith("a")]
+    b = [e[1] for e in got if e[1].startswith("b")]
+    # behind a5: a6 is 1 place behind, so 4, 8, 16, 32, 64 places -> a9, a13, a21, a37, a69; then a99
+    assert a == ["a9", "a13", "a21", "a37", "a69", "a99"]
+    assert b == ["b40", "b80", "b90"]  # b10 is 1 place behind b's (b0 is ahead): 4 and 8 places, then the last
+    assert index.sample_behind((99.0, 99), 4) == []  # nothing behind the last group
