@@ -100,6 +100,8 @@ class Control:
                         for t, n in sorted(e.tenants.in_flight.items())},
             "fair_queueing": e.tenants.clock.fair,
             "stagger": {"enabled": e.config.stagger, "starts": e.counters["staggered_starts"]},
+            # what deadline forecasts multiply every duration by (core/cost_model.CostModel.margin)
+            "forecast_margin": e.cost.margin(),
             "late_results_discarded": e.counters["late_results_discarded"],
             "batches_lost": e.counters["batches_lost"],
             "handler_errors": e.counters["handler_errors"],

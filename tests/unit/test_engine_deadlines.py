@@ -224,3 +224,12 @@ def test_an_assignment_sent_to_wait_on_the_worker_is_predicted_to_end_after_what
     assert first.predicted_s == pytest.approx(10 * 0.11)
     # it starts when the first is done (placed in the same pass): 1.1 s, then 10 forwards of 5 rows
     assert second.predicted_s == pytest.approx(10 * 0.11 + 10 * 0.10)
+
+
+def test_stats_say_what_margin_the_forecasts_multiply_every_duration_by():
+    h = Harness()
+    calibrated(h, "w1")
+    assert h.engine.stats()["forecast_margin"] == 1.0  # nothing measured yet
+    for _ in range(50):
+        h.engine.cost.observe_error(1.0, 1.5)  # every assignment took 1.5x its prediction
+    assert h.engine.stats()["forecast_margin"] == pytest.approx(1.5)
