@@ -136,8 +136,8 @@ class PendingIndex:
 
     def sample_behind(self, order: tuple, first: int) -> list[tuple]:
         """A sample of the units queued behind a group at `order` (its own excluded), for a rule that must
-        look past a window without walking the queue: in each bucket, the units `first`, 2 x `first`,
-        4 x `first`... places behind the group, and the bucket's last. Entries: (unit order, request id,
+        look past a window without walking the queue: in each bucket, the units `first`, 4 x `first`,
+        16 x `first`... places behind the group, and the bucket's last. Entries: (unit order, request id,
         slice index); O(buckets x log queue)."""
         probe = ((*order, math.inf),)  # after every slice of the group's own
         out = []
@@ -147,7 +147,7 @@ class PendingIndex:
             step = first
             while pos + step - 1 < len(entries) - 1:
                 out.append(entries[pos + step - 1])
-                step *= 2
+                step *= 4
             if pos < len(entries):
                 out.append(entries[-1])
         return out

@@ -164,7 +164,7 @@ def test_orders_are_unique_per_slice():
         == [unit("a", 1, order=1, slice_index=i) for i in (0, 1, 2)]
 
 
-def test_a_sample_behind_a_group_doubles_its_distance_in_each_bucket_and_ends_at_the_bucket_last():
+def test_a_sample_behind_a_group_quadruples_its_distance_in_each_bucket_and_ends_at_the_bucket_last():
     index = PendingIndex(lambda u: u.batch_key)
     for g in range(100):
         for key in ("a", "b"):
@@ -174,7 +174,7 @@ def test_a_sample_behind_a_group_doubles_its_distance_in_each_bucket_and_ends_at
     got = index.sample_behind((5.0, 5), 4)
     a = [e[1] for e in got if e[1].startswith("a")]
     b = [e[1] for e in got if e[1].startswith("b")]
-    # behind a5: a6 is 1 place behind, so 4, 8, 16, 32, 64 places -> a9, a13, a21, a37, a69; then a99
-    assert a == ["a9", "a13", "a21", "a37", "a69", "a99"]
-    assert b == ["b40", "b80", "b90"]  # b10 is 1 place behind b's (b0 is ahead): 4 and 8 places, then the last
+    # behind a5: a6 is 1 place behind, so 4, 16, 64 places -> a9, a21, a69; then a99
+    assert a == ["a9", "a21", "a69", "a99"]
+    assert b == ["b40", "b90"]  # b10 is 1 place behind b's (b0 is ahead): 4 places, then the last
     assert index.sample_behind((99.0, 99), 4) == []  # nothing behind the last group
