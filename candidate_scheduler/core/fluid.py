@@ -55,6 +55,8 @@ class Pipe:
         self.memo = snap.memo
         self._busy: dict[str, float] = {}  # label -> busy_s
         self._watched: dict[str, tuple | None] = {}  # request id -> watch_terms
+        self._ahead: dict[tuple, float] = {}  # order -> ahead_s
+        self._given: dict[tuple, float] = {}  # order -> given_back_before
 
     @classmethod
     def of(cls, snap: PlanningSnapshot) -> Pipe:
@@ -114,10 +116,25 @@ class Pipe:
 
     def ahead_s(self, order: tuple) -> float:
         """Seconds of the pipe's time that the queued slices ahead of `order` take, as they stand."""
-        total = 0.0
-        for bucket, count in self.snap.queue.ahead(order):
-            total += count * (bucket.cost_rows * bucket.steps / self.rate(bucket.label) + self.fixed_s(bucket.label))
+        total = self._ahead.get(order)
+        if total is None:
+            total = 0.0
+            for bucket, count in self.snap.queue.ahead(order):
+                total += count * (bucket.cost_rows * bucket.steps / self.rate(bucket.label)
+                                  + self.fixed_s(bucket.label))
+            self._ahead[order] = total
         return total
+
+    def given_back_before(self, order: tuple) -> float:
+        """The pipe time the startable elastic groups queued ahead of `order` would give back at their
+        minimum counts (core/elastic_index.py keeps the sums; (*order, inf): the group at `order` too)."""
+        given = self._given.get(order)
+        if given is None:
+            given = 0.0
+            for label, rowsteps, slices in self.snap.elastic.between(None, order, self.snap.slice_capacity):
+                given += rowsteps / self.rate(label) + slices * self.fixed_s(label)
+            self._given[order] = given
+        return given
 
     def run_s(self, unit: Unit, busy: bool) -> float:
         """One slice's own time on the best worker: its fixed cost and its steps, at a full forward when the
@@ -174,17 +191,8 @@ def refusal_finish(snap: PlanningSnapshot, view: GroupView, units: list[Unit]) -
     """The pipe's finish of a new group as these units (at its minimum count), every startable elastic
     group ahead of it at its minimum too (core/deadlines.refuse_at_receipt's question)."""
     pipe = Pipe.of(snap)
-    ahead = pipe.ahead_s(view.order) - _elastic_excess(snap, pipe, view.order)
+    ahead = pipe.ahead_s(view.order) - max(0.0, pipe.given_back_before(view.order))
     return pipe.finish(units, ahead)
-
-
-def _elastic_excess(snap: PlanningSnapshot, pipe: Pipe, before: tuple, after: tuple | None = None) -> float:
-    """The pipe time the startable elastic groups queued in (after, before) would give back at their
-    minimum counts (core/elastic_index.py keeps the sums)."""
-    excess = 0.0
-    for label, rowsteps, slices in snap.elastic.between(after, before, snap.slice_capacity):
-        excess += rowsteps / pipe.rate(label) + slices * pipe.fixed_s(label)
-    return max(0.0, excess)
 
 
 def feasibility(snap: PlanningSnapshot, view: GroupView, window: int) -> Callable[[int], bool]:
@@ -213,17 +221,18 @@ def feasibility(snap: PlanningSnapshot, view: GroupView, window: int) -> Callabl
                     others.append((deadline, last, waiting, base + current + walked_s - max(0.0, given_back)))
                 given_back += excess
         walked_s += pipe.work_s((unit,))
-    # Past the window, a sample (core/pending.PendingIndex.sample_behind), each at the cost of a pass over
-    # the buckets: the queue is in deadline order, so under a burst of like deadlines its last group is the
+    # Past the window, a sample (core/pending.PendingIndex.sample_behind), shared by the groups a pass asks
+    # about: the queue is in deadline order, so under a burst of like deadlines its last group is the
     # tightest, and counts chosen at the head one window at a time would take what the tail needs
+    through_view = pipe.given_back_before((*view.order, math.inf))
     for unit_order, rid, _slice in snap.queue.sample_behind(view.order, window):
         terms = None if rid in seen else pipe.watch_terms(rid)
         seen.add(rid)
         if terms is not None and terms[0] is not None:
             order = unit_order[:-1]  # the group's (its slices' orders add the slice index)
             deadline, last, waiting, _excess = terms
-            others.append((deadline, last, waiting,
-                           pipe.ahead_s(order) - _elastic_excess(snap, pipe, order, view.order)))
+            between = max(0.0, pipe.given_back_before(order) - through_view)
+            others.append((deadline, last, waiting, pipe.ahead_s(order) - between))
 
     def feasible(n: int) -> bool:
         mine = view.units(n, capacity)

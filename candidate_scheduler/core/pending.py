@@ -136,20 +136,22 @@ class PendingIndex:
 
     def sample_behind(self, order: tuple, first: int) -> list[tuple]:
         """A sample of the units queued behind a group at `order` (its own excluded), for a rule that must
-        look past a window without walking the queue: in each bucket, the units `first`, 4 x `first`,
-        16 x `first`... places behind the group, and the bucket's last. Entries: (unit order, request id,
-        slice index); O(buckets x log queue)."""
+        look past a window without walking the queue: in each bucket, of its `first`-th, 4 x `first`-th,
+        16 x `first`-th... unit and its last, those behind the group. Counted from each bucket's head, not
+        from the group, so groups near the head -- those a planning pass asks about -- share one sample.
+        Entries: (unit order, request id, slice index); O(buckets x log queue)."""
         probe = ((*order, math.inf),)  # after every slice of the group's own
         out = []
         for bucket in self._buckets.values():
-            entries = bucket.entries
-            pos = bisect.bisect_left(entries, probe, lo=bucket.start)
+            entries, start = bucket.entries, bucket.start
+            if start >= len(entries) or entries[-1] < probe:
+                continue
             step = first
-            while pos + step - 1 < len(entries) - 1:
-                out.append(entries[pos + step - 1])
+            while start + step < len(entries):
+                if entries[start + step - 1] > probe:
+                    out.append(entries[start + step - 1])
                 step *= 4
-            if pos < len(entries):
-                out.append(entries[-1])
+            out.append(entries[-1])
         return out
 
     def walk(self, start: tuple | None = None) -> Walk:

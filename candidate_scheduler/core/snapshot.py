@@ -142,7 +142,8 @@ class PlanningSnapshot:
     calibrated: bool  # every live worker has a cost model: without one, nothing is forecast
     queue: PendingIndex
     group: Callable[[str], GroupView | None]
-    elastic: ElasticIndex = field(default_factory=ElasticIndex)  # queued groups whose count may still shrink (read through)
+    # queued groups whose count may still shrink, with what they would give back (read through)
+    elastic: ElasticIndex = field(default_factory=ElasticIndex)
     prefetch: int = 0  # batches' worth a worker may hold beyond what it runs
     prefetch_lead_s: float = math.inf  # how long before a worker needs it prefetched work is sent
     prefetch_margin: Mapping[str, float] = field(default_factory=dict)  # worker id -> extra lead (core/prefetch.py)

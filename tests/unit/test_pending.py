@@ -164,7 +164,7 @@ def test_orders_are_unique_per_slice():
         == [unit("a", 1, order=1, slice_index=i) for i in (0, 1, 2)]
 
 
-def test_a_sample_behind_a_group_quadruples_its_distance_in_each_bucket_and_ends_at_the_bucket_last():
+def test_a_sample_behind_a_group_is_every_bucket_at_four_fold_distances_from_its_head_and_its_last():
     index = PendingIndex(lambda u: u.batch_key)
     for g in range(100):
         for key in ("a", "b"):
@@ -174,7 +174,10 @@ def test_a_sample_behind_a_group_quadruples_its_distance_in_each_bucket_and_ends
     got = index.sample_behind((5.0, 5), 4)
     a = [e[1] for e in got if e[1].startswith("a")]
     b = [e[1] for e in got if e[1].startswith("b")]
-    # behind a5: a6 is 1 place behind, so 4, 16, 64 places -> a9, a21, a69; then a99
-    assert a == ["a9", "a21", "a69", "a99"]
-    assert b == ["b40", "b90"]  # b10 is 1 place behind b's (b0 is ahead): 4 places, then the last
+    # a's 4th, 16th and 64th units from its head are a3, a15, a63; a3 is ahead of a5; then its last
+    assert a == ["a15", "a63", "a99"]
+    assert b == ["b30", "b90"]  # b's 4th unit, then its last (it has no 16th)
     assert index.sample_behind((99.0, 99), 4) == []  # nothing behind the last group
+    for g in range(20):  # the heads leave: the sample moves with them
+        index.discard(f"a{g}", 0)
+    assert [e[1] for e in index.sample_behind((5.0, 5), 4) if e[1].startswith("a")] == ["a23", "a35", "a83", "a99"]
