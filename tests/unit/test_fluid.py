@@ -4,6 +4,8 @@ answer below is the pipe's."""
 
 from __future__ import annotations
 
+import heapq
+
 import pytest
 
 from candidate_scheduler.core import deadlines, fluid
@@ -95,8 +97,6 @@ def test_a_deadline_group_is_admitted_when_the_elastic_groups_ahead_of_it_could_
 def _run_in_time(h: Harness, steps: int, step_s) -> dict[str, float]:
     """Dispatch batching in simulated time: each worker runs its batches one after another, a batch of r rows
     taking steps x step_s(r) seconds; the engine hears of each at its end. request id -> reply time."""
-    import heapq
-
     free: dict[bytes, float] = {}
     ends: list = []
     sent = 0
