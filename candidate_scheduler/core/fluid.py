@@ -26,6 +26,7 @@ than `EXACT_LIMIT` slices; below that, the exact one answers.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable
 
@@ -57,6 +58,15 @@ class Pipe:
         self._watched: dict[str, tuple | None] = {}  # request id -> watch_terms
         self._ahead: dict[tuple, float] = {}  # order -> ahead_s
         self._given: dict[tuple, float] = {}  # order -> given_back_before
+        # The queue read from its head, as far as a question needed (window_behind): each unit's order and
+        # group, whether it begins its group, and before each, the pipe time of the units read and the
+        # elastic give-back of the groups begun. The groups a pass sizes sit near the head: one read serves all.
+        self._reader = None
+        self._orders: list[tuple] = []
+        self._rids: list[str] = []
+        self._begins: list[bool] = []
+        self._work_before: list[float] = [0.0]
+        self._given_before: list[float] = [0.0]
 
     @classmethod
     def of(cls, snap: PlanningSnapshot) -> Pipe:
@@ -124,6 +134,37 @@ class Pipe:
                                   + self.fixed_s(bucket.label))
             self._ahead[order] = total
         return total
+
+    def window_behind(self, view: GroupView, window: int) -> list[tuple[str, float]]:
+        """The groups among the `window` units queued right behind `view`, each with the pipe time queued
+        ahead of it less what the elastic groups between `view` and it would give back at their minimum."""
+        probe = (*view.order, math.inf)  # after every slice of the group's own
+        while self._reader is not False and (not self._orders or self._orders[-1] < probe):
+            self._read(len(self._orders) + window)
+        start = bisect.bisect_left(self._orders, probe)
+        self._read(start + window)
+        given_through_view = self._given_before[start]
+        return [(self._rids[i], self._work_before[i] - max(0.0, self._given_before[i] - given_through_view))
+                for i in range(start, min(start + window, len(self._orders))) if self._begins[i]]
+
+    def _read(self, upto: int) -> None:
+        """Read the queue from its head until `upto` units are read (or it ends: the reader becomes False)."""
+        if self._reader is None:
+            self._reader = self.snap.queue.ordered()
+        while self._reader is not False and len(self._orders) < upto:
+            unit = next(self._reader, None)
+            if unit is None:
+                self._reader = False
+                break
+            rid = unit.request_id
+            begins = not self._rids or self._rids[-1] != rid  # a group's slices are contiguous in the queue
+            terms = self.watch_terms(rid) if begins else None
+            self._orders.append(unit.order)
+            self._rids.append(rid)
+            self._begins.append(begins)
+            self._work_before.append(self._work_before[-1] + unit.cost_rows * unit.steps / self.rate(unit.label)
+                                     + self.fixed_s(unit.label))
+            self._given_before.append(self._given_before[-1] + (terms[3] if terms is not None else 0.0))
 
     def given_back_before(self, order: tuple) -> float:
         """The pipe time the startable elastic groups queued ahead of `order` would give back at their
@@ -203,24 +244,17 @@ def feasibility(snap: PlanningSnapshot, view: GroupView, window: int) -> Callabl
     capacity = snap.slice_capacity
     base = pipe.ahead_s(view.order)
     current = pipe.work_s(snap.queue.units_of(view.request_id))
-    # What each watched group waits for, but the group's own count, found in one walk: the pipe time queued
-    # between it and the group, less what the elastic groups there would give back at their minimum --
-    # sums kept along the walk, not asked of the whole queue per watched group, and asked once, not per probe
+    # What each watched group waits for, but the group's own count (the pipe time queued ahead of it, less
+    # what the elastic groups between would give back at their minimum), from one read of the queue's head
+    # that the pass's other counts share; asked once, not per probe
     others = []
-    walked_s = given_back = 0.0
     seen: set[str] = set()
-    for walked, unit in enumerate(snap.queue.ordered((*view.order, math.inf))):
-        if walked >= window:
-            break
-        if unit.request_id not in seen:
-            seen.add(unit.request_id)
-            terms = pipe.watch_terms(unit.request_id)
-            if terms is not None:
-                deadline, last, waiting, excess = terms
-                if deadline is not None:
-                    others.append((deadline, last, waiting, base + current + walked_s - max(0.0, given_back)))
-                given_back += excess
-        walked_s += pipe.work_s((unit,))
+    for rid, ahead in pipe.window_behind(view, window):
+        seen.add(rid)
+        terms = pipe.watch_terms(rid)
+        if terms is not None and terms[0] is not None:
+            deadline, last, waiting, _excess = terms
+            others.append((deadline, last, waiting, ahead))
     # Past the window, a sample (core/pending.PendingIndex.sample_behind), shared by the groups a pass asks
     # about: the queue is in deadline order, so under a burst of like deadlines its last group is the
     # tightest, and counts chosen at the head one window at a time would take what the tail needs
