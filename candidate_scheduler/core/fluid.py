@@ -59,14 +59,13 @@ class Pipe:
         self._ahead: dict[tuple, float] = {}  # order -> ahead_s
         self._given: dict[tuple, float] = {}  # order -> given_back_before
         # The queue read from its head, as far as a question needed (window_behind): each unit's order and
-        # group, whether it begins its group, and before each, the pipe time of the units read and the
-        # elastic give-back of the groups begun. The groups a pass sizes sit near the head: one read serves all.
+        # group, whether it begins its group, and before each, the pipe time of the units read. The groups
+        # a pass sizes sit near the head: one read serves all.
         self._reader = None
         self._orders: list[tuple] = []
         self._rids: list[str] = []
         self._begins: list[bool] = []
         self._work_before: list[float] = [0.0]
-        self._given_before: list[float] = [0.0]
 
     @classmethod
     def of(cls, snap: PlanningSnapshot) -> Pipe:
@@ -143,8 +142,7 @@ class Pipe:
             self._read(len(self._orders) + window)
         start = bisect.bisect_left(self._orders, probe)
         self._read(start + window)
-        given_through_view = self._given_before[start]
-        return [(self._rids[i], self._work_before[i] - max(0.0, self._given_before[i] - given_through_view))
+        return [(self._rids[i], self._work_before[i] - self.given_back_between(view.order, self._orders[i][:-1]))
                 for i in range(start, min(start + window, len(self._orders))) if self._begins[i]]
 
     def _read(self, upto: int) -> None:
@@ -157,14 +155,11 @@ class Pipe:
                 self._reader = False
                 break
             rid = unit.request_id
-            begins = not self._rids or self._rids[-1] != rid  # a group's slices are contiguous in the queue
-            terms = self.watch_terms(rid) if begins else None
+            self._begins.append(not self._rids or self._rids[-1] != rid)  # a group's slices are contiguous
             self._orders.append(unit.order)
             self._rids.append(rid)
-            self._begins.append(begins)
             self._work_before.append(self._work_before[-1] + unit.cost_rows * unit.steps / self.rate(unit.label)
                                      + self.fixed_s(unit.label))
-            self._given_before.append(self._given_before[-1] + (terms[3] if terms is not None else 0.0))
 
     def given_back_before(self, order: tuple) -> float:
         """The pipe time the startable elastic groups queued ahead of `order` would give back at their
@@ -176,6 +171,11 @@ class Pipe:
                 given += rowsteps / self.rate(label) + slices * self.fixed_s(label)
             self._given[order] = given
         return given
+
+    def given_back_between(self, after: tuple, before: tuple) -> float:
+        """What the startable elastic groups queued between a group at `after` and one at `before` would give
+        back at their minimum counts (neither of the two counted)."""
+        return max(0.0, self.given_back_before(before) - self.given_back_before((*after, math.inf)))
 
     def run_s(self, unit: Unit, busy: bool) -> float:
         """One slice's own time on the best worker: its fixed cost and its steps, at a full forward when the
@@ -210,20 +210,15 @@ class Pipe:
         return self.snap.now + waiting + self.run_s(last, waiting > 0)
 
     def watch_terms(self, request_id: str) -> tuple | None:
-        """A queued group as a watched group (feasibility): its deadline, its last slice and what it waits for
-        at its minimum count besides the queue ahead (`waiting`), and the pipe time it would give back at
-        its minimum (0 unless elastic). None: no such group."""
+        """A queued deadline group as a watched group (feasibility): its deadline, its last slice and what it
+        waits for at its minimum count besides the queue ahead (`waiting`). None: no such group, or it has
+        no deadline."""
         terms = self._watched.get(request_id, ())
         if terms == ():
             g = self.snap.group(request_id)
-            if g is None:
-                terms = None
-            else:
-                mins = g.units(g.min_count, self.snap.slice_capacity)
-                last, waiting = self.waiting(mins) if g.deadline is not None else (None, 0.0)
-                excess = (self.work_s(self.snap.queue.units_of(request_id)) - self.work_s(mins)
-                          if request_id in self.snap.elastic else 0.0)
-                terms = (g.deadline, last, waiting, excess)
+            terms = None
+            if g is not None and g.deadline is not None:
+                terms = (g.deadline, *self.waiting(g.units(g.min_count, self.snap.slice_capacity)))
             self._watched[request_id] = terms
         return terms
 
@@ -252,21 +247,17 @@ def feasibility(snap: PlanningSnapshot, view: GroupView, window: int) -> Callabl
     for rid, ahead in pipe.window_behind(view, window):
         seen.add(rid)
         terms = pipe.watch_terms(rid)
-        if terms is not None and terms[0] is not None:
-            deadline, last, waiting, _excess = terms
-            others.append((deadline, last, waiting, ahead))
+        if terms is not None:
+            others.append((*terms, ahead))
     # Past the window, a sample (core/pending.PendingIndex.sample_behind), shared by the groups a pass asks
     # about: the queue is in deadline order, so under a burst of like deadlines its last group is the
     # tightest, and counts chosen at the head one window at a time would take what the tail needs
-    through_view = pipe.given_back_before((*view.order, math.inf))
     for unit_order, rid, _slice in snap.queue.sample_behind(view.order, window):
         terms = None if rid in seen else pipe.watch_terms(rid)
         seen.add(rid)
-        if terms is not None and terms[0] is not None:
+        if terms is not None:
             order = unit_order[:-1]  # the group's (its slices' orders add the slice index)
-            deadline, last, waiting, _excess = terms
-            between = max(0.0, pipe.given_back_before(order) - through_view)
-            others.append((deadline, last, waiting, pipe.ahead_s(order) - between))
+            others.append((*terms, pipe.ahead_s(order) - pipe.given_back_between(view.order, order)))
 
     def feasible(n: int) -> bool:
         mine = view.units(n, capacity)
