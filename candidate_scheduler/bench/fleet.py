@@ -179,6 +179,11 @@ def machine_busy() -> tuple[float, float]:
     return sum(values) - idle, sum(values)
 
 
+def _base_seed(index: int) -> int:
+    """The base seed of a workload's group `index` (the check derives its candidates' seeds from it)."""
+    return 1000 + index
+
+
 def _requests(workload: Workload, tag: str) -> tuple[list, list[int], np.ndarray]:
     from candidate_scheduler import protocol
     from candidate_scheduler.service.client import make_request, synthetic_image
@@ -188,7 +193,7 @@ def _requests(workload: Workload, tag: str) -> tuple[list, list[int], np.ndarray
     for i in range(workload.groups):
         count = workload.counts[i % len(workload.counts)]
         counts.append(count)
-        req = make_request(image, PROMPT, request_id=f"{tag}-{i}", count=count, seed=1000 + i, reducer="mean",
+        req = make_request(image, PROMPT, request_id=f"{tag}-{i}", count=count, seed=_base_seed(i), reducer="mean",
                            deadline_s=workload.deadline_s, height=SIDE, width=SIDE, steps=STEPS,
                            min_count=workload.min_count)
         frames.append(protocol.encode(protocol.Kind.SUBMIT, req))
@@ -285,7 +290,7 @@ def check(workload: Workload, counts: list[int], image: np.ndarray, replies: dic
             continue
         seeds = list(r.candidate_seeds)
         least = counts[index] if workload.min_count is None else workload.min_count
-        first = list(CandidateTrajectorySpec(count=counts[index]).candidate_seeds(1000 + index)[:len(seeds)])
+        first = list(CandidateTrajectorySpec(count=counts[index]).candidate_seeds(_base_seed(index))[:len(seeds)])
         served.append(len(seeds))
         if not least <= len(seeds) <= counts[index] or seeds != first or not np.array_equal(
                 protocol.array_from_wire(r.action), null_model_action(image, seeds)):
