@@ -333,3 +333,15 @@ def fault_lines(proc) -> Counter:
 
     pat = re.compile(r"fault-injected kind=(\w+)")
     return Counter(m.group(1) for line in list(proc.lines) if (m := pat.search(line)))
+
+
+def health(handle, what: str) -> dict:
+    """The scheduler is alive and no exception escaped a handler during `what`; its stats."""
+    assert handle.proc.alive(), f"the scheduler died during {what}; log: {handle.proc.log_path}"
+    s = stats(handle)
+    assert s["handler_errors"] == 0, f"an exception escaped a handler during {what}; log: {handle.proc.log_path}"
+    return s
+
+
+def null_capability(capacity: int = 8) -> dict:
+    return NullAdapter(capacity).capability_dict()

@@ -15,26 +15,22 @@ import importlib.util
 import os
 import pickle
 import random
-import threading
-import time
 from collections import Counter
 
 import numpy as np
 import pytest
-import zmq
 
 from candidate_scheduler import protocol
 from candidate_scheduler.service.client import make_request
-from candidate_scheduler.worker.null_adapter import NullAdapter
 from tests.conftest import wait_for
 from tests.reliability.fuzz import Evil, EvilShell, Mutator
 from tests.reliability.helpers import (
     ERROR_CODES,
     IMAGE,
-    Ledger,
     RawPeer,
-    ReplyReader,
     check_result,
+    health,
+    null_capability,
     stats,
 )
 
@@ -53,13 +49,6 @@ def _valid_roundtrip(handle, rnd, tag: str) -> None:
     _kind, result = protocol.decode_frames(frames, {protocol.Kind.RESULT})
     verdict, why = check_result(req, result)
     assert result.status == "done" and verdict == "ok", (tag, result.status, result.error, why)
-
-
-def _health(handle, what: str) -> dict:
-    assert handle.proc.alive(), f"the scheduler died during {what}; log: {handle.proc.log_path}"
-    s = stats(handle)
-    assert s["handler_errors"] == 0, f"an exception escaped a handler during {what}; log: {handle.proc.log_path}"
-    return s
 
 
 def _expectation(frames: list[bytes], allowed) -> tuple[protocol.Kind | None, object, str | None]:
@@ -144,7 +133,7 @@ def _fuzz_socket(handle, endpoint: str, allowed, corpus, n: int, bursts: int, rn
                 extra = peer.recv(0.0)
                 if extra is not None:
                     problems.append(f"{strategy}: a second reply {extra[:1]}")
-            _health(handle, f"{name} fuzz burst {burst}")
+            health(handle, f"{name} fuzz burst {burst}")
             _valid_roundtrip(handle, rnd, f"{name}-{burst}")
     finally:
         peer.close()
@@ -208,10 +197,6 @@ def test_fuzz_control_socket(services, reliability, rng_seed, tmp_path):
     assert not stats(sched)["draining"]
 
 
-def _null_capability(capacity: int = 8) -> dict:
-    return NullAdapter(capacity).capability_dict()
-
-
 def test_fuzz_worker_link(services, reliability, rng_seed, tmp_path):
     """Garbage and mutated REGISTER / HEARTBEAT / BATCH_RESULT from several identities (some impersonating
     the real worker's id): no reply but REGISTERED / WORKER_STOP, the real worker keeps serving."""
@@ -222,7 +207,7 @@ def test_fuzz_worker_link(services, reliability, rng_seed, tmp_path):
     marker = tmp_path / "pwned"
     arr = protocol.array_to_wire(np.zeros((1, 1, 16, 7), np.float32))
     corpus = [
-        protocol.encode(protocol.Kind.REGISTER, protocol.RegisterMsg("fuzz-w", _null_capability(), 8, pid=1)),
+        protocol.encode(protocol.Kind.REGISTER, protocol.RegisterMsg("fuzz-w", null_capability(), 8, pid=1)),
         protocol.encode(protocol.Kind.HEARTBEAT, protocol.HeartbeatMsg(real_id, 1, 2)),
         protocol.encode(protocol.Kind.HEARTBEAT, protocol.HeartbeatMsg("fuzz-w", None, None)),
         protocol.encode(protocol.Kind.BATCH_RESULT, protocol.BatchResultMsg(real_id, 1, [protocol.GroupOutputMsg("g", "ok", [0], arr)])),
@@ -250,7 +235,7 @@ def test_fuzz_worker_link(services, reliability, rng_seed, tmp_path):
                 # barrier: a REGISTER under a fresh id is answered REGISTERED(that id) after everything this
                 # peer sent before it; every message on the way must be a well-formed link message
                 barrier_id = f"barrier-{burst}-{k}"
-                peer.send(protocol.encode(protocol.Kind.REGISTER, protocol.RegisterMsg(barrier_id, _null_capability(), 8)))
+                peer.send(protocol.encode(protocol.Kind.REGISTER, protocol.RegisterMsg(barrier_id, null_capability(), 8)))
                 while True:
                     frames = peer.recv(REPLY_TIMEOUT_S)
                     if frames is None:
@@ -265,7 +250,7 @@ def test_fuzz_worker_link(services, reliability, rng_seed, tmp_path):
                     replies[kind.name] += 1
                     if kind is protocol.Kind.REGISTERED and msg.worker_id == barrier_id:
                         break
-            _health(sched, f"worker-link fuzz burst {burst}")
+            health(sched, f"worker-link fuzz burst {burst}")
             # fuzz-registered workers never heartbeat: they lapse; the real one must still be there
             wait_for(lambda: set(stats(sched)["workers"]) == {real_id}, 30, "only the real worker registered")
             _valid_roundtrip(sched, rnd, f"link-{burst}")
@@ -280,192 +265,6 @@ def test_fuzz_worker_link(services, reliability, rng_seed, tmp_path):
                     f"discarded; real worker kept, valid group correct after each of {s.fuzz_bursts} bursts",
                     ok=not problems)
     assert not problems, problems[:10]
-
-
-# ---- a fake worker on the link: structure-aware faults in real BATCH_RESULTs -------------------------------
-
-
-RESULT_MUTATIONS = [
-    "outputs:drop", "outputs:extra", "output:wrong-request", "output:wrong-ids",
-    "output:wrong-shape", "output:wrong-batch-axis", "output:nan", "output:bad-status", "output:no-actions",
-    "output:array-lie", "result:wrong-batch-id", "result:foreign-worker-id", "result:garbage",
-    "result:truncated", "result:duplicate", "result:silence", "result:late",
-]
-
-
-class FakeWorker(threading.Thread):
-    """Registers like a null worker and answers each BATCH with a (usually) corrupted BATCH_RESULT.
-    Heartbeats report the batch as busy until it is answered, like the real worker."""
-
-    def __init__(self, endpoint: str, rnd: random.Random, other_worker_id: str):
-        super().__init__(daemon=True, name="fake-worker")
-        self.endpoint = endpoint
-        self.rnd = rnd
-        self.other = other_worker_id
-        self.worker_id = "fake-worker"
-        self.stop = threading.Event()
-        self.applied = Counter()
-        self.adapter = NullAdapter(8)
-        self.error: BaseException | None = None
-
-    def _result(self, batch: protocol.BatchMsg) -> protocol.BatchResultMsg:
-        from candidate_scheduler.core.work import CandidateWork, GroupWork, SamplingSpec
-
-        items = [GroupWork(g.request_id, protocol.array_from_wire(g.images), list(g.prompts),
-                           SamplingSpec(**{k: getattr(g.sampling, k) for k in g.sampling.__struct_fields__}),
-                           [CandidateWork(c.candidate_id, c.seed, c.snapshot) for c in g.candidates])
-                 for g in batch.groups]
-        outs, _report = self.adapter.run_batch(items)
-        msgs = [protocol.GroupOutputMsg(o.request_id, o.status, list(o.candidate_ids),
-                                 None if o.actions is None else protocol.array_to_wire(np.asarray(o.actions, np.float32)))
-                for o in outs]
-        return protocol.BatchResultMsg(self.worker_id, batch.batch_id, msgs, {})
-
-    def _mutate(self, what: str, res: protocol.BatchResultMsg) -> list[list[bytes]]:
-        import msgspec
-
-        outs = list(res.outputs)
-        i = self.rnd.randrange(len(outs))
-        o = outs[i]
-        acts = protocol.array_from_wire(o.actions) if o.actions is not None else np.zeros((1, 1, 16, 7), np.float32)
-        if what == "outputs:drop":
-            outs.pop(i)
-        elif what == "outputs:extra":
-            outs.append(o)
-        elif what == "output:wrong-request":
-            outs[i] = msgspec.structs.replace(o, request_id=o.request_id + "x")
-        elif what == "output:wrong-ids":
-            outs[i] = msgspec.structs.replace(o, candidate_ids=[c + 1 for c in o.candidate_ids])
-        elif what == "output:wrong-shape":
-            outs[i] = msgspec.structs.replace(o, actions=protocol.array_to_wire(np.ascontiguousarray(acts[..., :-1])))
-        elif what == "output:wrong-batch-axis":
-            outs[i] = msgspec.structs.replace(o, actions=protocol.array_to_wire(np.concatenate([acts, acts], axis=1)))
-        elif what == "output:nan":
-            bad = acts.copy()
-            bad.reshape(-1)[0] = np.nan
-            outs[i] = msgspec.structs.replace(o, actions=protocol.array_to_wire(bad))
-        elif what == "output:bad-status":
-            outs[i] = msgspec.structs.replace(o, status=self.rnd.choice(["", "OK", "partial"]))
-        elif what == "output:no-actions":
-            outs[i] = msgspec.structs.replace(o, actions=None)
-        elif what == "output:array-lie":
-            lie = self.rnd.choice([protocol.Array("object", [1], b"\x00" * 8), protocol.Array("float32", [2**31, 2**31], b""),
-                                   protocol.Array("float32", [2**62, 2**62], b""), protocol.Array("<U4", [1], b"abcd"),
-                                   protocol.Array("float32", [1, 1, 16, 7], b"\x00" * 5)])
-            outs[i] = msgspec.structs.replace(o, actions=lie)
-        res = msgspec.structs.replace(res, outputs=outs)
-        frames = protocol.encode(protocol.Kind.BATCH_RESULT, res)
-        if what == "result:wrong-batch-id":
-            frames = protocol.encode(protocol.Kind.BATCH_RESULT, msgspec.structs.replace(res, batch_id=res.batch_id + 10**6))
-        elif what == "result:foreign-worker-id":
-            frames = protocol.encode(protocol.Kind.BATCH_RESULT, msgspec.structs.replace(res, worker_id=self.other))
-        elif what == "result:garbage":
-            frames = [frames[0], os.urandom(64)]
-        elif what == "result:truncated":
-            frames = [frames[0], frames[1][: len(frames[1]) // 2]]
-        elif what == "result:duplicate":
-            return [frames, frames]
-        elif what == "result:silence":
-            return []
-        return [frames]
-
-    def run(self) -> None:
-        try:
-            self._run()
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            self.error = exc
-
-    def _run(self) -> None:
-        ctx = zmq.Context.instance()
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IDENTITY, self.worker_id.encode())
-        sock.connect(self.endpoint)
-        # capacity 16 > the real worker's 8: the scheduler offers every batch to the fake first
-        register = protocol.encode(protocol.Kind.REGISTER, protocol.RegisterMsg(self.worker_id, _null_capability(16), 16, pid=os.getpid()))
-        sock.send_multipart(register)
-        busy: int | None = None
-        mute_until = 0.0  # "late": no heartbeats until declared dead, then the (valid) result
-        late: list[list[bytes]] = []
-        last_beat = 0.0
-        try:
-            while not self.stop.is_set():
-                now = time.monotonic()
-                if now >= mute_until:
-                    if late:
-                        for f in late:
-                            sock.send_multipart(f)
-                        late = []
-                        busy = None
-                    if now - last_beat > 0.1:
-                        sock.send_multipart(protocol.encode(protocol.Kind.HEARTBEAT, protocol.HeartbeatMsg(self.worker_id, busy, None)))
-                        last_beat = now
-                if not sock.poll(20):
-                    continue
-                frames = sock.recv_multipart()
-                kind = protocol.parse_header(frames[0], {protocol.Kind.REGISTERED, protocol.Kind.BATCH, protocol.Kind.CANCEL_ROWS, protocol.Kind.WORKER_STOP})
-                msg = protocol.decode(kind, frames[1])
-                if kind is protocol.Kind.WORKER_STOP:
-                    sock.send_multipart(register)
-                elif kind is protocol.Kind.BATCH:
-                    busy = msg.batch_id
-                    what = "valid" if self.rnd.random() < 0.4 else self.rnd.choice(RESULT_MUTATIONS)
-                    self.applied[what] += 1
-                    res = self._result(msg)
-                    if what == "result:late":
-                        late = [protocol.encode(protocol.Kind.BATCH_RESULT, res)]
-                        mute_until = time.monotonic() + 2.0  # > the scheduler's 1.5 s heartbeat timeout
-                        continue
-                    for f in self._mutate(what, res):
-                        sock.send_multipart(f)
-                    busy = None
-        finally:
-            sock.close(0)
-
-
-def test_fuzz_worker_link_fake_worker_corrupts_real_batches(services, reliability, rng_seed):
-    """A fake worker takes real batches and answers them with structure-aware corruptions (wrong
-    outputs, ids, shapes, NaNs, lying arrays, foreign worker id or batch id, garbage, duplicates,
-    silence, an answer after being declared dead). Every group: exactly one reply, the fault-free result."""
-    sched = services.scheduler("--retry-limit", "30")
-    services.worker(sched, capacity=8, step_delay=0.1)  # slow: most batches go to the (instant) fake
-    real_id = next(iter(sched.wait_workers(1)["workers"]))
-    rnd = random.Random(rng_seed)
-    fake = FakeWorker(sched.worker, random.Random(rng_seed + 1), real_id)
-    fake.start()
-    try:
-        sched.wait_workers(2)
-        ledger = Ledger()
-        reader = ReplyReader(sched.request, ledger)
-        n = reliability.scale.fake_worker_groups
-        for i in range(n):
-            reader.send(make_request(IMAGE, "pick", request_id=f"fw-{i}", count=rnd.randint(1, 12),
-                                     seed=rnd.randrange(2**31), reducer=rnd.choice(["mean", "medoid", "none"]),
-                                     return_candidates=rnd.random() < 0.5))
-            if i % 4 == 3:  # keep a few in flight so both workers (and co-batching) are used
-                reader.wait_all(120)
-        reader.wait_all(120)
-        from tests.reliability.helpers import wait_quiescent
-
-        wait_quiescent(sched, 30)
-        reader.barrier()
-        reader.close()
-        summary = ledger.summary()
-        done = ledger.statuses["done"]
-        _health(sched, "fake-worker fuzz")
-    finally:
-        fake.stop.set()
-        fake.join(5)
-    assert fake.error is None, repr(fake.error)
-    assert sum(fake.applied.values()) >= n // 3, f"the fake worker got too few batches to mean much: {fake.applied}"
-    corrupt = sum(v for k, v in fake.applied.items() if k != "valid")
-    reliability.add("fuzz", "worker link: fake worker corrupting real BATCH_RESULTs ("
-                    + ", ".join(f"{k} {v}" for k, v in sorted(fake.applied.items())) + ")", corrupt,
-                    f"{summary['requests']} groups: {done} done = fault-free result, lost {summary['lost']}, "
-                    f"duplicated {summary['duplicated']}, partial {summary['partial_aggregates']}",
-                    ok=summary["lost"] == summary["duplicated"] == summary["partial_aggregates"] == 0)
-    ledger.assert_clean(reliability)
-    assert done == n, ledger.statuses
 
 
 # ---- the sglang compat socket -------------------------------------------------------------------------------
@@ -580,7 +379,7 @@ def test_fuzz_compat_socket(services, reliability, rng_seed, tmp_path):
             elif peer.sock.poll(0):
                 problems.append("an ignored input was answered")
             assert all(_alive(pid) for pid in bridge_pids), "the compat bridge died"
-            _health(sched, f"compat fuzz burst {burst}")
+            health(sched, f"compat fuzz burst {burst}")
             _valid_roundtrip(sched, rnd, f"compat-{burst}")
     finally:
         peer.close()
@@ -620,7 +419,7 @@ def test_oversize_message_drops_only_that_peer(services, reliability):
         with RawPeer(endpoint) as peer:
             peer.send([protocol.header(protocol.Kind.PING), big])
             assert peer.recv(1.0) is None
-    _health(sched, "oversize messages")
+    health(sched, "oversize messages")
     _valid_roundtrip(sched, random.Random(1), "oversize")
     reliability.add("fuzz", "message over MAXMSGSIZE (64 MiB + 1) on request, control and worker link", 3,
                     "peer dropped by ZMQ, scheduler alive, next valid group correct")
