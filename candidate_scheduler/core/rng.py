@@ -86,10 +86,19 @@ def candidate_seeds(
     """Seeds of candidates 0..count-1. With the explicit policy, `seeds` must have length count."""
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise CandidateContractError("count", "invalid_count", "count must be an int >= 1", count)
-    if _policy_name(policy) == "explicit":
+    name = _policy_name(policy)
+    if name == "explicit":
         if seeds is None or len(seeds) != count:
             raise CandidateContractError(
                 "seeds", "seeds_length", f"explicit policy needs exactly count={count} seeds",
                 None if seeds is None else len(seeds),
             )
+    elif name == "per_candidate":
+        # candidate_seed's formula with the base seed checked once, not per candidate: on every group's path
+        check_seed(base_seed, "seed")
+        return (base_seed, *(splitmix64(base_seed ^ _MIXED_INDEX[i]) >> 1 for i in range(1, count))) \
+            if count <= len(_MIXED_INDEX) else tuple(candidate_seed(base_seed, i, policy) for i in range(count))
     return tuple(candidate_seed(base_seed, i, policy, seeds) for i in range(count))
+
+
+_MIXED_INDEX = tuple(splitmix64(i) for i in range(257))  # splitmix64(index) of every index a group may have

@@ -143,6 +143,46 @@ def test_fold_copies_caller_buffers():
     partial.fold([0], buf)
     buf[:] = 7
     np.testing.assert_array_equal(partial.finalize(), np.ones(2, dtype=np.float32))
+    several = PartialReduction("mean", 3)
+    buf = np.ones((3, 2), dtype=np.float32)
+    several.fold([0, 1, 2], buf)  # one array: checked and copied at once
+    buf[:] = 7
+    np.testing.assert_array_equal(several.finalize(), np.ones(2, dtype=np.float32))
+
+
+def _faulty(rows: int, faults: dict[int, str]) -> tuple[list, np.ndarray]:
+    ids, arr = list(range(rows)), np.random.default_rng(rows).standard_normal((rows, 2, 3)).astype(F32)
+    for row, fault in faults.items():
+        if fault == "nan":
+            arr[row, 1, 2] = np.nan
+        elif fault == "inf":
+            arr[row, 0, 0] = -np.inf
+        elif fault == "bad_id":
+            ids[row] = rows + 5
+        elif fault == "dup_id":
+            ids[row] = ids[0]
+    return ids, arr
+
+
+@pytest.mark.parametrize("faults", [
+    {}, {3: "nan"}, {0: "inf"}, {2: "bad_id", 5: "nan"}, {1: "nan", 4: "bad_id"}, {6: "dup_id", 2: "inf"},
+    {1: "dup_id"}, {7: "nan", 0: "nan"},
+])
+def test_fold_of_one_array_is_the_fold_of_its_rows(faults):
+    """A slice folded as one array (checked at once) and as a list of its rows (checked one by one):
+    the same result, bit for bit, or the same error naming the same candidate."""
+    ids, arr = _faulty(8, faults)
+    outcomes = []
+    for arrays in (arr, list(arr)):
+        partial = PartialReduction("mean", 8)
+        try:
+            partial.fold(ids, arrays)
+            outcomes.append(("ok", partial.finalize().tobytes()))
+        except CandidateContractError as exc:
+            outcomes.append((exc.code, exc.field, str(exc)))
+            assert partial.done() == ()
+    assert outcomes[0] == outcomes[1]
+    assert (outcomes[0][0] == "ok") == (not faults)
 
 
 def test_registry_api():

@@ -52,6 +52,16 @@ def test_per_candidate_seeds_are_distinct_and_in_range(base, count):
 
 
 @SETTINGS
+@given(seeds64, st.integers(min_value=1, max_value=300))
+def test_group_seeds_are_each_candidates_seed(base, count):
+    """candidate_seeds checks the base once and mixes each index from a table (up to 256 and past it):
+    the same seeds as asking candidate_seed for each candidate, the formula the workers' parity rests on."""
+    assert rng.candidate_seeds(base, count) == tuple(rng.candidate_seed(base, i) for i in range(count))
+    assert rng.candidate_seeds(base, count) == tuple(
+        base if i == 0 else rng.splitmix64(base ^ rng.splitmix64(i)) >> 1 for i in range(count))
+
+
+@SETTINGS
 @given(st.integers(min_value=0, max_value=2**64 - 2))
 def test_consecutive_base_seeds_never_share_streams(base):
     # Under `offset`, base b's candidate 1 IS base b+1's candidate 0; per_candidate must not do that.
