@@ -59,10 +59,11 @@ from candidate_scheduler.core.pending import PendingIndex
 from candidate_scheduler.core.planning import Unit, dispatch_class, step_class
 from candidate_scheduler.core.request import Submission
 from candidate_scheduler.core.resubmission import ReplyCache
-from candidate_scheduler.core.snapshot import GroupView, PlanningSnapshot, WorkerView
+from candidate_scheduler.core.snapshot import GroupView, PlanningSnapshot
 from candidate_scheduler.core.spec import ModelCapability
 from candidate_scheduler.core.tenants import Tenants
 from candidate_scheduler.core.worker_link import WorkerLink
+from candidate_scheduler.core.worker_views import WorkerViews
 from candidate_scheduler.core.workers import Assignment, WorkerState
 
 INTERNAL_ERROR = "internal_error"
@@ -101,6 +102,7 @@ class Engine:
         self._slicing: tuple[ModelCapability, int] | None = None  # (capability, smallest rows); None: stale
         self._room: bool | None = None  # some worker may take work now (None: stale); planning's first question
         self._rows_epoch = 0  # bumped when a worker comes or goes or its rows change (rows_changed)
+        self.views = WorkerViews()  # the workers' planning views, rebuilt as they go stale
         self._fleet_memo: tuple[tuple, dict] = ((), {})  # (what it holds for, answers): PlanningSnapshot.memo
         # When the shell should run a planning pass though nothing happened: a worker becomes due for the
         # work it will hold next (late prefetch), or for its staggered start. None: the next event is soon enough.
@@ -294,13 +296,7 @@ class Engine:
     def snapshot(self, now: float) -> PlanningSnapshot:
         """What a planning decision may read (core/snapshot.py), as the engine stands now."""
         self._capability()  # brings every worker's rows up to date
-        prefetch = self.config.prefetch
-        views = []
-        for w in self.workers.values():  # kept until its work or its rows change: most are, every pass
-            v = w.view
-            if v is None or v.rows != w.rows:
-                v = w.view = WorkerView.of(w, w.rows, prefetch)
-            views.append(v)
+        views = self.views.current(self.workers, self._rows_epoch, self.config.prefetch)
         margin = self.cost.margin()
         key = (self._rows_epoch, self.cost.version, margin)
         if self._fleet_memo[0] != key:

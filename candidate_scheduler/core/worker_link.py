@@ -51,7 +51,7 @@ class WorkerLink:
         e.workers[reg.worker_id] = WorkerState(
             reg.worker_id, identity, capability, min(reg.capacity, capability.max_candidates_per_batch), reg.device,
             e.now, memory_budget_bytes=max(0, int(reg.memory_budget_bytes)),
-            conditions_aside=reg.conditioning == "thread", registered_rows=reg.capacity)
+            conditions_aside=reg.conditioning == "thread", registered_rows=reg.capacity, on_stale=e.views.stale)
         e.cost.forget(reg.worker_id)
         e.forget_cost(reg.worker_id)
         for label, rows, seconds in reg.profile:  # rows 0: a group's fixed cost at that shape (worker/profile.py)
@@ -177,7 +177,7 @@ class WorkerLink:
                 a.ends_at = t = t + a.run_s
             elif batch_id in starting:  # it joins the running batch at the next step
                 a.ends_at = now + a.run_s
-        worker.view = None
+        worker.stale()
 
     def _learn_margin(self, worker: WorkerState) -> None:
         """Late prefetch: a worker left with nothing to run while work it could run waits had its next

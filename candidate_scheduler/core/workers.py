@@ -58,22 +58,28 @@ class WorkerState:
     step: int | None = None
     assignments: dict[int, Assignment] = field(default_factory=dict)
     oom_rows: int = 0  # the rows of the forward that ran out of memory in its last incident
-    view: Any = None  # the engine's cached snapshot view of it (core/snapshot.WorkerView); None: stale
     rows_in_use: int = 0  # the rows of its assignments (kept by hold and release)
     rows: int = 0  # the rows it may hold: capacity capped by predicted memory (the engine keeps it)
     registered_rows: int = 0  # the rows it registered with: it runs that many unless told fewer
     oom_key: Any = None  # the last out-of-memory incident (see worker_link._out_of_memory)
+    # told the worker's id when its view goes stale: the engine rebuilds only those views (Engine.snapshot)
+    on_stale: Any = field(default=None, repr=False, compare=False)
+
+    def stale(self) -> None:
+        """What it holds, or when that is predicted to end, changed: its view is rebuilt at the next snapshot."""
+        if self.on_stale is not None:
+            self.on_stale(self.worker_id)
 
     def hold(self, a: Assignment) -> None:
         self.assignments[a.batch_id] = a
         self.rows_in_use += a.rows
-        self.view = None
+        self.stale()
 
     def release(self, batch_id: int) -> Assignment | None:
         a = self.assignments.pop(batch_id, None)
         if a is not None:
             self.rows_in_use -= a.rows
-            self.view = None
+            self.stale()
         return a
 
     @property

@@ -82,6 +82,26 @@ def test_the_pipe_answers_afresh_once_the_cost_model_has_learned_something(fleet
 
 
 
+def test_what_runs_now_drains_as_each_worker_predicts_at_any_instant(fleet):
+    """busy_s, kept between snapshots as suffix sums over the workers in order of their predicted ends, is
+    the rate-weighted sum of each running worker's remaining time, before, at, between and after them."""
+    for i in range(WORKERS):  # one group of 8 rows per worker, each with another step count: other ends
+        fleet.take(fleet.engine.submit(("client", f"s{i}"), submission(f"s{i}", count=8, seed=i, steps=2 + i),
+                                       fleet.now, plan=False))
+    fleet.take(fleet.engine.plan(fleet.now))
+    ends = sorted(w.busy_until for w in fleet.engine.snapshot(fleet.now).workers if w.running)
+    assert len(set(ends)) == WORKERS
+    kept = fleet.engine.snapshot(fleet.now).workers
+    for now in [fleet.now, *ends, *(e + 1e-3 for e in ends), (ends[0] + ends[-1]) / 2, ends[-1] + 1.0]:
+        snap = fleet.engine.snapshot(now)
+        assert snap.workers is kept  # nothing changed: the sums are reused, only the instant moves
+        pipe = fluid.Pipe(snap)
+        rates = pipe.worker_rates(LABEL)
+        direct = sum(r * max(0.0, w.busy_until - now) for w, r in zip(snap.workers, rates) if w.running)
+        assert pipe.busy_s(LABEL) == pytest.approx(direct * pipe.cost.factor / pipe.rate(LABEL), rel=1e-9, abs=1e-12)
+    assert fluid.Pipe(fleet.engine.snapshot(ends[-1])).busy_s(LABEL) == 0.0
+
+
 def test_a_deadline_group_is_admitted_when_the_elastic_groups_ahead_of_it_could_shrink_to_make_room(fleet):
     # 160 groups of 8: 8 rounds of the fleet's rows at their counts, one at their minimum (at their counts,
     # not even they would all be admitted)

@@ -1,0 +1,73 @@
+"""The workers' planning views kept between snapshots (core/worker_views.py): always what a fresh build
+of every view gives, and rebuilt only for the workers that changed -- counted, not timed."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from candidate_scheduler.bench.fleet_engine import FakeFleet, _capability
+from candidate_scheduler.core.messages import Heartbeat, Registration
+from candidate_scheduler.core.snapshot import WorkerView
+from candidate_scheduler.core.worker_views import WorkerViews
+
+
+def _fresh(engine) -> tuple[WorkerView, ...]:
+    engine._capability()
+    return tuple(WorkerView.of(w, w.rows, engine.config.prefetch) for w in engine.workers.values())
+
+
+def test_kept_views_are_the_views_built_afresh_after_every_event():
+    rnd = np.random.default_rng(5)
+    for batching in ("dispatch", "step"):
+        fleet = FakeFleet(batching, 6, 8, deadline_every=2, counts=(1, 3, 8), min_count=1)
+        engine = fleet.engine
+        fleet.submit(80)
+        for i in range(300):
+            if i % 7 == 0:  # the clock moves: predicted ends are measured against it
+                fleet.now += 0.05
+            if i == 100:  # a worker goes silent and is declared dead: its work goes back to the queue
+                engine.link.lost(engine.workers["w2"], "heartbeat timeout", "tick")
+                for bid in [b for b, s in fleet.outstanding.items() if s.identity == b"w2"]:
+                    del fleet.outstanding[bid]
+            if i == 150:  # a new one registers, and an old one registers again (a restart)
+                for wid in ("w9", "w4"):
+                    fleet._take(engine.register(wid.encode(), Registration(wid, _capability(8), 8), fleet.now))
+                for bid in [b for b, s in fleet.outstanding.items() if s.identity == b"w4"]:
+                    del fleet.outstanding[bid]  # the restarted worker's old assignments are lost with it
+            if i % 11 == 0:
+                held = tuple(b for b, s in fleet.outstanding.items() if s.identity == b"w1")
+                fleet._take(engine.heartbeat(b"w1", Heartbeat("w1", held), fleet.now))
+            if rnd.random() < 0.6 and fleet.outstanding:
+                fleet.answer_oldest()
+            else:
+                fleet.submit(int(rnd.integers(1, 4)))
+            assert engine.snapshot(fleet.now).workers == _fresh(engine), (batching, i)
+        assert fleet.answered > 100
+
+
+def test_a_burst_of_submissions_rebuilds_no_view_and_keeps_one_tuple():
+    """A deadline submission takes a snapshot for its refusal check; with the workers unchanged between
+    two of them, none is rebuilt whatever the fleet's size, and they share one tuple of views (which
+    the fluid model keeps its per-fleet sums by)."""
+    built = 0
+    build = WorkerViews._build
+
+    def counted(w, prefetch):
+        nonlocal built
+        built += 1
+        return build(w, prefetch)
+
+    WorkerViews._build = staticmethod(counted)
+    try:
+        for workers in (8, 128):
+            fleet = FakeFleet("dispatch", workers, 8, deadline_every=1)
+            fleet.submit(workers * 16)  # every worker busy, as much again waiting
+            first = fleet.engine.snapshot(fleet.now).workers
+            built = 0
+            fleet.submit(50)
+            assert built == 0, (workers, built)
+            assert fleet.engine.snapshot(fleet.now).workers is first
+            fleet.answer_oldest()  # one worker's result: its view alone is rebuilt
+            assert 1 <= built <= 2, (workers, built)
+    finally:
+        WorkerViews._build = staticmethod(build)
