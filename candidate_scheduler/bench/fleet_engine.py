@@ -87,16 +87,20 @@ class FakeFleet:
             candidates["min_count"] = self.min_count
         return Submission(f"g{i}", IMAGE, "pick", candidates, i, {"steps": self.steps}, deadline_s=deadline)
 
-    def submit(self, n: int) -> float:
-        """Submit n groups; the seconds the engine spent."""
+    def submit(self, n: int, plan: bool = True) -> float:
+        """Submit n groups (each followed by a planning pass, or none with `plan` False, as the shell does
+        within a burst); the seconds the engine spent."""
         spent = 0.0
         for _ in range(n):
             sub = self.submission()
             t0 = time.perf_counter()
-            out = self.engine.submit(("client", sub.request_id), sub, self.now)
+            out = self.engine.submit(("client", sub.request_id), sub, self.now, plan=plan)
             spent += time.perf_counter() - t0
             self._take(out)
         return spent
+
+    def plan(self) -> None:
+        self._take(self.engine.plan(self.now))
 
     def result_of(self, send: SendWork) -> WorkerResult:
         outputs = tuple(SliceOutcome(sw.dispatch.request_id, "ok", sw.dispatch.candidate_ids,
@@ -119,12 +123,18 @@ class FakeFleet:
 
 def time_per_event(batching: str, depth: int, *, workers: int = 32, rows: int = 8, events: int = 400,
                    warmup: int = 50, deadline_every: int = 0, counts: tuple[int, ...] = (1,),
-                   min_count: int | None = None) -> dict:
-    """The engine's time per worker-result event with `depth` groups queued (see the module docstring)."""
+                   min_count: int | None = None, burst_fill: bool = False) -> dict:
+    """The engine's time per worker-result event with `depth` groups queued (see the module docstring).
+    `burst_fill`: the first groups submitted as one burst and planned once (the fleet-size sweep, where
+    a large idle fleet would otherwise spend every measured event on its first one-group assignments)."""
     fleet = FakeFleet(batching, workers, rows, deadline_every=deadline_every, counts=counts, min_count=min_count)
     # the workers' rows full (and what they may hold besides: prefetch), `depth` groups waiting behind them
     held = workers * rows * (1 + getattr(fleet.engine.config, "prefetch", 0)) * len(counts) // sum(counts)
-    fleet.submit(depth + held)
+    if burst_fill:  # read as one burst and planned once, as the shell does: full batches from the first
+        fleet.submit(depth + held, plan=False)
+        fleet.plan()
+    else:  # planned after each: an idle fleet's first K assignments carry one group each
+        fleet.submit(depth + held)
     event_s: list[float] = []
     submit_s = 0.0
     submitted = 0
@@ -182,6 +192,26 @@ def sweep(depths=(100, 1000, 5000, 10_000), modes=("dispatch", "step"), *, event
             rows.append({**_point(None, mode, depth, events, workload, warmup), "revision": "current"})
             if progress is not None:
                 progress(rows[-1])
+    return rows
+
+
+SIZES = (32, 128, 512)  # fleet sizes of sweep_sizes
+
+
+def sweep_sizes(sizes=SIZES, modes=("dispatch", "step"), *, depth: int = 1000, events: int = 300, progress=None,
+                baseline: str | None = None) -> list[dict]:
+    """Every group with a deadline, `depth` queued, against the number of workers: a refusal check reads
+    the fleet at every submission, and a planning pass at every event. Each point in a fresh process; with
+    `baseline`, that revision's right before this one's (as in `sweep`)."""
+    workload = {"deadline_every": 1, "counts": (1,), "min_count": None, "burst_fill": True}
+    rows = []
+    for mode in modes:
+        for size in sizes:
+            for root in ((baseline, None) if baseline is not None else (None,)):
+                row = _point(root, mode, depth, events, {**workload, "workers": size}, warmup=50)
+                rows.append({**row, "revision": "baseline" if root is not None else "current"})
+                if progress is not None:
+                    progress(rows[-1])
     return rows
 
 

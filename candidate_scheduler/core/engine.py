@@ -100,9 +100,9 @@ class Engine:
         self.unstarted: set[str] = set()  # admitted groups none of whose slices has started
         self._known_cost: set[str] = set()  # workers whose cost model is calibrated
         self._slicing: tuple[ModelCapability, int] | None = None  # (capability, smallest rows); None: stale
-        self._room: bool | None = None  # some worker may take work now (None: stale); planning's first question
         self._rows_epoch = 0  # bumped when a worker comes or goes or its rows change (rows_changed)
-        self.views = WorkerViews()  # the workers' planning views, rebuilt as they go stale
+        self.views = WorkerViews(self.config.batching)  # the workers' planning views, rebuilt as they go stale
+        self._largest_rows = 0  # the largest live worker's rows (kept with _slicing)
         self._fleet_memo: tuple[tuple, dict] = ((), {})  # (what it holds for, answers): PlanningSnapshot.memo
         # When the shell should run a planning pass though nothing happened: a worker becomes due for the
         # work it will hold next (late prefetch), or for its staggered start. None: the next event is soon enough.
@@ -216,17 +216,13 @@ class Engine:
             for w in live:
                 w.rows = self.rows_of(w)
             self._slicing = (live[0].capability, min(w.rows for w in live))
+            self._largest_rows = max(w.rows for w in live)
         return self._slicing
 
     def rows_changed(self) -> None:
         """A worker came or went, or the rows one may hold changed (capacity, memory): sizes are stale."""
         self._slicing = None
-        self._room = None
         self._rows_epoch += 1
-
-    def load_changed(self) -> None:
-        """A worker took or gave back work: whether any has room is stale."""
-        self._room = None
 
     def order_of(self, g: Group) -> tuple:
         since = g.received_at + g.fair_lead_s  # core/fair_queue.py: behind its own tenant's backlog
@@ -277,8 +273,8 @@ class Engine:
             self.pending.add(self._unit(g, slice_index, g.slices[slice_index]))
 
     def _largest(self) -> int:
-        self._capability()  # brings every worker's rows up to date
-        return max(w.rows for w in self.workers.values())
+        self._capability()  # brings every worker's rows up to date, and the largest with them
+        return self._largest_rows
 
     @staticmethod
     def _split(g: Group, largest: int) -> bool:
@@ -301,10 +297,11 @@ class Engine:
         key = (self._rows_epoch, self.cost.version, margin)
         if self._fleet_memo[0] != key:
             self._fleet_memo = (key, {})
-        return PlanningSnapshot(now, self.config.batching, self.config.best_effort_s, tuple(views), self.cost,
+        return PlanningSnapshot(now, self.config.batching, self.config.best_effort_s, views, self.cost,
                                 margin, self._calibrated(), self.pending, self._group_view,
                                 self.elastic, self.config.prefetch, self.config.prefetch_lead_s, self.prefetch_margin,
-                                self.config.stagger, self.held_back, memo=self._fleet_memo[1])
+                                self.config.stagger, self.held_back, memo=self._fleet_memo[1], open=self.views.open,
+                                positions=self.views.positions)
 
     def forget_cost(self, worker_id: str) -> None:
         self._known_cost.discard(worker_id)
@@ -378,14 +375,10 @@ class Engine:
         return None
 
     def _can_place(self) -> bool:
-        if self._room is None:
-            prefetch = self.config.prefetch
-            if self.config.batching == "dispatch":
-                self._room = any(len(w.assignments) <= prefetch for w in self.workers.values())
-            else:
-                self._capability()  # brings every worker's rows up to date
-                self._room = any(w.rows * (1 + prefetch) > w.rows_in_use for w in self.workers.values())
-        return self._room
+        """Some worker may be sent work, now or when it is due for it (core/worker_views.py keeps which)."""
+        self._capability()  # brings every worker's rows up to date
+        self.views.current(self.workers, self._rows_epoch, self.config.prefetch)
+        return bool(self.views.open)
 
     def _fit_slices(self) -> None:
         """Halve pending slices no live worker can hold (the largest shrank after running out of memory,
@@ -442,7 +435,6 @@ class Engine:
                        first.label, predicted_s=p.predicted_s, steps=max(u.steps for u in p.units),
                        cost_rows=sum(u.cost_rows for u in p.units), run_s=p.run_s)
         worker.hold(a)
-        self.load_changed()
         self.assignments[batch_id] = a
         told = worker.rows if worker.rows < worker.registered_rows else 0
         self.outbox.append(SendWork(worker.identity, batch_id, tuple(slices), join, told))

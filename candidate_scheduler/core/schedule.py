@@ -87,10 +87,10 @@ def plan(snap: PlanningSnapshot, *, elastic: bool = True, trace: Trace | None = 
 
 def _place(snap: PlanningSnapshot, trace: Trace) -> list[tuple[str, tuple[Unit, ...]]]:
     if snap.batching == "dispatch":
-        idle = [w.batch_slot() for w in snap.workers if w.takes_a_batch and snap.prefetch_due(w)]
+        idle = [w.batch_slot() for w in snap.open if snap.prefetch_due(w)]
         return plan_dispatch(snap.queue, idle, trace.at) if idle else []
     slots = []
-    for w in snap.workers:
+    for w in snap.open:  # the rest have neither free nor spare rows
         spare = snap.spare_due(w) if w.spare else 0  # none to give: no need to ask when (the common case)
         if w.free_rows + spare > 0:
             slots.append(w.slot(spare=spare))

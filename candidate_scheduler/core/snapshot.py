@@ -155,6 +155,17 @@ class PlanningSnapshot:
     # fluid rate, a slice's best time alone): the engine keeps them across snapshots until one of those
     # changes, so a burst of deadline groups does not loop over every worker for each (core/fluid.py)
     memo: dict = field(default_factory=dict)
+    # The workers that may be sent work, now or once due for it (dispatch: may take a batch; step: free or
+    # spare rows), in the workers' order: a pass looks at no other (core/worker_views.py keeps them; None:
+    # derived from `workers`)
+    open: tuple[WorkerView, ...] | None = None
+    positions: Mapping[str, int] | None = None  # worker id -> its place in `workers` (None: found by a scan)
+
+    def __post_init__(self) -> None:
+        if self.open is None:
+            dispatch = self.batching == "dispatch"
+            object.__setattr__(self, "open", tuple(w for w in self.workers if (
+                w.takes_a_batch if dispatch else w.free_rows + w.spare > 0)))
 
     @property
     def planned_cost(self) -> Scaled:
@@ -224,14 +235,14 @@ class PlanningSnapshot:
         """Whether a planning pass could send any worker anything now (else it places nothing, and fixes
         no elastic count either: that waits until a group could start)."""
         if self.batching == "dispatch":
-            return any(w.takes_a_batch and self.prefetch_due(w) for w in self.workers)
-        return any(w.free_rows or (w.spare and self.spare_due(w)) for w in self.workers)
+            return any(self.prefetch_due(w) for w in self.open)
+        return any(w.free_rows or (w.spare and self.spare_due(w)) for w in self.open)
 
     def wake_at(self) -> float | None:
         """The next instant a planning pass may place work that no pass can place now: the earliest time
         a worker with room for prefetched work becomes due for it (a staggered start's included). None: no
         event needs to come sooner."""
-        due = [t for w in self.workers if self._has_room(w) for t in (self.prefetch_due_at(w),)
+        due = [t for w in self.open if self._has_room(w) for t in (self.prefetch_due_at(w),)
                if t is not None and t > self.now]
         return min(due, default=None)
 
@@ -305,6 +316,8 @@ class PlanningSnapshot:
         return w.takes_a_batch if self.batching == "dispatch" else w.spare > 0
 
     def worker(self, worker_id: str) -> WorkerView:
+        if self.positions is not None:
+            return self.workers[self.positions[worker_id]]
         return self._by_id[worker_id]
 
     @cached_property

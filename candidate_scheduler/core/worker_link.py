@@ -268,7 +268,6 @@ class WorkerLink:
         worker = e.workers.get(a.worker_id)
         if worker is not None:
             worker.release(a.batch_id)
-            e.load_changed()
         for entry in a.entries:
             held = e.held.get(entry.request_id)
             if held is not None:

@@ -8,6 +8,11 @@ work, or its predicted ends moved); this keeps the views in the engine's order o
 only those, and hands out the same tuple until one changes, so that answers derived from the tuple can
 be kept by its identity (core/fluid.py). A worker that comes or goes, or whose rows change, moves the
 engine's rows epoch (`Engine.rows_changed`): then every view is rebuilt.
+
+It also keeps which workers are *open*: they may be sent work now or once they are due for it -- under
+dispatch batching those that may take a batch (idle, or holding no more than they may prefetch), under
+step batching those with free or spare rows. A planning pass looks at those alone, so under load (every
+worker full) its cost follows the few that just freed rows, not the fleet.
 """
 
 from __future__ import annotations
@@ -18,12 +23,15 @@ from candidate_scheduler.core.snapshot import WorkerView
 
 
 class WorkerViews:
-    def __init__(self) -> None:
+    def __init__(self, batching: str) -> None:
+        self._dispatch = batching == "dispatch"
         self._views: list[WorkerView] = []  # in the order of the engine's workers
-        self._at: dict[str, int] = {}  # worker id -> its position in _views
+        self._at: dict[str, int] = {}  # worker id -> its position in _views (replaced, never changed, per epoch)
         self._tuple: tuple[WorkerView, ...] = ()
         self._epoch: int | None = None  # the rows epoch the views were built in
         self._stale: set[str] = set()
+        self._open: set[str] = set()
+        self._open_tuple: tuple[WorkerView, ...] = ()
 
     def stale(self, worker_id: str) -> None:
         """`worker_id`'s view no longer holds (WorkerState.on_stale)."""
@@ -32,20 +40,36 @@ class WorkerViews:
     def current(self, workers: Mapping, epoch: int, prefetch: int) -> tuple[WorkerView, ...]:
         """Every worker's view, in `workers`' order, each worker running `w.rows` rows at once."""
         if epoch != self._epoch:
-            self._views = [self._build(w, prefetch) for w in workers.values()]
+            self._views = [WorkerView.of(w, w.rows, prefetch) for w in workers.values()]
             self._at = {wid: i for i, wid in enumerate(workers)}
+            self._open = {v.worker_id for v in self._views if self._takes(v)}
             self._epoch = epoch
         elif self._stale:
             for wid in self._stale:
                 i = self._at.get(wid)
-                if i is not None:  # one that left since is gone from the views with the epoch
-                    self._views[i] = self._build(workers[wid], prefetch)
+                if i is None:  # one that left since is gone from the views with the epoch
+                    continue
+                v = self._views[i] = WorkerView.of(workers[wid], workers[wid].rows, prefetch)
+                if self._takes(v):
+                    self._open.add(wid)
+                else:
+                    self._open.discard(wid)
         else:
             return self._tuple
         self._stale.clear()
         self._tuple = tuple(self._views)
+        self._open_tuple = tuple(self._views[i] for i in sorted(self._at[wid] for wid in self._open))
         return self._tuple
 
-    @staticmethod
-    def _build(w, prefetch: int) -> WorkerView:
-        return WorkerView.of(w, w.rows, prefetch)
+    @property
+    def open(self) -> tuple[WorkerView, ...]:
+        """The open workers' views (see the module docstring), in the workers' order, as of `current`."""
+        return self._open_tuple
+
+    @property
+    def positions(self) -> Mapping[str, int]:
+        """Worker id -> its place in the tuple `current` returns (the same mapping until the epoch moves)."""
+        return self._at
+
+    def _takes(self, v: WorkerView) -> bool:
+        return v.takes_a_batch if self._dispatch else v.free_rows + v.spare > 0

@@ -8,7 +8,6 @@ import numpy as np
 from candidate_scheduler.bench.fleet_engine import FakeFleet, _capability
 from candidate_scheduler.core.messages import Heartbeat, Registration
 from candidate_scheduler.core.snapshot import WorkerView
-from candidate_scheduler.core.worker_views import WorkerViews
 
 
 def _fresh(engine) -> tuple[WorkerView, ...]:
@@ -41,33 +40,35 @@ def test_kept_views_are_the_views_built_afresh_after_every_event():
                 fleet.answer_oldest()
             else:
                 fleet.submit(int(rnd.integers(1, 4)))
-            assert engine.snapshot(fleet.now).workers == _fresh(engine), (batching, i)
+            snap, fresh = engine.snapshot(fleet.now), _fresh(engine)
+            assert snap.workers == fresh, (batching, i)
+            assert snap.open == tuple(w for w in fresh if (
+                w.takes_a_batch if batching == "dispatch" else w.free_rows + w.spare > 0)), (batching, i)
+            assert all(snap.worker(w.worker_id) is w for w in snap.workers)
         assert fleet.answered > 100
 
 
-def test_a_burst_of_submissions_rebuilds_no_view_and_keeps_one_tuple():
+def test_a_burst_of_submissions_rebuilds_no_view_and_keeps_one_tuple(monkeypatch):
     """A deadline submission takes a snapshot for its refusal check; with the workers unchanged between
     two of them, none is rebuilt whatever the fleet's size, and they share one tuple of views (which
-    the fluid model keeps its per-fleet sums by)."""
+    the fluid model keeps its per-fleet sums by). Under load, a pass looks at the open workers alone."""
     built = 0
-    build = WorkerViews._build
+    of = WorkerView.of.__func__
 
-    def counted(w, prefetch):
+    def counted(cls, *args, **kwargs):
         nonlocal built
         built += 1
-        return build(w, prefetch)
+        return of(cls, *args, **kwargs)
 
-    WorkerViews._build = staticmethod(counted)
-    try:
-        for workers in (8, 128):
-            fleet = FakeFleet("dispatch", workers, 8, deadline_every=1)
-            fleet.submit(workers * 16)  # every worker busy, as much again waiting
-            first = fleet.engine.snapshot(fleet.now).workers
-            built = 0
-            fleet.submit(50)
-            assert built == 0, (workers, built)
-            assert fleet.engine.snapshot(fleet.now).workers is first
-            fleet.answer_oldest()  # one worker's result: its view alone is rebuilt
-            assert 1 <= built <= 2, (workers, built)
-    finally:
-        WorkerViews._build = staticmethod(build)
+    monkeypatch.setattr(WorkerView, "of", classmethod(counted))
+    for workers in (8, 128):
+        fleet = FakeFleet("dispatch", workers, 8, deadline_every=1)
+        fleet.submit(workers * 16)  # every worker busy, as much again waiting
+        first = fleet.engine.snapshot(fleet.now)
+        assert first.open == ()  # every worker holds a batch and the next: none may be sent one
+        built = 0
+        fleet.submit(50)
+        assert built == 0, (workers, built)
+        assert fleet.engine.snapshot(fleet.now).workers is first.workers
+        fleet.answer_oldest()  # one worker's result: its view alone is rebuilt, and it was sent the next
+        assert 1 <= built <= 2, (workers, built)
