@@ -406,7 +406,9 @@ def run_fleet_bench(out_dir, *, smoke: bool = False, plot: bool = True, baseline
     deadline_depths = (100, 1000) if smoke else (100, 10_000)
     events = 60 if smoke else 150
     sizes = SMOKE if smoke else FULL
-    total = 2 * (len(depths) + 2 * len(deadline_depths)) + sum(len(workloads(s, smoke)) for s in sizes) * len(MODES)
+    fleet_sizes = fleet_engine.SIZES[:2] if smoke else fleet_engine.SIZES
+    total = (2 * (len(depths) + 2 * len(deadline_depths) + len(fleet_sizes))
+             + sum(len(workloads(s, smoke)) for s in sizes) * len(MODES))
     progress = tqdm(total=total, desc="fleet: engine in process", unit="run", file=sys.stderr, dynamic_ncols=True,
                     mininterval=0.5)
     try:
@@ -417,6 +419,8 @@ def run_fleet_bench(out_dir, *, smoke: bool = False, plot: bool = True, baseline
         # elastic groups with deadlines: their counts chosen at every pass (core/deadlines.choose_count)
         elastic = fleet_engine.sweep(deadline_depths, events=events, elastic=True,
                                      progress=lambda _r: progress.update(1))
+        # against the fleet's size: a refusal check per submission, a planning pass per event
+        by_size = fleet_engine.sweep_sizes(fleet_sizes, events=events, progress=lambda _r: progress.update(1))
         progress.set_description("fleet: scheduler + null workers over ZMQ")
 
         def step(run: dict) -> None:
@@ -432,7 +436,8 @@ def run_fleet_bench(out_dir, *, smoke: bool = False, plot: bool = True, baseline
         "engine_workers": engine[0]["workers"], "engine_rows": engine[0]["rows"],
         "loadavg_start": load_before, "loadavg_end": loadavg(), "wall_s": time.perf_counter() - started,
     }
-    result = {"meta": meta, "engine": engine, "engine_deadlines": deadline, "engine_elastic": elastic, "fleet": fleet}
+    result = {"meta": meta, "engine": engine, "engine_deadlines": deadline, "engine_elastic": elastic,
+              "engine_sizes": by_size, "fleet": fleet}
     out = Path(out_dir)
     if smoke:
         out = out / "fleet_smoke"
@@ -456,7 +461,8 @@ def run_baseline(out_dir, revision: str, *, plot: bool = True, events: int | Non
     started, load_before = time.perf_counter(), loadavg()
     depths, deadline_depths = (100, 1000, 5000, 10_000), (100, 10_000)
     elastic_depths = (100, 1000)  # an engine that sums elastic groups one by one takes seconds an event at 1,000
-    progress = tqdm(total=4 * (len(depths) + len(deadline_depths) + len(elastic_depths)), desc=f"fleet: engine, {revision} and this revision",
+    progress = tqdm(total=4 * (len(depths) + len(deadline_depths) + len(elastic_depths) + len(fleet_engine.SIZES)),
+                    desc=f"fleet: engine, {revision} and this revision",
                     unit="run", file=sys.stderr, dynamic_ncols=True, mininterval=0.5)
     root = _worktree(revision)
     try:
@@ -467,6 +473,7 @@ def run_baseline(out_dir, revision: str, *, plot: bool = True, events: int | Non
                                       same_events=events is not None, progress=lambda _r: progress.update(1))
         elastic = fleet_engine.sweep(elastic_depths, events=events or 300, elastic=True, baseline=root,
                                      same_events=events is not None, progress=lambda _r: progress.update(1))
+        by_size = fleet_engine.sweep_sizes(events=events or 300, baseline=root, progress=lambda _r: progress.update(1))
     finally:
         progress.close()
         subprocess.run(["git", "worktree", "remove", "--force", root], cwd=_ROOT, capture_output=True)
@@ -474,7 +481,8 @@ def run_baseline(out_dir, revision: str, *, plot: bool = True, events: int | Non
             "baseline": _rev(revision), "cpu_count": os.cpu_count(), "engine_workers": rows[0]["workers"],
             "engine_rows": rows[0]["rows"], "loadavg_start": load_before, "loadavg_end": loadavg(),
             "wall_s": time.perf_counter() - started, "same_events": events is not None}
-    result = {"meta": meta, "engine": rows, "engine_deadlines": deadline, "engine_elastic": elastic}
+    result = {"meta": meta, "engine": rows, "engine_deadlines": deadline, "engine_elastic": elastic,
+              "engine_sizes": by_size}
     files = fleet_report.write_baseline(result, Path(out_dir), plot=plot)
     print(f"fleet baseline: {meta['wall_s']:.0f} s; wrote {files['json']}, {files['report']}")
     return result

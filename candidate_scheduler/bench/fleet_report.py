@@ -1,5 +1,6 @@
-"""The fleet benchmark's outputs: `fleet.json`, `fleet_report.md` and two plots (utilisation against
-the number of workers; the engine's time per event against queue depth)."""
+"""The fleet benchmark's outputs: `fleet.json`, `fleet_report.md` and three plots (utilisation against
+the number of workers; the engine's time per event against queue depth, and against the number of
+workers)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,29 @@ def _engine_table(rows: list[dict], title: str, baseline: str | None = None) -> 
                 name = f"before ({baseline})" if revision == "baseline" else "this revision"
                 out.append(f"\n{name}, {mode}: time per event at {max(by):,} queued is {fmt(ratio, 2)}x its time at "
                            f"{min(by):,} (target <= 1.5x).")
+    return out + [""]
+
+
+SIZES_TITLE = ("Against the fleet's size: every group with a deadline, 1,000 queued (a refusal check at each "
+               "submission, a planning pass after it and at each event)")
+
+
+def _sizes_table(rows: list[dict], baseline: str | None = None) -> list[str]:
+    out = [f"#### {SIZES_TITLE}", "", "| engine | mode | workers | events | event mean ms | submit us | groups/s |",
+           "|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        name = f"before ({baseline})" if r.get("revision") == "baseline" else "this revision"
+        out.append(f"| {name} | {r['batching']} | {r['workers']} | {r['events']} | {fmt(r['event_mean_ms'], 3)} | "
+                   f"{fmt(r['submit_us'], 0)} | {fmt(r['groups_per_s'], 0)} |")
+    for revision in ("current", "baseline"):
+        for mode in MODES:
+            by = {r["workers"]: r for r in rows if r["batching"] == mode and r.get("revision", "current") == revision}
+            if len(by) > 1:
+                lo, hi = by[min(by)], by[max(by)]
+                name = f"before ({baseline})" if revision == "baseline" else "this revision"
+                out.append(f"\n{name}, {mode}: at {max(by)} workers a submission costs "
+                           f"{fmt(hi['submit_us'] / lo['submit_us'], 2)}x and an event {fmt(hi['event_mean_ms'] / lo['event_mean_ms'], 2)}x "
+                           f"what they cost at {min(by)}.")
     return out + [""]
 
 
@@ -124,6 +148,8 @@ def write_outputs(result: dict, out_dir: Path, plot: bool = True) -> dict:
         lines += _engine_table(result["engine_deadlines"], "Every group with a deadline (refusal at receipt on each)")
     if result.get("engine_elastic"):
         lines += _engine_table(result["engine_elastic"], ELASTIC_TITLE)
+    if result.get("engine_sizes"):
+        lines += _sizes_table(result["engine_sizes"])
     lines += [
         "## The scheduler over ZMQ against K null workers",
         "",
@@ -180,9 +206,13 @@ def write_baseline(result: dict, out_dir: Path, plot: bool = True) -> dict:
                                meta["baseline"])
     if result.get("engine_elastic"):
         lines += _engine_table(result["engine_elastic"], ELASTIC_TITLE, meta["baseline"])
+    if result.get("engine_sizes"):
+        lines += _sizes_table(result["engine_sizes"], meta["baseline"])
     plots = []
     if plot:
         plots = [_engine_plot({"meta": meta, "engine": result["engine"]}, out_dir, "fleet_baseline.png")]
+        if result.get("engine_sizes"):
+            plots.append(_sizes_plot(result, out_dir, "fleet_baseline_sizes.png"))
     lines += [f"![{name}]({name})" for name in plots]
     report = out_dir / "fleet_baseline.md"
     report.write_text("\n".join(lines) + "\n")
@@ -215,7 +245,40 @@ def _plots(result: dict, out_dir: Path) -> list[str]:
     names.append("fleet_utilisation.png")
 
     names.append(_engine_plot(result, out_dir, "fleet_engine.png"))
+    if result.get("engine_sizes"):
+        names.append(_sizes_plot(result, out_dir, "fleet_engine_sizes.png"))
     return names
+
+
+def _sizes_plot(result: dict, out_dir: Path, name: str) -> str:
+    """A submission's and an event's engine time against the number of workers (deadline groups)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    baseline = result["meta"].get("baseline")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), dpi=100)
+    for ax, key, label in ((axes[0], "submit_us", "engine time per submission, us"),
+                           (axes[1], "event_mean_ms", "engine time per result event, ms (mean)")):
+        for revision, style, suffix in (("current", "-", ""), ("baseline", ":", f" before ({baseline})")):
+            for mode, color in zip(MODES, ("#0072b2", "#009e73")):
+                pts = sorted((r["workers"], r[key]) for r in result["engine_sizes"]
+                             if r["batching"] == mode and r.get("revision", "current") == revision)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", color=color,
+                            label=f"{mode}{suffix}")
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("fake workers (8 rows each)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Engine cost against the fleet's size (deadline groups, 1,000 queued, in process)")
+    fig.tight_layout()
+    fig.savefig(out_dir / name)
+    plt.close(fig)
+    return name
 
 
 def _engine_plot(result: dict, out_dir: Path, name: str) -> str:

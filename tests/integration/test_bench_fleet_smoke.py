@@ -37,6 +37,9 @@ def test_fleet_bench_smoke_answers_every_group_once_and_correctly(tmp_path):
         for r in rows:
             assert r["events"] > 0 and r["event_ms"]["median"] > 0 and r["groups_per_s"] > 0
     assert all(r["counts"] == [8] and r["min_count"] == 2 and r["deadline_every"] == 1 for r in result["engine_elastic"])
+    sizes = result["engine_sizes"]  # against the fleet's size: deadline groups, 1,000 queued
+    assert {(r["batching"], r["workers"]) for r in sizes} == {(m, k) for m in ("dispatch", "step") for k in (32, 128)}
+    assert all(r["deadline_every"] == 1 and r["depth"] == 1000 and r["events"] > 0 and r["submit_us"] > 0 for r in sizes)
     runs = result["fleet"]["runs"]
     assert {(r["workers"], r["batching"]) for r in runs} == {(k, m) for k in (1, 4) for m in ("dispatch", "step")}
     # the diagnostic arm renices the workers and back: as root (CI) it runs; without the right to lower a
@@ -60,4 +63,6 @@ def test_fleet_bench_smoke_answers_every_group_once_and_correctly(tmp_path):
         assert set(r["waited"]) == {"scheduler", "workers", "client"} and min(r["waited"].values()) >= 0
     report = (folder / "fleet_report.md").read_text()
     assert "The scheduler over ZMQ" in report and "Where the CPU goes" in report
-    assert (folder / "fleet_utilisation.png").stat().st_size > 0 and (folder / "fleet_engine.png").stat().st_size > 0
+    assert "#### Against the fleet's size" in report
+    for plot in ("fleet_utilisation.png", "fleet_engine.png", "fleet_engine_sizes.png"):
+        assert (folder / plot).stat().st_size > 0

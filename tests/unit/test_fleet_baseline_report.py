@@ -5,10 +5,11 @@ from __future__ import annotations
 from candidate_scheduler.bench.fleet_report import write_baseline
 
 
-def _row(revision: str, mode: str, depth: int, event_ms: float, deadline_every: int = 0) -> dict:
-    return {"revision": revision, "batching": mode, "depth": depth, "events": 300, "workers": 32, "rows": 8,
+def _row(revision: str, mode: str, depth: int, event_ms: float, deadline_every: int = 0, workers: int = 32,
+         submit_us: float = 50.0) -> dict:
+    return {"revision": revision, "batching": mode, "depth": depth, "events": 300, "workers": workers, "rows": 8,
             "deadline_every": deadline_every, "event_ms": {"median": event_ms}, "event_mean_ms": event_ms,
-            "submit_us": 50.0, "groups_per_s": 8 / (event_ms / 1e3)}
+            "submit_us": submit_us, "groups_per_s": 8 / (event_ms / 1e3)}
 
 
 def test_the_report_puts_each_engine_beside_the_other_with_and_without_deadlines_and_elastic(tmp_path):
@@ -17,8 +18,10 @@ def test_the_report_puts_each_engine_beside_the_other_with_and_without_deadlines
     plain = [_row(rev, "dispatch", d, ms) for d in (100, 10_000) for rev, ms in (("baseline", 1.0), ("current", 0.5))]
     deadline = [_row(rev, "dispatch", d, ms, 1) for d in (100, 10_000) for rev, ms in (("baseline", 2.0), ("current", 0.8))]
     elastic = [_row(rev, "step", 1000, ms, 1) for rev, ms in (("baseline", 3000.0), ("current", 3.0))]
-    files = write_baseline({"meta": meta, "engine": plain, "engine_deadlines": deadline, "engine_elastic": elastic},
-                           tmp_path, plot=False)
+    sizes = [_row(rev, "dispatch", 1000, 1.0, 1, k, us) for k, old, new in ((32, 100.0, 90.0), (512, 400.0, 180.0))
+             for rev, us in (("baseline", old), ("current", new))]
+    files = write_baseline({"meta": meta, "engine": plain, "engine_deadlines": deadline, "engine_elastic": elastic,
+                            "engine_sizes": sizes}, tmp_path, plot=True)
     text = (tmp_path / "fleet_baseline.md").read_text()
     assert files["report"].endswith("fleet_baseline.md")
     assert "#### Without deadlines" in text and "#### Every group with a deadline" in text
@@ -29,3 +32,10 @@ def test_the_report_puts_each_engine_beside_the_other_with_and_without_deadlines
     elastic_part = text.split("#### Every group elastic")[1]
     assert "| before (old) | step | 1,000 | 300 | 3000.000 |" in elastic_part
     assert "| this revision | step | 1,000 | 300 | 3.000 |" in elastic_part
+    by_size = text.split("#### Against the fleet's size")[1]
+    assert "| before (old) | dispatch | 512 | 300 | 1.000 | 400 |" in by_size
+    assert "| this revision | dispatch | 512 | 300 | 1.000 | 180 |" in by_size
+    assert "this revision, dispatch: at 512 workers a submission costs 2.00x and an event 1.00x" in by_size
+    assert "before (old), dispatch: at 512 workers a submission costs 4.00x" in by_size
+    assert files["plots"] == ["fleet_baseline.png", "fleet_baseline_sizes.png"]
+    assert all((tmp_path / name).stat().st_size > 0 for name in files["plots"])
