@@ -377,8 +377,7 @@ class Engine:
     def _can_place(self) -> bool:
         """Some worker may be sent work, now or when it is due for it (core/worker_views.py keeps which)."""
         self._capability()  # brings every worker's rows up to date
-        self.views.current(self.workers, self._rows_epoch, self.config.prefetch)
-        return bool(self.views.open)
+        return self.views.any_open(self.workers, self._rows_epoch, self.config.prefetch)
 
     def _fit_slices(self) -> None:
         """Halve pending slices no live worker can hold (the largest shrank after running out of memory,

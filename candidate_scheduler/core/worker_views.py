@@ -9,10 +9,10 @@ only those, and hands out the same tuple until one changes, so that answers deri
 be kept by its identity (core/fluid.py). A worker that comes or goes, or whose rows change, moves the
 engine's rows epoch (`Engine.rows_changed`): then every view is rebuilt.
 
-It also keeps which workers are *open*: they may be sent work now or once they are due for it -- under
-dispatch batching those that may take a batch (idle, or holding no more than they may prefetch), under
-step batching those with free or spare rows. A planning pass looks at those alone, so under load (every
-worker full) its cost follows the few that just freed rows, not the fleet.
+It also keeps which workers are *open* (`WorkerState.open_to_work`): they may be sent work now or once
+they are due for it. A planning pass looks at those alone, so under load (every worker full) its cost
+follows the few that just freed rows, not the fleet; and whether any is open is answered from the
+workers themselves, without building a view a pass would not read.
 """
 
 from __future__ import annotations
@@ -29,41 +29,48 @@ class WorkerViews:
         self._at: dict[str, int] = {}  # worker id -> its position in _views (replaced, never changed, per epoch)
         self._tuple: tuple[WorkerView, ...] = ()
         self._epoch: int | None = None  # the rows epoch the views were built in
-        self._stale: set[str] = set()
+        self._stale: set[str] = set()  # views to rebuild
+        self._unsettled: set[str] = set()  # workers whose openness to ask again
         self._open: set[str] = set()
         self._open_tuple: tuple[WorkerView, ...] = ()
 
     def stale(self, worker_id: str) -> None:
         """`worker_id`'s view no longer holds (WorkerState.on_stale)."""
         self._stale.add(worker_id)
+        self._unsettled.add(worker_id)
+
+    def any_open(self, workers: Mapping, epoch: int, prefetch: int) -> bool:
+        """Whether some worker may be sent work (see the module docstring)."""
+        if epoch != self._epoch:
+            self.current(workers, epoch, prefetch)
+        else:
+            self._settle(workers, prefetch)
+        return bool(self._open)
 
     def current(self, workers: Mapping, epoch: int, prefetch: int) -> tuple[WorkerView, ...]:
         """Every worker's view, in `workers`' order, each worker running `w.rows` rows at once."""
         if epoch != self._epoch:
             self._views = [WorkerView.of(w, w.rows, prefetch) for w in workers.values()]
             self._at = {wid: i for i, wid in enumerate(workers)}
-            self._open = {v.worker_id for v in self._views if self._takes(v)}
+            self._open = {wid for wid, w in workers.items() if w.open_to_work(prefetch, self._dispatch)}
             self._epoch = epoch
         elif self._stale:
             for wid in self._stale:
                 i = self._at.get(wid)
-                if i is None:  # one that left since is gone from the views with the epoch
-                    continue
-                v = self._views[i] = WorkerView.of(workers[wid], workers[wid].rows, prefetch)
-                if self._takes(v):
-                    self._open.add(wid)
-                else:
-                    self._open.discard(wid)
+                if i is not None:  # one that left since is gone from the views with the epoch
+                    self._views[i] = WorkerView.of(workers[wid], workers[wid].rows, prefetch)
+            self._settle(workers, prefetch)
         else:
             return self._tuple
         self._stale.clear()
+        self._unsettled.clear()
         self._tuple = tuple(self._views)
         self._open_tuple = tuple(self._views[i] for i in sorted(self._at[wid] for wid in self._open))
         return self._tuple
 
     @property
     def open(self) -> tuple[WorkerView, ...]:
-        """The open workers' views (see the module docstring), in the workers' order, as of `current`."""
+        """The open workers' views, in the workers' order, as of `current`."""
         return self._open_tuple
 
     @property
@@ -71,5 +78,11 @@ class WorkerViews:
         """Worker id -> its place in the tuple `current` returns (the same mapping until the epoch moves)."""
         return self._at
 
-    def _takes(self, v: WorkerView) -> bool:
-        return v.takes_a_batch if self._dispatch else v.free_rows + v.spare > 0
+    def _settle(self, workers: Mapping, prefetch: int) -> None:
+        for wid in self._unsettled:
+            w = workers.get(wid)
+            if w is not None and wid in self._at and w.open_to_work(prefetch, self._dispatch):
+                self._open.add(wid)
+            else:
+                self._open.discard(wid)
+        self._unsettled.clear()

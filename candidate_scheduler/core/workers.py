@@ -86,6 +86,13 @@ class WorkerState:
     def idle(self) -> bool:
         return not self.assignments
 
+    def open_to_work(self, prefetch: int, dispatch: bool) -> bool:
+        """It may be sent work now or once due for it: under dispatch batching it may take a batch (it holds
+        no more than it may prefetch), under step batching it has free or spare rows."""
+        if dispatch:
+            return len(self.assignments) <= prefetch
+        return self.rows * (1 + prefetch) > self.rows_in_use
+
     @property
     def forward_key(self) -> tuple | None:
         """The forward key of the rows it runs now (None when idle): a join must match it."""
