@@ -269,6 +269,8 @@ def _sizes_plot(result: dict, out_dir: Path, name: str) -> str:
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", color=color,
                             label=f"{mode}{suffix}")
         ax.set_xscale("log", base=2)
+        sizes = sorted({r["workers"] for r in result["engine_sizes"]})
+        ax.set_xticks(sizes, [str(k) for k in sizes])
         ax.set_ylim(bottom=0)
         ax.set_xlabel("fake workers (8 rows each)")
         ax.set_ylabel(label)

@@ -115,23 +115,33 @@ class Pipe:
         of the pipe."""
         busy = self._busy.get(label)
         if busy is None:
-            base, ends, rate_ends, rates = self._running(label)
-            # sum over the workers still running at `now` of rate x (end - now), from suffix sums of the
-            # workers in order of their predicted ends: O(log workers), not O(workers), per question
-            now = self.snap.now - base
-            i = bisect.bisect_right(ends, now)
-            total = max(0.0, rate_ends[i] - now * rates[i]) * self.cost.factor
+            now, running = self.snap.now, self._running(label)
+            if running is None:  # the first question about these workers: one pass over them
+                total = 0.0
+                for w, worker_rate in zip(self.snap.workers, self.worker_rates(label)):
+                    if w.running and worker_rate < math.inf:
+                        total += worker_rate * max(0.0, w.busy_until - now)
+            else:  # asked again (a burst of submissions): the suffix sums, O(log workers)
+                base, ends, rate_ends, rates = running
+                i = bisect.bisect_right(ends, now - base)
+                total = max(0.0, rate_ends[i] - (now - base) * rates[i])
             rate = self.rate(label)
-            busy = self._busy[label] = total / rate if 0 < rate < math.inf else 0.0
+            busy = self._busy[label] = total * self.cost.factor / rate if 0 < rate < math.inf else 0.0
         return busy
 
-    def _running(self, label: str) -> tuple[float, list[float], list[float], list[float]]:
+    def _running(self, label: str) -> tuple[float, list[float], list[float], list[float]] | None:
         """The workers that run something, in the order of their predicted ends (less `base`, to keep the
-        sums' magnitudes small), with suffix sums of rate x end and of rate. Kept in the memo while the
-        snapshots share one tuple of worker views (core/worker_views.py), as a burst of submissions does."""
+        sums' magnitudes small), with suffix sums of rate x end and of rate; kept in the memo while the
+        snapshots share one tuple of worker views (core/worker_views.py). None the first time these
+        workers are asked about: building the sums costs about one pass, and under step batching each
+        submission may see the workers changed again (one slice joined one worker), so they are built
+        only when a second question comes, as in a burst of submissions."""
         key = ("running", label)
         kept = self.memo.get(key)
         if kept is None or kept[0] is not self.snap.workers:
+            self.memo[key] = (self.snap.workers, None)
+            return None
+        if kept[1] is None:
             base = self.snap.now
             terms = sorted((w.busy_until - base, worker_rate)
                            for w, worker_rate in zip(self.snap.workers, self.worker_rates(label))
@@ -141,8 +151,8 @@ class Pipe:
                 end, worker_rate = terms[i]
                 rate_ends[i] = rate_ends[i + 1] + worker_rate * end
                 rates[i] = rates[i + 1] + worker_rate
-            kept = self.memo[key] = (self.snap.workers, base, [end for end, _rate in terms], rate_ends, rates)
-        return kept[1:]
+            kept = self.memo[key] = (self.snap.workers, (base, [end for end, _rate in terms], rate_ends, rates))
+        return kept[1]
 
     def ahead_s(self, order: tuple) -> float:
         """Seconds of the pipe's time that the queued slices ahead of `order` take, as they stand."""
