@@ -91,6 +91,10 @@ class WorkerView:
         """For dispatch batching: idle, or running no more batches than it may hold besides."""
         return len(self.running) <= self.prefetch
 
+    def open_to_work(self, dispatch: bool) -> bool:
+        """core/workers.WorkerState.open_to_work, read from the view: it may be sent work now or once due."""
+        return self.takes_a_batch if dispatch else self.free_rows + self.spare > 0
+
     def batch_slot(self) -> WorkerSlot:
         """For dispatch batching: a whole batch, run after what it runs now (forward_key: None when idle)."""
         return WorkerSlot(self.worker_id, self.rows, self.rows, self.forward_key)
@@ -164,8 +168,7 @@ class PlanningSnapshot:
     def __post_init__(self) -> None:
         if self.open is None:
             dispatch = self.batching == "dispatch"
-            object.__setattr__(self, "open", tuple(w for w in self.workers if (
-                w.takes_a_batch if dispatch else w.free_rows + w.spare > 0)))
+            object.__setattr__(self, "open", tuple(w for w in self.workers if w.open_to_work(dispatch)))
 
     @property
     def planned_cost(self) -> Scaled:

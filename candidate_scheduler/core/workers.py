@@ -88,7 +88,8 @@ class WorkerState:
 
     def open_to_work(self, prefetch: int, dispatch: bool) -> bool:
         """It may be sent work now or once due for it: under dispatch batching it may take a batch (it holds
-        no more than it may prefetch), under step batching it has free or spare rows."""
+        no more than it may prefetch), under step batching it has free or spare rows. Asked of the worker,
+        not its view (core/snapshot.WorkerView.open_to_work), so that the answer needs no view built."""
         if dispatch:
             return len(self.assignments) <= prefetch
         return self.rows * (1 + prefetch) > self.rows_in_use

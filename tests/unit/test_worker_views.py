@@ -42,8 +42,9 @@ def test_kept_views_are_the_views_built_afresh_after_every_event():
                 fleet.submit(int(rnd.integers(1, 4)))
             snap, fresh = engine.snapshot(fleet.now), _fresh(engine)
             assert snap.workers == fresh, (batching, i)
-            assert snap.open == tuple(w for w in fresh if (
-                w.takes_a_batch if batching == "dispatch" else w.free_rows + w.spare > 0)), (batching, i)
+            assert snap.open == tuple(w for w in fresh if w.open_to_work(batching == "dispatch")), (batching, i)
+            assert [w.worker_id for w in snap.open] == [
+                wid for wid, w in engine.workers.items() if w.open_to_work(engine.config.prefetch, batching == "dispatch")]
             assert all(snap.worker(w.worker_id) is w for w in snap.workers)
         assert fleet.answered > 100
 
