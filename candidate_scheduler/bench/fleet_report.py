@@ -16,22 +16,32 @@ NICED = "burst_workers_niced"  # the diagnostic workload (bench/fleet.py)
 WORKERS_NICE = 10  # its workers' nice value: they yield the cores to the scheduler and the client
 
 
+def _engine_name(revision: str | None, baseline: str | None) -> str:
+    return f"before ({baseline})" if revision == "baseline" else "this revision"
+
+
+def _extremes(rows: list[dict], axis: str) -> list[tuple[str, str, dict, dict]]:
+    """(revision, mode, the row at the smallest `axis` value, the row at the largest) per series."""
+    out = []
+    for revision in ("current", "baseline"):
+        for mode in MODES:
+            by = {r[axis]: r for r in rows if r["batching"] == mode and r.get("revision", "current") == revision}
+            if by:
+                out.append((revision, mode, by[min(by)], by[max(by)]))
+    return out
+
+
 def _engine_table(rows: list[dict], title: str, baseline: str | None = None) -> list[str]:
     out = [f"#### {title}", "", "| engine | mode | queued | events | event p50 ms | event mean ms | submit us | groups/s |",
            "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        name = f"before ({baseline})" if r.get("revision") == "baseline" else "this revision"
-        out.append(f"| {name} | {r['batching']} | {r['depth']:,} | {r['events']} | {fmt(r['event_ms']['median'], 3)} | "
-                   f"{fmt(r['event_mean_ms'], 3)} | {fmt(r['submit_us'], 0)} | {fmt(r['groups_per_s'], 0)} |")
-    for revision in ("current", "baseline"):
-        for mode in MODES:
-            by = {r["depth"]: r for r in rows if r["batching"] == mode and r.get("revision", "current") == revision}
-            if by:
-                lo, hi = by[min(by)], by[max(by)]
-                ratio = hi["event_mean_ms"] / lo["event_mean_ms"] if lo["event_mean_ms"] else None
-                name = f"before ({baseline})" if revision == "baseline" else "this revision"
-                out.append(f"\n{name}, {mode}: time per event at {max(by):,} queued is {fmt(ratio, 2)}x its time at "
-                           f"{min(by):,} (target <= 1.5x).")
+        out.append(f"| {_engine_name(r.get('revision'), baseline)} | {r['batching']} | {r['depth']:,} | {r['events']} | "
+                   f"{fmt(r['event_ms']['median'], 3)} | {fmt(r['event_mean_ms'], 3)} | {fmt(r['submit_us'], 0)} | "
+                   f"{fmt(r['groups_per_s'], 0)} |")
+    for revision, mode, lo, hi in _extremes(rows, "depth"):
+        ratio = hi["event_mean_ms"] / lo["event_mean_ms"] if lo["event_mean_ms"] else None
+        out.append(f"\n{_engine_name(revision, baseline)}, {mode}: time per event at {hi['depth']:,} queued is "
+                   f"{fmt(ratio, 2)}x its time at {lo['depth']:,} (target <= 1.5x).")
     return out + [""]
 
 
@@ -43,18 +53,13 @@ def _sizes_table(rows: list[dict], baseline: str | None = None) -> list[str]:
     out = [f"#### {SIZES_TITLE}", "", "| engine | mode | workers | events | event mean ms | submit us | groups/s |",
            "|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
-        name = f"before ({baseline})" if r.get("revision") == "baseline" else "this revision"
-        out.append(f"| {name} | {r['batching']} | {r['workers']} | {r['events']} | {fmt(r['event_mean_ms'], 3)} | "
-                   f"{fmt(r['submit_us'], 0)} | {fmt(r['groups_per_s'], 0)} |")
-    for revision in ("current", "baseline"):
-        for mode in MODES:
-            by = {r["workers"]: r for r in rows if r["batching"] == mode and r.get("revision", "current") == revision}
-            if len(by) > 1:
-                lo, hi = by[min(by)], by[max(by)]
-                name = f"before ({baseline})" if revision == "baseline" else "this revision"
-                out.append(f"\n{name}, {mode}: at {max(by)} workers a submission costs "
-                           f"{fmt(hi['submit_us'] / lo['submit_us'], 2)}x and an event {fmt(hi['event_mean_ms'] / lo['event_mean_ms'], 2)}x "
-                           f"what they cost at {min(by)}.")
+        out.append(f"| {_engine_name(r.get('revision'), baseline)} | {r['batching']} | {r['workers']} | {r['events']} | "
+                   f"{fmt(r['event_mean_ms'], 3)} | {fmt(r['submit_us'], 0)} | {fmt(r['groups_per_s'], 0)} |")
+    for revision, mode, lo, hi in _extremes(rows, "workers"):
+        if hi is not lo:
+            out.append(f"\n{_engine_name(revision, baseline)}, {mode}: at {hi['workers']} workers a submission costs "
+                       f"{fmt(hi['submit_us'] / lo['submit_us'], 2)}x and an event "
+                       f"{fmt(hi['event_mean_ms'] / lo['event_mean_ms'], 2)}x what they cost at {lo['workers']}.")
     return out + [""]
 
 
