@@ -119,7 +119,7 @@ class Pipe:
             if running is None:  # the first question about these workers: one pass over them
                 total = 0.0
                 for w, worker_rate in zip(self.snap.workers, self.worker_rates(label)):
-                    if w.running and worker_rate < math.inf:
+                    if w.running and 0 < worker_rate < math.inf:
                         total += worker_rate * max(0.0, w.busy_until - now)
             else:  # asked again (a burst of submissions): the suffix sums, O(log workers)
                 base, ends, rate_ends, rates = running
@@ -145,7 +145,7 @@ class Pipe:
             base = self.snap.now
             terms = sorted((w.busy_until - base, worker_rate)
                            for w, worker_rate in zip(self.snap.workers, self.worker_rates(label))
-                           if w.running and worker_rate < math.inf)
+                           if w.running and 0 < worker_rate < math.inf)
             rate_ends, rates = [0.0] * (len(terms) + 1), [0.0] * (len(terms) + 1)
             for i in range(len(terms) - 1, -1, -1):
                 end, worker_rate = terms[i]
