@@ -34,6 +34,13 @@ from candidate_scheduler.core.planning import Unit
 from candidate_scheduler.core.snapshot import GroupView, PlanningSnapshot
 
 EXACT_LIMIT = 128  # queued slices ahead plus the fleet's rows, beyond which the pipe answers
+# The deadline groups watched behind an elastic group are planned as if the pipe ran this much slower
+# than the margin says. A long burst's head fixes its counts long before its tail runs, with the margin
+# learned so far -- and the margin is learned from the burst's own first assignments, on a busy host
+# rising as the burst goes (1.0 -> 1.43 in one burst of 1,000 at K = 32). Without the reserve the tail
+# was planned to the edge of its deadline at its minimum count, with nothing left to shed: 0-108 of
+# 1,000 expired per burst. With it the head leaves candidates the tail sheds if it must (feasibility).
+TAIL_RESERVE = 1.2
 
 
 def exact_enough(snap: PlanningSnapshot, order: tuple) -> bool:
@@ -264,8 +271,8 @@ def refusal_finish(snap: PlanningSnapshot, view: GroupView, units: list[Unit]) -
 
 def feasibility(snap: PlanningSnapshot, view: GroupView, window: int) -> Callable[[int], bool]:
     """Whether, serving n candidates, the group and the deadline groups among the next `window` slices
-    queued behind it (at their minimum counts) all finish in time through the pipe
-    (core/deadlines.choose_count searches n)."""
+    queued behind it (at their minimum counts) all finish in time through the pipe -- those behind with
+    `TAIL_RESERVE` in hand (core/deadlines.choose_count searches n)."""
     pipe = Pipe.of(snap)
     capacity = snap.slice_capacity
     base = pipe.ahead_s(view.order)
@@ -295,7 +302,8 @@ def feasibility(snap: PlanningSnapshot, view: GroupView, window: int) -> Callabl
         if pipe.finish(mine, base) > view.deadline:
             return False
         delta = pipe.work_s(mine) - current  # what serving n instead of its count now adds ahead of the others
-        return all(pipe.finish_after(last, waiting, ahead + delta) <= deadline
+        now = snap.now
+        return all(now + (pipe.finish_after(last, waiting, ahead + delta) - now) * TAIL_RESERVE <= deadline
                    for deadline, last, waiting, ahead in others)
 
     return feasible
