@@ -18,9 +18,9 @@ fleet is a pipe of known throughput instead:
 So a group's predicted finish costs O(log workers + buckets + labels x log elastic groups queued) while
 the workers do not change (O(workers) once after each change), whatever the queue holds (the startable
 elastic groups ahead give back their excess at their minimum counts, summed by core/elastic_index.py).
-The pipe is the law of large numbers' view of the planner: close when many workers share the queue, pessimistic by up to
-one group's own run (it waits for everything ahead to finish, not just to start), and optimistic when
-batches run half empty. core/deadlines.py uses it once the exact simulation would have to place more
+The pipe is the law of large numbers' view of the planner: close when many workers share the queue,
+pessimistic by up to one group's own run (it waits for everything ahead to finish, not just to start),
+and optimistic when batches run half empty. core/deadlines.py uses it once the exact simulation would have to place more
 than `EXACT_LIMIT` slices; below that, the exact one answers.
 """
 
