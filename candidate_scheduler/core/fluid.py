@@ -297,12 +297,13 @@ def feasibility(snap: PlanningSnapshot, view: GroupView, window: int) -> Callabl
             order = unit_order[:-1]  # the group's (its slices' orders add the slice index)
             others.append((*terms, pipe.ahead_s(order) - pipe.given_back_between(view.order, order)))
 
+    now = snap.now
+
     def feasible(n: int) -> bool:
         mine = view.units(n, capacity)
         if pipe.finish(mine, base) > view.deadline:
             return False
         delta = pipe.work_s(mine) - current  # what serving n instead of its count now adds ahead of the others
-        now = snap.now
         return all(now + (pipe.finish_after(last, waiting, ahead + delta) - now) * TAIL_RESERVE <= deadline
                    for deadline, last, waiting, ahead in others)
 

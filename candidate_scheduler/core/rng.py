@@ -96,8 +96,8 @@ def candidate_seeds(
     elif name == "per_candidate":
         # candidate_seed's formula with the base seed checked once, not per candidate: on every group's path
         check_seed(base_seed, "seed")
-        return (base_seed, *(splitmix64(base_seed ^ _MIXED_INDEX[i]) >> 1 for i in range(1, count))) \
-            if count <= len(_MIXED_INDEX) else tuple(candidate_seed(base_seed, i, policy) for i in range(count))
+        mixed = _MIXED_INDEX if count <= len(_MIXED_INDEX) else tuple(splitmix64(i) for i in range(count))
+        return (base_seed, *(splitmix64(base_seed ^ mixed[i]) >> 1 for i in range(1, count)))
     return tuple(candidate_seed(base_seed, i, policy, seeds) for i in range(count))
 
 
