@@ -8,6 +8,7 @@ import numpy as np
 
 from candidate_scheduler.core import rng
 from candidate_scheduler.service.client import make_request
+from tests.conftest import wait_for
 from tests.integration.test_scheduler import IMAGE, expected_candidates
 
 
@@ -57,6 +58,9 @@ def test_deadlines_refuse_what_cannot_be_met_and_serve_elastic_counts(services):
     sched.wait_workers(1)
     with sched.client() as c:
         busy = c.send(make_request(IMAGE, "pick", count=6, seed=1, steps=60))  # ~3 s of 6 rows
+        # on its worker before the deadline groups arrive: a queued best-effort group would be overtaken
+        # (deadlines go first) and the elastic group would get all 8 rows
+        wait_for(lambda: c.status(busy).state == "running", 10, "the 6-row group to start")
         refused = c.submit(IMAGE, "pick", count=8, seed=2, steps=10, deadline_s=0.5, timeout_s=5)
         elastic = c.submit(IMAGE, "pick", count=8, min_count=2, seed=3, steps=10, deadline_s=2.0,
                            return_candidates=True, timeout_s=10)
