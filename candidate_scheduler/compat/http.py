@@ -15,10 +15,13 @@ errors) without ``Authorization: Bearer <token>`` (or ``Api-Key <token>``) of th
 Who the scheduler sees: this server talks to the compat bridge over sglang's own pickle socket, on
 loopback, and the bridge is ONE principal for every HTTP client (the proxy key `serve` gives it, or the
 local admin when the scheduler takes no keys). The token decides who gets in; it does not travel to the
-scheduler, so every HTTP client's groups count against the bridge's tenant, not its token's."""
+scheduler, so every HTTP client's groups count against the bridge's tenant, not its token's.
+
+sglang's offline broker (a pickle socket on port+1) does not start: see `install_no_offline_broker`."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from typing import Any
@@ -219,6 +222,21 @@ def install_token_auth(tokens) -> None:
     launch_server.create_app = create_app
 
 
+def install_no_offline_broker() -> None:
+    """Keep sglang's "offline broker" from starting (this process only; idempotent). sglang's HTTP server
+    also binds a REP socket on 127.0.0.1:port+1 that ``pickle.loads`` whatever a local process sends (any
+    local user could run code in this server), and when port+1 is taken the broker dies and ``/health``
+    answers 503 for good. No sglang 0.5.23 client uses it; offline clients reach the compat endpoint,
+    which decodes with the allow-list. The stand-in stays pending because sglang reads a finished broker
+    task as a failed server."""
+    from sglang.multimodal_gen.runtime.entrypoints import http_server
+
+    async def no_broker(server_args) -> None:
+        await asyncio.Event().wait()
+
+    http_server.run_zeromq_broker = no_broker
+
+
 def make_http_server_args(compat_endpoint_port: int, model_dir: str, host: str = "127.0.0.1", port: int = 30000,
                           **server_kwargs: Any):
     """sglang ServerArgs for an HTTP-only server whose scheduler is the compat bridge on
@@ -254,6 +272,7 @@ def run_http_server(compat_endpoint_port: int, model_dir: str, host: str = "127.
     go to sglang's ServerArgs (e.g. warmup_mode, batching_max_size)."""
     sa = make_http_server_args(compat_endpoint_port, model_dir, host, port, **server_kwargs)
     install_http_shims()
+    install_no_offline_broker()
     if tokens is not None:
         install_token_auth(tokens)
     from sglang.multimodal_gen.runtime.launch_server import launch_http_server_only

@@ -228,11 +228,16 @@ def _http(url: str, body: dict | None = None, auth: str | None = None, timeout: 
 
 @pytest.fixture(scope="module")
 def http_with_tokens(fake_bridge, compat_model_dir, key_dir, tmp_path_factory):
-    """`candidate-scheduler http --tokens DIR` on the fake scheduler's bridge."""
+    """`candidate-scheduler http --tokens DIR` on the fake scheduler's bridge; yields (base url, process).
+    Port+1 is taken while it starts: sglang's offline broker would bind it, die, and leave /health at
+    503 for good (a CI run lost 180 s to that)."""
     port = _free_port()
     log_path = tmp_path_factory.mktemp("http-tokens") / "http.log"
     cmd = [sys.executable, "-m", "candidate_scheduler.cli", "http", "--compat-port", str(fake_bridge.port),
            "--model", str(compat_model_dir), "--http-port", str(port), "--tokens", str(key_dir)]
+    neighbour = socket.socket()
+    neighbour.bind(("127.0.0.1", port + 1))
+    neighbour.listen()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=ENV, cwd=ROOT)
     base = f"http://127.0.0.1:{port}"
@@ -246,8 +251,9 @@ def http_with_tokens(fake_bridge, compat_model_dir, key_dir, tmp_path_factory):
                 return False
 
         wait_for(healthy, 180, f"the http server (log {log_path})", interval_s=0.25)
-        yield base
+        yield base, proc
     finally:
+        neighbour.close()
         proc.terminate()
         try:
             proc.wait(timeout=15)
@@ -256,25 +262,37 @@ def http_with_tokens(fake_bridge, compat_model_dir, key_dir, tmp_path_factory):
             proc.wait(timeout=10)
 
 
+def test_sglang_http_listens_on_its_http_port_only(http_with_tokens):
+    """sglang's offline broker (pickle.loads of whatever reaches port+1) does not run in our front."""
+    import psutil
+
+    base, proc = http_with_tokens
+    port = int(base.rsplit(":", 1)[1])
+    listening = {(c.laddr.ip, c.laddr.port) for c in psutil.Process(proc.pid).net_connections(kind="inet")
+                 if c.status == psutil.CONN_LISTEN}
+    assert listening == {("127.0.0.1", port)}, listening
+
+
 def test_sglang_http_needs_a_bearer_token(http_with_tokens, fake_compat, key_dir):
     from .test_http_server import _body, _image
 
-    url = f"{http_with_tokens}/v1/actions/generations"
+    base, _ = http_with_tokens
+    url = f"{base}/v1/actions/generations"
     fake = fake_compat.fake
     mark = fake.mark()
     for auth in (None, "Bearer not-a-token", f"Basic {token(key_dir, 'web-c')}"):
         status, resp = _http(url, _body(_image(41), "pick", 5, "tok-bad"), auth)
         assert status == 401 and resp["detail"].startswith("unauthorized"), (auth, status, resp)
-    assert _http(f"{http_with_tokens}/v1/actions/metadata")[0] == 401
-    assert _http(f"{http_with_tokens}/liveness")[0] == 200
+    assert _http(f"{base}/v1/actions/metadata")[0] == 401
+    assert _http(f"{base}/liveness")[0] == 200
     with pytest.raises(websockets.exceptions.InvalidStatus) as refused:  # the action websocket's handshake too
-        websockets.sync.client.connect(http_with_tokens.replace("http://", "ws://") + "/v1/actions/realtime",
+        websockets.sync.client.connect(base.replace("http://", "ws://") + "/v1/actions/realtime",
                                        open_timeout=10)
     assert refused.value.response.status_code == 401
     assert fake.since(mark) == []  # nothing reached the scheduler
     status, resp = _http(url, _body(_image(41), "pick", 5, "tok-ok"), f"Bearer {token(key_dir, 'web-c')}")
     assert status == 200 and resp["data"][0]["action"]["shape"] == [4, 7], resp
-    status, _ = _http(f"{http_with_tokens}/v1/actions/metadata", auth=f"Api-Key {token(key_dir, 'robot-a')}")
+    status, _ = _http(f"{base}/v1/actions/metadata", auth=f"Api-Key {token(key_dir, 'robot-a')}")
     assert status == 200
 
 
