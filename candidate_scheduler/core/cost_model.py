@@ -29,6 +29,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from candidate_scheduler.core.change_log import ChangeLog
+
 DECAY = 0.97  # per observation: about the last 30 forwards carry the fit
 ERRORS_KEPT = 200  # recent prediction errors behind the margin
 MIN_ERRORS = 5  # fewer than this: no margin yet (1.0); the 0.9 quantile of 5 is the second largest
@@ -142,7 +144,13 @@ class CostModel:
         self._margin: float | None = None  # margin() since the last error observed
         # Answers since the last observation: forecasts ask the same few questions many times over.
         self._memo: dict[tuple, float] = {}
-        self.version = 0  # bumped whenever an answer may change: what others cache from it is keyed by it
+        # The workers whose answers changed, in order: what others keep from it follows this (`version`)
+        self.changes: ChangeLog[str] = ChangeLog()
+
+    @property
+    def version(self) -> int:
+        """Moves whenever an answer may change: what others cache from the model is keyed by it."""
+        return self.changes.stamp
 
     def observe_error(self, predicted_s: float, actual_s: float) -> None:
         if 0 < predicted_s < math.inf and actual_s >= 0:  # inf / inf would be a NaN no ranking can place
@@ -153,9 +161,9 @@ class CostModel:
             bisect.insort(self._ranked, ratio)
             self._margin = None
 
-    def _changed(self) -> None:
+    def _changed(self, worker_id: str) -> None:
         self._memo.clear()
-        self.version += 1
+        self.changes.append(worker_id)
 
     def margin(self) -> float:
         """The `margin_quantile` percentile of actual / predicted over recent assignments, at least 1."""
@@ -175,18 +183,18 @@ class CostModel:
 
     def forget(self, worker_id: str) -> None:
         self.workers.pop(worker_id, None)
-        self._changed()
+        self._changed(worker_id)
 
     def observe_forward(self, worker_id: str, label: str, rows: int, seconds: float) -> None:
         if rows > 0 and 0 <= seconds < math.inf and label:  # an inf would make every later prediction 0
             self._w(worker_id).forward.setdefault(label, LinearFit()).observe(rows, seconds)
-            self._changed()
+            self._changed(worker_id)
 
     def observe_fixed(self, worker_id: str, label: str, seconds: float) -> None:
         """A group's fixed cost at this label, measured apart from any result (the warm-up profile)."""
         if 0 <= seconds < math.inf and label:
             self._w(worker_id).overhead.setdefault(label, Ewma()).observe(seconds)
-            self._changed()
+            self._changed(worker_id)
 
     def observe_group(self, worker_id: str, label: str, report: dict) -> None:
         """One finished assignment's report: its fixed cost per group, its memory peak per row."""
@@ -194,7 +202,7 @@ class CostModel:
         fixed = float(report.get("condition_s", 0.0) or 0.0) + float(report.get("postprocess_s", 0.0) or 0.0)
         if fixed > 0:
             self._w(worker_id).overhead.setdefault(label, Ewma()).observe(fixed / groups)
-            self._changed()
+            self._changed(worker_id)
         peak, rows = int(report.get("peak_memory_bytes", 0) or 0), int(report.get("rows", 0) or 0)
         if peak > 0 and rows > 0 and report.get("device", "cpu") != "cpu":
             self._w(worker_id).memory.observe(rows, peak)

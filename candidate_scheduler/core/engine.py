@@ -40,6 +40,7 @@ from candidate_scheduler.core.control import Control
 from candidate_scheduler.core.cost_model import CostModel
 from candidate_scheduler.core.elastic_index import ElasticEntry, ElasticIndex
 from candidate_scheduler.core.engine_config import EngineConfig  # noqa: F401 - re-exported (its users import it here)
+from candidate_scheduler.core.fleet_terms import FleetTerms
 from candidate_scheduler.core.group import Group, refusal
 from candidate_scheduler.core.group_state import GroupStatus
 from candidate_scheduler.core.guard import Guard
@@ -99,11 +100,12 @@ class Engine:
         self.elastic = ElasticIndex()  # queued groups with a deadline whose count may still shrink
         self.unstarted: set[str] = set()  # admitted groups none of whose slices has started
         self._known_cost: set[str] = set()  # workers whose cost model is calibrated
+        self._calibrated_in: int | None = None  # the rows epoch in which every live worker was known calibrated
         self._slicing: tuple[ModelCapability, int] | None = None  # (capability, smallest rows); None: stale
         self._rows_epoch = 0  # bumped when a worker comes or goes or its rows change (rows_changed)
         self.views = WorkerViews(self.config.batching)  # the workers' planning views, rebuilt as they go stale
         self._largest_rows = 0  # the largest live worker's rows (kept with _slicing)
-        self._fleet_memo: tuple[tuple, dict] = ((), {})  # (what it holds for, answers): PlanningSnapshot.memo
+        self.fleet = FleetTerms((), self.cost)  # the fluid forecast's sums over the workers, mended as they change
         # When the shell should run a planning pass though nothing happened: a worker becomes due for the
         # work it will hold next (late prefetch), or for its staggered start. None: the next event is soon enough.
         self.wake_at: float | None = None
@@ -293,28 +295,28 @@ class Engine:
         """What a planning decision may read (core/snapshot.py), as the engine stands now."""
         self._capability()  # brings every worker's rows up to date
         views = self.views.current(self.workers, self._rows_epoch, self.config.prefetch)
-        margin = self.cost.margin()
-        key = (self._rows_epoch, self.cost.version, margin)
-        if self._fleet_memo[0] != key:
-            self._fleet_memo = (key, {})
+        self.fleet = self.fleet.follow(views, self.views.changes, self.views.positions)
         return PlanningSnapshot(now, self.config.batching, self.config.best_effort_s, views, self.cost,
-                                margin, self._calibrated(), self.pending, self._group_view,
+                                self.cost.margin(), self._calibrated(), self.pending, self._group_view,
                                 self.elastic, self.config.prefetch, self.config.prefetch_lead_s, self.prefetch_margin,
-                                self.config.stagger, self.held_back, memo=self._fleet_memo[1], open=self.views.open,
+                                self.config.stagger, self.held_back, fleet=self.fleet, open=self.views.open,
                                 positions=self.views.positions)
 
     def forget_cost(self, worker_id: str) -> None:
         self._known_cost.discard(worker_id)
+        self._calibrated_in = None
 
     def _calibrated(self) -> bool:
-        """Every live worker has a cost model (once it has one, it keeps it until it is forgotten)."""
-        if self._known_cost.issuperset(self.workers):
+        """Every live worker has a cost model (once it has one, it keeps it until it is forgotten; the live
+        workers change only with the rows epoch, so the answer holds until then: every snapshot asks)."""
+        if self._calibrated_in == self._rows_epoch:
             return True
         for wid in self.workers:
             if wid not in self._known_cost:
                 if not self.cost.calibrated(wid):
                     return False
                 self._known_cost.add(wid)
+        self._calibrated_in = self._rows_epoch
         return True
 
     def schedule(self, now: float, *, elastic: bool = True,

@@ -15,9 +15,11 @@ fleet is a pipe of known throughput instead:
   queue (core/pending.py), a binary search each, never one by one;
 - the group starts once that has drained, then runs its own steps at a full forward.
 
-So a group's predicted finish costs O(log workers + buckets + labels x log elastic groups queued) while
-the workers do not change (O(workers) once after each change), whatever the queue holds (the startable
-elastic groups ahead give back their excess at their minimum counts, summed by core/elastic_index.py).
+So a group's predicted finish costs O(buckets + labels x log elastic groups queued), plus the workers
+changed since the last question (core/fleet_terms.py keeps the sums over the fleet and mends them for
+those: one or two after a result), whatever the queue holds and however many workers there are (the
+startable elastic groups ahead give back their excess at their minimum counts, summed by
+core/elastic_index.py).
 The pipe is the law of large numbers' view of the planner: close when many workers share the queue,
 pessimistic by up to one group's own run (it waits for everything ahead to finish, not just to start),
 and optimistic when batches run half empty. core/deadlines.py uses it once the exact simulation would have to place more
@@ -45,22 +47,19 @@ TAIL_RESERVE = 1.2
 
 def exact_enough(snap: PlanningSnapshot, order: tuple) -> bool:
     """Whether the exact simulation is cheap enough for a group at `order` (see the module docstring)."""
-    rows = snap.memo.get("rows")
-    if rows is None:
-        rows = snap.memo["rows"] = sum(w.rows for w in snap.workers)
-    budget = EXACT_LIMIT - rows
+    budget = EXACT_LIMIT - snap.terms.total_rows
     return budget > 0 and sum(n for _bucket, n in snap.queue.ahead(order)) <= budget
 
 
 class Pipe:
-    """The fleet as one pipe, for one snapshot (`Pipe.of`). What depends only on the workers' rows and the
-    cost model is kept in the snapshot's memo, which outlives the snapshot until either changes; what
-    depends on the time or the queue is kept here, for the snapshot's one decision."""
+    """The fleet as one pipe, for one snapshot (`Pipe.of`). Its sums over the workers are the snapshot's
+    fleet terms (core/fleet_terms.py: unscaled, kept across decisions and mended for the workers that
+    changed), times the margin; what depends on the queue is kept here, for the snapshot's one decision."""
 
     def __init__(self, snap: PlanningSnapshot):
         self.snap = snap
         self.cost = snap.planned_cost
-        self.memo = snap.memo
+        self.terms = snap.terms
         self._busy: dict[str, float] = {}  # label -> busy_s
         self._watched: dict[str, tuple | None] = {}  # request id -> watch_terms
         self._ahead: dict[tuple, float] = {}  # order -> ahead_s
@@ -82,36 +81,14 @@ class Pipe:
             pipe = snap.scratch[cls] = cls(snap)
         return pipe
 
-    def worker_rates(self, label: str) -> tuple[float, ...]:
-        """Each worker's row-steps per second at full occupancy, for forwards of `label` (in snap.workers'
-        order, which holds while the memo does: a worker coming or going clears it)."""
-        key = ("worker_rates", label)
-        rates = self.memo.get(key)
-        if rates is None:
-            rates = []
-            for w in self.snap.workers:
-                step = self.cost.forward_s(w.worker_id, label, w.rows)
-                rates.append(w.rows / step if step > 0 else math.inf)
-            rates = self.memo[key] = tuple(rates)
-        return rates
-
     def rate(self, label: str) -> float:
         """Row-steps per second of the whole fleet at full occupancy, for forwards of `label`."""
-        key = ("rate", label)
-        rate = self.memo.get(key)
-        if rate is None:
-            rate = self.memo[key] = sum(self.worker_rates(label))
-        return rate
+        return self.terms.rate(label) / self.cost.factor
 
     def fixed_s(self, label: str) -> float:
         """A slice's fixed cost (conditioning, postprocess) spread over the fleet: the workers' mean, over
         their number (they condition side by side)."""
-        key = ("fixed", label)
-        fixed = self.memo.get(key)
-        if fixed is None:
-            workers = self.snap.workers
-            fixed = self.memo[key] = sum(self.cost.overhead_s(w.worker_id, label) for w in workers) / len(workers) ** 2
-        return fixed
+        return self.cost.factor * self.terms.overhead(label) / len(self.snap.workers) ** 2
 
     def work_s(self, units) -> float:
         """Seconds of the pipe's time that these slices take (their rows x steps, and their fixed cost)."""
@@ -122,44 +99,10 @@ class Pipe:
         of the pipe."""
         busy = self._busy.get(label)
         if busy is None:
-            now, running = self.snap.now, self._running(label)
-            if running is None:  # the first question about these workers: one pass over them
-                total = 0.0
-                for w, worker_rate in zip(self.snap.workers, self.worker_rates(label)):
-                    if w.running and 0 < worker_rate < math.inf:
-                        total += worker_rate * max(0.0, w.busy_until - now)
-            else:  # asked again (a burst of submissions): the suffix sums, O(log workers)
-                base, ends, rate_ends, rates = running
-                i = bisect.bisect_right(ends, now - base)
-                total = max(0.0, rate_ends[i] - (now - base) * rates[i])
-            rate = self.rate(label)
-            busy = self._busy[label] = total * self.cost.factor / rate if 0 < rate < math.inf else 0.0
+            rate = self.terms.rate(label)  # unscaled, as the remaining row-steps: the margin scales the time
+            busy = self.terms.busy(label, self.snap.now) * self.cost.factor / rate if 0 < rate < math.inf else 0.0
+            self._busy[label] = busy
         return busy
-
-    def _running(self, label: str) -> tuple[float, list[float], list[float], list[float]] | None:
-        """The workers that run something, in the order of their predicted ends (less `base`, to keep the
-        sums' magnitudes small), with suffix sums of rate x end and of rate; kept in the memo while the
-        snapshots share one tuple of worker views (core/worker_views.py). None the first time these
-        workers are asked about: building the sums costs about one pass, and under step batching each
-        submission may see the workers changed again (one slice joined one worker), so they are built
-        only when a second question comes, as in a burst of submissions."""
-        key = ("running", label)
-        kept = self.memo.get(key)
-        if kept is None or kept[0] is not self.snap.workers:
-            self.memo[key] = (self.snap.workers, None)
-            return None
-        if kept[1] is None:
-            base = self.snap.now
-            terms = sorted((w.busy_until - base, worker_rate)
-                           for w, worker_rate in zip(self.snap.workers, self.worker_rates(label))
-                           if w.running and 0 < worker_rate < math.inf)
-            rate_ends, rates = [0.0] * (len(terms) + 1), [0.0] * (len(terms) + 1)
-            for i in range(len(terms) - 1, -1, -1):
-                end, worker_rate = terms[i]
-                rate_ends[i] = rate_ends[i + 1] + worker_rate * end
-                rates[i] = rates[i + 1] + worker_rate
-            kept = self.memo[key] = (self.snap.workers, (base, [end for end, _rate in terms], rate_ends, rates))
-        return kept[1]
 
     def ahead_s(self, order: tuple) -> float:
         """Seconds of the pipe's time that the queued slices ahead of `order` take, as they stand."""
@@ -218,18 +161,7 @@ class Pipe:
     def run_s(self, unit: Unit, busy: bool) -> float:
         """One slice's own time on the best worker: its fixed cost and its steps, at a full forward when the
         fleet is busy (it shares its forwards), at its own rows when it is not (inf: no worker holds it)."""
-        key = ("run", unit.label, unit.size, unit.cost_rows, unit.steps, busy)
-        best = self.memo.get(key)
-        if best is None:
-            best = math.inf
-            for w in self.snap.workers:
-                if w.rows < unit.size:
-                    continue
-                rows = w.rows if busy else unit.cost_rows
-                best = min(best, self.cost.overhead_s(w.worker_id, unit.label)
-                           + unit.steps * self.cost.forward_s(w.worker_id, unit.label, rows))
-            self.memo[key] = best
-        return best
+        return self.cost.factor * self.terms.best_run(unit.label, unit.size, unit.cost_rows, unit.steps, busy)
 
     def finish(self, units: list[Unit], ahead_s: float) -> float:
         """When a group of these slices ends, with `ahead_s` of the pipe's time before its first starts."""

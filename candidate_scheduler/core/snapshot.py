@@ -18,6 +18,7 @@ from functools import cached_property
 from candidate_scheduler.core.admission import split_balanced
 from candidate_scheduler.core.cost_model import CostModel, Scaled
 from candidate_scheduler.core.elastic_index import ElasticIndex
+from candidate_scheduler.core.fleet_terms import FleetTerms
 from candidate_scheduler.core.forecast import SimItem, SimWorker
 from candidate_scheduler.core.pending import PendingIndex
 from candidate_scheduler.core.planning import Unit, WorkerSlot
@@ -155,10 +156,10 @@ class PlanningSnapshot:
     # Staggered starts an earlier pass decided, still to come: kept, not decided again from a boundary
     # that has moved since (an idle worker's boundary is always now)
     decided: Mapping[str, float] = field(default_factory=dict)
-    # Fleet-wide answers that depend only on the workers' rows and the cost model with its margin (a
-    # fluid rate, a slice's best time alone): the engine keeps them across snapshots until one of those
-    # changes, so a burst of deadline groups does not loop over every worker for each (core/fluid.py)
-    memo: dict = field(default_factory=dict)
+    # The fluid forecast's sums over the workers (core/fleet_terms.py), which the engine keeps across
+    # snapshots and mends for the workers that changed; None (or sums that follow other views): built
+    # for this snapshot (`terms`)
+    fleet: FleetTerms | None = None
     # The workers that may be sent work, now or once due for it (dispatch: may take a batch; step: free or
     # spare rows), in the workers' order: a pass looks at no other (core/worker_views.py keeps them; None:
     # derived from `workers`)
@@ -177,10 +178,14 @@ class PlanningSnapshot:
     @property
     def slice_capacity(self) -> int:
         """The rows admission sizes slices for: the smallest live worker's."""
-        rows = self.memo.get("slice_capacity")
-        if rows is None:
-            rows = self.memo["slice_capacity"] = min(w.rows for w in self.workers)
-        return rows
+        return self.terms.min_rows
+
+    @cached_property
+    def terms(self) -> FleetTerms:
+        """The sums over the workers the fluid forecast reads: the engine's when they follow these views."""
+        if self.fleet is not None and self.fleet.workers is self.workers and self.fleet.cost is self.cost:
+            return self.fleet
+        return FleetTerms(self.workers, self.cost)
 
     # ---- late prefetch: work that will wait on a worker is sent just in time, not as soon as there is room.
     # Until it is sent it stays in the queue, where a group that arrives meanwhile -- another tenant's,
@@ -326,8 +331,7 @@ class PlanningSnapshot:
     @cached_property
     def scratch(self) -> dict:
         """Answers that hold for this snapshot only (one decision, during which the engine does not change),
-        kept by the rules that ask them more than once (core/fluid.Pipe.of); `memo` is for those that
-        outlive it."""
+        kept by the rules that ask them more than once (core/fluid.Pipe.of); `terms` outlive it."""
         return {}
 
     @cached_property

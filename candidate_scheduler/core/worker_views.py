@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from candidate_scheduler.core.change_log import ChangeLog
 from candidate_scheduler.core.snapshot import WorkerView
 
 
@@ -33,6 +34,8 @@ class WorkerViews:
         self._unsettled: set[str] = set()  # workers whose openness to ask again
         self._open: set[str] = set()
         self._open_tuple: tuple[WorkerView, ...] = ()
+        # The positions whose view was rebuilt, in order; restarted when every view is (core/fleet_terms.py)
+        self.changes: ChangeLog[int] = ChangeLog()
 
     def stale(self, worker_id: str) -> None:
         """`worker_id`'s view no longer holds (WorkerState.on_stale)."""
@@ -54,11 +57,13 @@ class WorkerViews:
             self._at = {wid: i for i, wid in enumerate(workers)}
             self._open = {wid for wid, w in workers.items() if w.open_to_work(prefetch, self._dispatch)}
             self._epoch = epoch
+            self.changes.restart()
         elif self._stale:
             for wid in self._stale:
                 i = self._at.get(wid)
                 if i is not None:  # one that left since is gone from the views with the epoch
                     self._views[i] = WorkerView.of(workers[wid], workers[wid].rows, prefetch)
+                    self.changes.append(i)
             self._settle(workers, prefetch)
         else:
             return self._tuple

@@ -83,8 +83,8 @@ def test_the_pipe_answers_afresh_once_the_cost_model_has_learned_something(fleet
 
 
 def test_what_runs_now_drains_as_each_worker_predicts_at_any_instant(fleet):
-    """busy_s, kept between snapshots as suffix sums over the workers in order of their predicted ends, is
-    the rate-weighted sum of each running worker's remaining time, before, at, between and after them."""
+    """busy_s, from sums kept between snapshots (core/fleet_terms.py), is the rate-weighted sum of each
+    running worker's remaining time, before, at, between and after their predicted ends."""
     for i in range(WORKERS):  # one group of 8 rows per worker, each with another step count: other ends
         fleet.take(fleet.engine.submit(("client", f"s{i}"), submission(f"s{i}", count=8, seed=i, steps=2 + i),
                                        fleet.now, plan=False))
@@ -96,9 +96,9 @@ def test_what_runs_now_drains_as_each_worker_predicts_at_any_instant(fleet):
         snap = fleet.engine.snapshot(now)
         assert snap.workers is kept  # nothing changed: the sums are reused, only the instant moves
         pipe = fluid.Pipe(snap)
-        rates = pipe.worker_rates(LABEL)
+        rates = [w.rows / pipe.cost.forward_s(w.worker_id, LABEL, w.rows) for w in snap.workers]
         direct = sum(r * max(0.0, w.busy_until - now) for w, r in zip(snap.workers, rates) if w.running)
-        assert pipe.busy_s(LABEL) == pytest.approx(direct * pipe.cost.factor / pipe.rate(LABEL), rel=1e-9, abs=1e-12)
+        assert pipe.busy_s(LABEL) == pytest.approx(direct * pipe.cost.factor / sum(rates), rel=1e-9, abs=1e-12)
     assert fluid.Pipe(fleet.engine.snapshot(ends[-1])).busy_s(LABEL) == 0.0
 
 

@@ -4,8 +4,10 @@ of every view gives, and rebuilt only for the workers that changed -- counted, n
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from candidate_scheduler.bench.fleet_engine import FakeFleet, _capability
+from candidate_scheduler.bench.fleet_engine import LABEL, FakeFleet, _capability
+from candidate_scheduler.core.fleet_terms import FleetTerms
 from candidate_scheduler.core.messages import Heartbeat, Registration
 from candidate_scheduler.core.snapshot import WorkerView
 
@@ -46,6 +48,11 @@ def test_kept_views_are_the_views_built_afresh_after_every_event():
             assert [w.worker_id for w in snap.open] == [
                 wid for wid, w in engine.workers.items() if w.open_to_work(engine.config.prefetch, batching == "dispatch")]
             assert all(snap.worker(w.worker_id) is w for w in snap.workers)
+            kept, afresh = snap.terms, FleetTerms(snap.workers, engine.cost)  # the fluid sums, mended as they go
+            assert kept is engine.fleet and kept.workers is snap.workers
+            assert kept.rate(LABEL) == pytest.approx(afresh.rate(LABEL), rel=1e-12)
+            assert kept.busy(LABEL, fleet.now) == pytest.approx(afresh.busy(LABEL, fleet.now), rel=1e-9, abs=1e-12)
+            assert kept.best_run(LABEL, 8, 8, 4, True) == afresh.best_run(LABEL, 8, 8, 4, True)
         assert fleet.answered > 100
 
 

@@ -1,0 +1,247 @@
+"""The fluid forecast's sums over the fleet (core/fluid.py), kept across decisions and mended for the
+workers that changed.
+
+The pipe reads the fleet through a few sums over every worker: its row-steps per second at full
+occupancy, the fixed cost of a slice, a slice's best time alone, and the work running now, weighted by
+when each worker is predicted to be free. A result changes one worker: its cost model learns from the
+result and its view loses the assignment. Recomputing the sums after each result made the first
+deadline question after every event read the whole fleet, O(workers). Here each sum keeps its terms,
+one per worker, and when asked recomputes only the terms of the workers changed since it was last asked:
+the positions whose view was rebuilt (core/worker_views.py) and those whose cost model learnt
+(CostModel.changes). A worker that comes or goes, or whose rows change, moves every position: then
+everything starts over.
+
+The terms are unscaled: the margin, which may move with every error observed, multiplies the answers
+(core/fluid.Pipe), so a new margin costs nothing here. A sum kept by subtracting and adding drifts by
+rounding; each is recomputed whole after as many updates as the fleet has workers (amortised O(1)).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable, Mapping
+
+
+class FleetTerms:
+    """The sums for the worker views `workers` (a snapshot's tuple) and the unscaled cost model `cost`."""
+
+    def __init__(self, workers: tuple, cost, views_stamp: int = 0) -> None:
+        self.workers = workers
+        self.cost = cost
+        self._views_stamp = views_stamp  # read up to here in the views' change log
+        self._cost_stamp = cost.version  # and in the cost model's
+        self._log: list[int] = []  # the positions changed since the sums below were started, in order
+        self._sums: dict[tuple, _Sum] = {}
+        self._mins: dict[tuple, _Min] = {}
+        self._busy: dict[str, _Busy] = {}
+        self._rows: tuple[int, int] | None = None  # (total, smallest): they change only with every position
+
+    def follow(self, workers: tuple, views_log, positions: Mapping[str, int]) -> FleetTerms:
+        """These sums brought up to `workers` (the engine's views now), given the views' change log and the
+        workers' positions; a fresh FleetTerms when a log lost track (the positions moved)."""
+        if workers is self.workers and self.cost.version == self._cost_stamp:
+            return self
+        rebuilt, learnt = views_log.since(self._views_stamp), self.cost.changes.since(self._cost_stamp)
+        if rebuilt is None or learnt is None:
+            return FleetTerms(workers, self.cost, views_log.stamp)
+        self.workers = workers
+        self._views_stamp, self._cost_stamp = views_log.stamp, self.cost.version
+        self._log += rebuilt
+        self._log += [positions[wid] for wid in learnt if wid in positions]  # a forgotten worker has left
+        if len(self._log) > 4 * len(workers) + 64:  # every sum is started again when next asked
+            self._log.clear()
+            self._sums.clear()
+            self._mins.clear()
+            self._busy.clear()
+        return self
+
+    # ---- the answers (unscaled) ----------------------------------------------------------------------------
+
+    @property
+    def total_rows(self) -> int:
+        return self._row_counts()[0]
+
+    @property
+    def min_rows(self) -> int:
+        """The smallest worker's rows (ValueError with no worker, as min() of nothing)."""
+        return self._row_counts()[1]
+
+    def rate(self, label: str) -> float:
+        """Row-steps per second of the fleet at full occupancy, for forwards of `label` (inf: some worker's
+        forward is predicted to take no time)."""
+        return self._sum("rate", label, lambda i: self._rate_of(i, label)).value
+
+    def overhead(self, label: str) -> float:
+        """The workers' fixed costs per slice (conditioning, postprocess), summed."""
+        return self._sum("overhead", label,
+                         lambda i: self.cost.overhead_s(self.workers[i].worker_id, label)).value
+
+    def best_run(self, label: str, size: int, cost_rows: int, steps: int, busy: bool) -> float:
+        """A slice's shortest time alone on a worker that holds `size` rows: its fixed cost and `steps`
+        forwards, at the worker's full rows when `busy`, else at `cost_rows` (inf: no worker holds it)."""
+        key = (label, size, cost_rows, steps, busy)
+        entry = self._mins.get(key)
+        if entry is None:
+            def term(i: int) -> float:
+                w = self.workers[i]
+                if w.rows < size:
+                    return math.inf
+                return self.cost.overhead_s(w.worker_id, label) \
+                    + steps * self.cost.forward_s(w.worker_id, label, w.rows if busy else cost_rows)
+            entry = self._mins[key] = _Min(term, len(self.workers), len(self._log))
+        return self._fresh(entry).value
+
+    def busy(self, label: str, now: float) -> float:
+        """Sum over the workers running something of their rate times the seconds until they are predicted
+        to be free (0 once that has passed); workers of no finite, positive rate are left out."""
+        entry = self._busy.get(label)
+        if entry is None:
+            def term(i: int) -> tuple[float, float] | None:
+                w, rate = self.workers[i], self._rate_of(i, label)
+                return (w.busy_until, rate) if w.running and 0 < rate < math.inf else None
+            entry = self._busy[label] = _Busy(term, len(self.workers), len(self._log), now)
+        return self._fresh(entry).total(now)
+
+    # ---- upkeep ----------------------------------------------------------------------------------------------
+
+    def _rate_of(self, i: int, label: str) -> float:
+        w = self.workers[i]
+        step = self.cost.forward_s(w.worker_id, label, w.rows)
+        return w.rows / step if step > 0 else math.inf
+
+    def _row_counts(self) -> tuple[int, int]:
+        if self._rows is None:
+            self._rows = (sum(w.rows for w in self.workers), min(w.rows for w in self.workers))
+        return self._rows
+
+    def _sum(self, kind: str, label: str, term: Callable[[int], float]) -> _Sum:
+        entry = self._sums.get((kind, label))
+        if entry is None:
+            entry = self._sums[(kind, label)] = _Sum(term, len(self.workers), len(self._log))
+        return self._fresh(entry)
+
+    def _fresh(self, entry):
+        """`entry` with the terms of the positions changed since it was last asked recomputed (whole when
+        that is many, or when it has been mended as often as there are workers)."""
+        if entry.seen < len(self._log):
+            changed = set(self._log[entry.seen:])
+            if 4 * len(changed) > len(self.workers) or entry.updates >= len(self.workers):
+                entry.rebuild()
+            else:
+                for i in changed:
+                    entry.update(i)
+            entry.seen = len(self._log)
+        return entry
+
+
+class _Sum:
+    """Sum of term(i) over the workers; the infinite terms are counted apart (inf - inf is NaN)."""
+
+    def __init__(self, term: Callable[[int], float], n: int, seen: int) -> None:
+        self.term, self.n, self.seen = term, n, seen
+        self.rebuild()
+
+    def rebuild(self) -> None:
+        self.terms = [self.term(i) for i in range(self.n)]
+        self.infinite = sum(1 for t in self.terms if t == math.inf)
+        self.finite = sum(t for t in self.terms if t != math.inf)
+        self.updates = 0
+
+    def update(self, i: int) -> None:
+        old = self.terms[i]
+        new = self.terms[i] = self.term(i)
+        self.infinite += (new == math.inf) - (old == math.inf)
+        self.finite += (new if new != math.inf else 0.0) - (old if old != math.inf else 0.0)
+        self.updates += 1
+
+    @property
+    def value(self) -> float:
+        return math.inf if self.infinite else self.finite
+
+
+class _Min:
+    """The smallest term(i) over the workers (inf with none)."""
+
+    def __init__(self, term: Callable[[int], float], n: int, seen: int) -> None:
+        self.term, self.n, self.seen = term, n, seen
+        self.rebuild()
+
+    def rebuild(self) -> None:
+        self.terms = [self.term(i) for i in range(self.n)]
+        self.value = min(self.terms, default=math.inf)
+        self.updates = 0
+
+    def update(self, i: int) -> None:
+        old = self.terms[i]
+        new = self.terms[i] = self.term(i)
+        if new <= self.value:
+            self.value = new
+        elif old == self.value:  # the smallest grew: another may be smallest now
+            self.value = min(self.terms)
+        self.updates += 1
+
+
+class _Busy:
+    """Sum over the workers with a term (end, rate) of rate x max(0, end - now): the sums of rate x end
+    and of rate over all of them, less those over the ones whose end has passed. Those are a prefix of
+    the terms in order of their ends, whose length follows the time asked about (it only grows while
+    time does): so an answer costs the ends passed since the last, not the fleet."""
+
+    def __init__(self, term: Callable[[int], tuple[float, float] | None], n: int, seen: int, now: float) -> None:
+        self.term, self.n, self.seen = term, n, seen
+        self.base = now  # times are kept less this: the sums' magnitudes stay small
+        self.t = 0.0  # the last time asked about, less base
+        self.rebuild()
+
+    def rebuild(self) -> None:
+        self.terms = [self._relative(self.term(i)) for i in range(self.n)]
+        self.ends = sorted((t[0], i) for i, t in enumerate(self.terms) if t is not None)
+        self.rate_end = sum(t[0] * t[1] for t in self.terms if t is not None)
+        self.rate = sum(t[1] for t in self.terms if t is not None)
+        self.passed, self.passed_rate_end, self.passed_rate = 0, 0.0, 0.0  # the prefix ends[:passed]
+        self._move_to(self.t)
+        self.updates = 0
+
+    def _relative(self, term: tuple[float, float] | None) -> tuple[float, float] | None:
+        return None if term is None else (term[0] - self.base, term[1])
+
+    def _move_to(self, t: float) -> None:
+        ends, terms = self.ends, self.terms
+        while self.passed < len(ends) and ends[self.passed][0] <= t:
+            end, rate = terms[ends[self.passed][1]]
+            self.passed_rate_end += end * rate
+            self.passed_rate += rate
+            self.passed += 1
+        while self.passed and ends[self.passed - 1][0] > t:
+            self.passed -= 1
+            end, rate = terms[ends[self.passed][1]]
+            self.passed_rate_end -= end * rate
+            self.passed_rate -= rate
+        self.t = t
+
+    def update(self, i: int) -> None:
+        old = self.terms[i]
+        new = self.terms[i] = self._relative(self.term(i))
+        if old is not None:
+            del self.ends[bisect.bisect_left(self.ends, (old[0], i))]
+            self.rate_end -= old[0] * old[1]
+            self.rate -= old[1]
+            if old[0] <= self.t:  # it was in the passed prefix
+                self.passed -= 1
+                self.passed_rate_end -= old[0] * old[1]
+                self.passed_rate -= old[1]
+        if new is not None:
+            bisect.insort(self.ends, (new[0], i))
+            self.rate_end += new[0] * new[1]
+            self.rate += new[1]
+            if new[0] <= self.t:
+                self.passed += 1
+                self.passed_rate_end += new[0] * new[1]
+                self.passed_rate += new[1]
+        self.updates += 1
+
+    def total(self, now: float) -> float:
+        t = now - self.base
+        self._move_to(t)
+        return max(0.0, (self.rate_end - self.passed_rate_end) - t * (self.rate - self.passed_rate))
