@@ -9,7 +9,9 @@ same backlog. What is timed:
 - `groups_per_s`: groups through submit, plan, result and reply, over the timed calls only.
 
 The workers register with a warm-up profile, as real ones do, so the cost model is calibrated and the
-deadline code (refusal at receipt, backfill in step mode) runs as it does in production.
+deadline code (refusal at receipt, backfill in step mode) runs as it does in production. Each point's
+process sets the garbage collector as the scheduler's process does (`commands.tune_gc`; until
+2026-12-03 the points ran at Python's defaults: bench/README, "The engine against the fleet's size").
 """
 
 from __future__ import annotations
@@ -45,15 +47,15 @@ class FakeFleet:
 
     def __init__(self, batching: str, workers: int, rows: int, *, step_s: float = 0.01, steps: int = 4,
                  deadline_every: int = 0, deadline_s: float = 30.0, counts: tuple[int, ...] = (1,),
-                 min_count: int | None = None):
+                 min_count: int | None = None, defaults: bool = False):
         config = {"batching": batching, "max_queued_groups": 1_000_000}
-        # Prefetched work is sent at once and idle workers start at once: late prefetch and staggered
-        # starts are timed by the shell's wake-up passes (Engine.wake_at), and this harness has no shell and
-        # no real time, only one result after another. (An older engine, measured as the baseline, has
-        # neither knob and does both anyway.)
-        if "prefetch_lead_s" in EngineConfig.__dataclass_fields__:
+        # Unless `defaults` (bench/fleet_sim.py, which keeps a clock): prefetched work is sent at once and
+        # idle workers start at once. Late prefetch and staggered starts are timed by the shell's wake-up
+        # passes (Engine.wake_at), and this harness has no shell and no real time, only one result after
+        # another. (An older engine, measured as the baseline, has neither knob and does both anyway.)
+        if "prefetch_lead_s" in EngineConfig.__dataclass_fields__ and not defaults:
             config["prefetch_lead_s"] = math.inf
-        if "stagger" in EngineConfig.__dataclass_fields__:
+        if "stagger" in EngineConfig.__dataclass_fields__ and not defaults:
             config["stagger"] = False
         self.engine = Engine(EngineConfig(**config))
         self.now = 1000.0
@@ -228,6 +230,12 @@ def _point(root: str | None, mode: str, depth: int, events: int, workload: dict,
 
 
 if __name__ == "__main__":  # one point, as JSON: python fleet_engine.py '{"batching": ..., "depth": ..., ...}'
+    try:  # the collector as the scheduler's process sets it (the checkout's own, for a baseline)
+        from candidate_scheduler.commands import tune_gc
+    except ImportError:  # a revision whose scheduler left the collector at Python's defaults
+        tune_gc = None
+    if tune_gc is not None:
+        tune_gc()
     point = json.loads(sys.argv[1])
     point["counts"] = tuple(point["counts"])
     print(json.dumps(time_per_event(point.pop("batching"), point.pop("depth"), **point)))

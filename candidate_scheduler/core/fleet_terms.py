@@ -35,7 +35,7 @@ class FleetTerms:
         self._sums: dict[tuple, _Sum] = {}
         self._mins: dict[tuple, _Min] = {}
         self._busy: dict[str, _Busy] = {}
-        self._rows: tuple[int, int] | None = None  # (total, smallest): they change only with every position
+        self._rows: tuple[int, int | None, int] | None = None  # _row_counts: they change only with every position
 
     def follow(self, workers: tuple, views_log, positions: Mapping[str, int]) -> FleetTerms:
         """These sums brought up to `workers` (the engine's views now), given the views' change log and the
@@ -65,7 +65,10 @@ class FleetTerms:
     @property
     def min_rows(self) -> int:
         """The smallest worker's rows (ValueError with no worker, as min() of nothing)."""
-        return self._row_counts()[1]
+        smallest = self._row_counts()[1]
+        if smallest is None:
+            raise ValueError("no workers: no smallest rows")
+        return smallest
 
     def rate(self, label: str) -> float:
         """Row-steps per second of the fleet at full occupancy, for forwards of `label` (inf: some worker's
@@ -92,6 +95,34 @@ class FleetTerms:
             entry = self._mins[key] = _Min(term, len(self.workers), len(self._log))
         return self._fresh(entry).value
 
+    def periods(self, label: str, size: int, cost_rows: int, steps: int) -> tuple[float, float, float, int]:
+        """A full batch of these slices, back to back, on each worker that runs any rows (core/stagger.py:
+        its `steps` forwards of as many slices as it holds, plus their conditioning unless it conditions
+        aside, overlapped with the batch before): (the first such worker's, the shortest, the longest,
+        how many such workers there are); (inf, inf, -inf, 0) when none."""
+        def period(i: int) -> float:
+            w = self.workers[i]
+            if not w.rows:
+                return math.inf  # a worker told 0 rows runs nothing
+            units = max(1, w.rows // size)
+            value = steps * self.cost.forward_s(w.worker_id, label, units * cost_rows)
+            if not w.conditions_aside:
+                value += units * self.cost.overhead_s(w.worker_id, label)
+            return value
+
+        key = (label, size, cost_rows, steps)
+        shortest = self._mins.get(("period", *key))
+        if shortest is None:
+            shortest = self._mins[("period", *key)] = _Min(period, len(self.workers), len(self._log))
+            self._mins[("-period", *key)] = _Min(lambda i: -period(i) if self.workers[i].rows else math.inf,
+                                                 len(self.workers), len(self._log))
+        shortest, longest = self._fresh(shortest).value, -self._fresh(self._mins[("-period", *key)]).value
+        live = self._row_counts()[2]
+        if not live:
+            return math.inf, math.inf, -math.inf, 0
+        first = period(next(i for i, w in enumerate(self.workers) if w.rows))
+        return first, shortest, longest, live
+
     def busy(self, label: str, now: float) -> float:
         """Sum over the workers running something of their rate times the seconds until they are predicted
         to be free (0 once that has passed); workers of no finite, positive rate are left out."""
@@ -110,9 +141,11 @@ class FleetTerms:
         step = self.cost.forward_s(w.worker_id, label, w.rows)
         return w.rows / step if step > 0 else math.inf
 
-    def _row_counts(self) -> tuple[int, int]:
+    def _row_counts(self) -> tuple[int, int | None, int]:
+        """(the rows of all workers, the smallest worker's (None: no worker), how many run any rows)."""
         if self._rows is None:
-            self._rows = (sum(w.rows for w in self.workers), min(w.rows for w in self.workers))
+            rows = [w.rows for w in self.workers]
+            self._rows = (sum(rows), min(rows, default=None), sum(1 for r in rows if r))
         return self._rows
 
     def _sum(self, kind: str, label: str, term: Callable[[int], float]) -> _Sum:

@@ -270,25 +270,17 @@ class PlanningSnapshot:
         jitter, and the group at the head is best effort: a deadline's forecast counts on every worker
         starting at its boundary."""
         if (not self.stagger or self.batching != "dispatch" or len(self.workers) < 2 or not self.calibrated
-                or not deep(self.queue.candidates, sum(w.rows for w in self.workers))):
+                or not deep(self.queue.candidates, self.terms.total_rows)):
             return {}, {}
         head = self.queue.walk().first()
         view = None if head is None else self.group(head[1].request_id)
         if view is None or view.deadline is not None:
             return {}, {}
         kind = head[0]
-
-        def period_of(w: WorkerView) -> float:  # a full batch of the head's kind, back to back
-            units = max(1, w.rows // kind.size)
-            period = kind.steps * self.cost.forward_s(w.worker_id, kind.label, units * kind.cost_rows)
-            if not w.conditions_aside:  # else its conditioning overlaps the batch before
-                period += units * self.cost.overhead_s(w.worker_id, kind.label)
-            return period
-
-        periods = [period_of(w) for w in self.workers if w.rows]  # a worker told 0 rows runs nothing
-        if not periods or mixed(periods):
+        # a full batch of the head's kind, back to back, on each worker (kept by the fleet terms)
+        period, shortest, longest, live = self.terms.periods(kind.label, kind.size, kind.cost_rows, kind.steps)
+        if not live or mixed((shortest, longest)):
             return {}, {}  # a mixed fleet's boundaries drift apart by themselves: one period spaces none of them
-        period, live = periods[0], len(periods)
         spacing = period / live
         if spacing < MIN_SPACING_S:
             return {}, {}

@@ -23,6 +23,7 @@ class View:  # what FleetTerms reads of a core.snapshot.WorkerView
     rows: int
     running: bool
     busy_until: float
+    conditions_aside: bool = False
 
 
 def _fleet(rnd: random.Random, n: int) -> tuple[CostModel, list[View]]:
@@ -33,7 +34,7 @@ def _fleet(rnd: random.Random, n: int) -> tuple[CostModel, list[View]]:
         for rows in (1, 4, 8):
             cost.observe_forward(wid, LABELS[0], rows, 0.01 * (1 + rows / 8) * rnd.uniform(0.8, 1.2))
         cost.observe_fixed(wid, LABELS[0], rnd.uniform(0.01, 0.05))
-        views.append(View(wid, rnd.choice((4, 8)), rnd.random() < 0.7, 100.0 + rnd.uniform(0, 2)))
+        views.append(View(wid, rnd.choice((4, 8)), rnd.random() < 0.7, 100.0 + rnd.uniform(0, 2), rnd.random() < 0.5))
     return cost, views
 
 
@@ -45,6 +46,7 @@ def _assert_same(kept: FleetTerms, workers: tuple, cost: CostModel, now: float) 
         assert kept.busy(label, now) == pytest.approx(afresh.busy(label, now), rel=1e-9, abs=1e-9)
         for size, cost_rows, busy in ((1, 1, False), (4, 3, True), (8, 8, True), (9, 9, False)):
             assert kept.best_run(label, size, cost_rows, 5, busy) == afresh.best_run(label, size, cost_rows, 5, busy)
+            assert kept.periods(label, size, cost_rows, 5) == afresh.periods(label, size, cost_rows, 5)
     assert (kept.total_rows, kept.min_rows) == (afresh.total_rows, afresh.min_rows)
 
 
@@ -59,14 +61,14 @@ def test_kept_sums_are_the_sums_built_afresh_after_every_change():
         i, roll = rnd.randrange(len(views)), rnd.random()
         wid = views[i].worker_id
         if roll < 0.35:  # it took or gave back work: a new predicted end, or none
-            views[i] = View(wid, views[i].rows, rnd.random() < 0.8, now + rnd.uniform(-0.2, 2.0))
+            views[i] = View(wid, views[i].rows, rnd.random() < 0.8, now + rnd.uniform(-0.2, 2.0), views[i].conditions_aside)
             log.append(i)
         elif roll < 0.55:  # its cost model learnt from a result
             cost.observe_forward(wid, LABELS[0], rnd.choice((1, 4, 8)), rnd.uniform(0.005, 0.05))
         elif roll < 0.6:
             cost.observe_fixed(wid, LABELS[0], rnd.uniform(0.0, 0.1))
-        elif roll < 0.62:  # its rows changed: every position starts over
-            views[i] = View(wid, 12 - views[i].rows, views[i].running, views[i].busy_until)
+        elif roll < 0.62:  # its rows changed (0: told to run none): every position starts over
+            views[i] = View(wid, (0, 4, 8)[rnd.randrange(3)], views[i].running, views[i].busy_until, views[i].conditions_aside)
             log.restart()
         elif roll < 0.7:  # a snapshot for another instant: earlier too (a test may ask so)
             now += rnd.uniform(-0.5, 0.1)
@@ -91,19 +93,21 @@ def test_after_one_worker_learnt_the_sums_read_that_worker_alone(monkeypatch):
     terms = FleetTerms((), cost).follow(workers, log, positions)
     for label in LABELS:
         terms.rate(label), terms.overhead(label), terms.busy(label, 100.5), terms.best_run(label, 4, 4, 5, True)
+        terms.periods(label, 1, 1, 5)
     asked: list[str] = []
     forward_s, overhead_s = cost.forward_s, cost.overhead_s
     monkeypatch.setattr(cost, "forward_s", lambda wid, *a: asked.append(wid) or forward_s(wid, *a))
     monkeypatch.setattr(cost, "overhead_s", lambda wid, *a: asked.append(wid) or overhead_s(wid, *a))
 
     cost.observe_forward("w7", LABELS[0], 8, 0.5)  # a slow result on one worker
-    views[9] = View("w9", views[9].rows, True, 101.0)  # another took new work
+    views[9] = View("w9", views[9].rows, True, 101.0, views[9].conditions_aside)  # another took new work
     log.append(9)
     workers = tuple(views)
     assert terms.follow(workers, log, positions) is terms
     for label in LABELS:
         terms.rate(label), terms.overhead(label), terms.busy(label, 100.6), terms.best_run(label, 4, 4, 5, True)
-    assert asked and set(asked) <= {"w7", "w9"}
+        terms.periods(label, 1, 1, 5)
+    assert asked and set(asked) <= {"w7", "w9", "w0"}  # w0: periods' first worker, read afresh each time
     _assert_same(terms, workers, cost, 100.6)
 
 
