@@ -35,6 +35,8 @@ class FleetTerms:
         self._sums: dict[tuple, _Sum] = {}
         self._mins: dict[tuple, _Min] = {}
         self._busy: dict[str, _Busy] = {}
+        self._ordered: dict[str, _Ordered] = {}
+        self._lead_of: Callable | None = None  # due(): the lead of late prefetch, while its terms are computed
         self._rows: tuple[int, int | None, int] | None = None  # _row_counts: they change only with every position
 
     def follow(self, workers: tuple, views_log, positions: Mapping[str, int]) -> FleetTerms:
@@ -54,6 +56,7 @@ class FleetTerms:
             self._sums.clear()
             self._mins.clear()
             self._busy.clear()
+            self._ordered.clear()
         return self
 
     # ---- the answers (unscaled) ----------------------------------------------------------------------------
@@ -134,6 +137,27 @@ class FleetTerms:
             entry = self._busy[label] = _Busy(term, len(self.workers), len(self._log), now)
         return self._fresh(entry).total(now)
 
+    def due(self, lead_of: Callable) -> _Ordered:
+        """Dispatch batching, calibrated: the workers that may take a batch, in order of when they are due
+        for it -- at once when idle (-inf), else `lead_of(view)` before the batch they hold is predicted to
+        end (core/snapshot.py's late prefetch, before any staggered start). `lead_of` must answer alike for
+        every snapshot of one engine: what it reads changes only with a worker's view or cost model (the
+        margin a worker shows it needs is learnt from the result that rebuilds its view)."""
+        entry = self._ordered.get("due")
+        self._lead_of = lead_of
+        try:
+            if entry is None:
+                entry = self._ordered["due"] = _Ordered(self._due_term, len(self.workers), len(self._log))
+            return self._fresh(entry)
+        finally:
+            self._lead_of = None  # the snapshot it belongs to is not kept alive by these sums
+
+    def _due_term(self, i: int) -> float | None:
+        w = self.workers[i]
+        if not w.takes_a_batch:
+            return None
+        return w.busy_until - self._lead_of(w) if w.running else -math.inf
+
     # ---- upkeep ----------------------------------------------------------------------------------------------
 
     def _rate_of(self, i: int, label: str) -> float:
@@ -213,6 +237,37 @@ class _Min:
         elif old == self.value:  # the smallest grew: another may be smallest now
             self.value = min(self.terms)
         self.updates += 1
+
+
+class _Ordered:
+    """The workers with a term (term(i) None: left out), in order of it."""
+
+    def __init__(self, term: Callable[[int], float | None], n: int, seen: int) -> None:
+        self.term, self.n, self.seen = term, n, seen
+        self.rebuild()
+
+    def rebuild(self) -> None:
+        self.terms = [self.term(i) for i in range(self.n)]
+        self.order = sorted((t, i) for i, t in enumerate(self.terms) if t is not None)
+        self.updates = 0
+
+    def update(self, i: int) -> None:
+        old = self.terms[i]
+        new = self.terms[i] = self.term(i)
+        if old is not None:
+            del self.order[bisect.bisect_left(self.order, (old, i))]
+        if new is not None:
+            bisect.insort(self.order, (new, i))
+        self.updates += 1
+
+    def upto(self, t: float) -> list[int]:
+        """The positions whose term is at most t, in order of their terms."""
+        return [i for _term, i in self.order[:bisect.bisect_right(self.order, (t, math.inf))]]
+
+    def first_above(self, t: float) -> float | None:
+        """The smallest term above t (None: none)."""
+        j = bisect.bisect_right(self.order, (t, math.inf))
+        return self.order[j][0] if j < len(self.order) else None
 
 
 class _Busy:

@@ -87,7 +87,7 @@ def plan(snap: PlanningSnapshot, *, elastic: bool = True, trace: Trace | None = 
 
 def _place(snap: PlanningSnapshot, trace: Trace) -> list[tuple[str, tuple[Unit, ...]]]:
     if snap.batching == "dispatch":
-        idle = [w.batch_slot() for w in snap.open if snap.prefetch_due(w)]
+        idle = [w.batch_slot() for w in snap.due_now()]
         return plan_dispatch(snap.queue, idle, trace.at) if idle else []
     slots = []
     for w in snap.open:  # the rest have neither free nor spare rows

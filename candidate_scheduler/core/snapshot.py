@@ -227,6 +227,26 @@ class PlanningSnapshot:
         due = self.prefetch_due_at(w)
         return due is not None and due <= self.now
 
+    @cached_property
+    def _due_order(self):
+        """Dispatch batching, calibrated: the open workers in order of `prefetch_due_at` before any
+        staggered start (the fleet terms keep it, mended as workers change), so that what is due now, and
+        when the next is, costs the workers due rather than the fleet. None: every open worker is asked."""
+        if self.batching != "dispatch" or not self.calibrated:
+            return None
+        return self.terms.due(self.lead_s)
+
+    def due_now(self) -> list[WorkerView]:
+        """Dispatch batching: the open workers that may be sent their next batch now, in the workers' order.
+        A staggered start only ever sends later than the worker's own due time (it waits past a boundary
+        that was due), so the workers due before any stagger are the ones to look at."""
+        order = self._due_order
+        if order is None:
+            return [w for w in self.open if self.prefetch_due(w)]
+        sends, now = self._stagger[1], self.now
+        due = (self.workers[i] for i in sorted(order.upto(now)))
+        return [w for w in due if sends.get(w.worker_id, now) <= now]
+
     def spare_due(self, w: WorkerView) -> int:
         """Step batching: the spare rows `w` may be sent now -- as many as its running assignments
         predicted to end within the lead will free, less the rows it already holds beyond its capacity."""
@@ -243,13 +263,17 @@ class PlanningSnapshot:
         """Whether a planning pass could send any worker anything now (else it places nothing, and fixes
         no elastic count either: that waits until a group could start)."""
         if self.batching == "dispatch":
-            return any(self.prefetch_due(w) for w in self.open)
+            return bool(self.due_now())
         return any(w.free_rows or (w.spare and self.spare_due(w)) for w in self.open)
 
     def wake_at(self) -> float | None:
         """The next instant a planning pass may place work that no pass can place now: the earliest time
         a worker with room for prefetched work becomes due for it (a staggered start's included). None: no
         event needs to come sooner."""
+        order = self._due_order
+        if order is not None:  # a staggered start's workers were due already: none of them is first above now
+            due = [t for t in (order.first_above(self.now), *self._stagger[1].values()) if t is not None and t > self.now]
+            return min(due, default=None)
         due = [t for w in self.open if self._has_room(w) for t in (self.prefetch_due_at(w),)
                if t is not None and t > self.now]
         return min(due, default=None)
@@ -284,16 +308,14 @@ class PlanningSnapshot:
         spacing = period / live
         if spacing < MIN_SPACING_S:
             return {}, {}
-        due, ends = [], {}  # ends: worker id -> the boundary where what it runs or holds now is done
-        for i, w in enumerate(self.workers):
-            if not w.rows:
-                continue
-            # its next start: now when idle, else when what it holds is done; decided when it has room
-            boundary, deciding = (w.busy_until, w.takes_a_batch) if w.running else (self.now, True)
-            if w.running:
-                ends[w.worker_id] = boundary
-            if deciding and boundary - self.lead_s(w) <= self.now:
-                due.append((boundary, i, w))
+        # the workers deciding their next start (they have room), and due to: its boundary is now when
+        # idle, else when what it holds is done -- less the lead (the due order: a worker told 0 rows
+        # runs nothing)
+        due = [(w.busy_until if w.running else self.now, i, w)
+               for i in self._due_order.upto(self.now) for w in (self.workers[i],) if w.rows]
+        if not due:
+            return {}, {}
+        ends = {w.worker_id: w.busy_until for w in self.workers if w.rows and w.running}
         phases = {wid: (b - self.now) % period for wid, b in ends.items()}
         starts, sends = {}, {}
         for boundary, _i, w in sorted(due, key=lambda d: d[:2]):  # the earliest boundary decides first

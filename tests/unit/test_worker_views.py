@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from candidate_scheduler.bench.fleet_engine import LABEL, FakeFleet, _capability
+from candidate_scheduler.bench.fleet_sim import ClockedFleet
 from candidate_scheduler.core.fleet_terms import FleetTerms
 from candidate_scheduler.core.messages import Heartbeat, Registration
 from candidate_scheduler.core.snapshot import WorkerView
@@ -80,3 +81,20 @@ def test_a_burst_of_submissions_rebuilds_no_view_and_keeps_one_tuple(monkeypatch
         assert fleet.engine.snapshot(fleet.now).workers is first.workers
         fleet.answer_oldest()  # one worker's result: its view alone is rebuilt, and it was sent the next
         assert 1 <= built <= 2, (workers, built)
+
+
+def test_workers_due_for_late_prefetch_are_the_ones_a_scan_of_the_open_workers_finds():
+    """Dispatch under the defaults (late prefetch, staggered starts) on a simulated clock: the order of
+    the open workers by due time (core/fleet_terms.py), mended as they change, answers what a scan of
+    every open worker answers -- who is due now, when the next one is -- after every event."""
+    fleet = ClockedFleet("dispatch", 6, 8, steps=20, step_s=0.15)
+    fleet.submit(10 * 6 * 8, plan=False)  # deep enough to stagger the starts
+    fleet.plan()
+    checked = 0
+    while checked < 300 and fleet.step():
+        snap = fleet.engine.snapshot(fleet.now)
+        assert snap.due_now() == [w for w in snap.open if snap.prefetch_due(w)]
+        later = [t for w in snap.open for t in (snap.prefetch_due_at(w),) if t > snap.now]
+        assert snap.wake_at() == min(later, default=None)
+        checked += 1
+    assert checked == 300 and fleet.answered > 500 and fleet.engine.counters["staggered_starts"] > 0
