@@ -398,7 +398,7 @@ def run_fleet_bench(out_dir, *, smoke: bool = False, plot: bool = True, baseline
 
     from tqdm import tqdm
 
-    from candidate_scheduler.bench import fleet_engine, fleet_report
+    from candidate_scheduler.bench import fleet_engine, fleet_report, fleet_sim
     from candidate_scheduler.bench.common import git_rev, loadavg
 
     started, load_before = time.perf_counter(), loadavg()
@@ -407,7 +407,7 @@ def run_fleet_bench(out_dir, *, smoke: bool = False, plot: bool = True, baseline
     events = 60 if smoke else 150
     sizes = SMOKE if smoke else FULL
     fleet_sizes = fleet_engine.SIZES[:2] if smoke else fleet_engine.SIZES
-    total = (2 * (len(depths) + 2 * len(deadline_depths) + len(fleet_sizes))
+    total = (2 * (len(depths) + 2 * len(deadline_depths) + 2 * len(fleet_sizes))
              + sum(len(workloads(s, smoke)) for s in sizes) * len(MODES))
     progress = tqdm(total=total, desc="fleet: engine in process", unit="run", file=sys.stderr, dynamic_ncols=True,
                     mininterval=0.5)
@@ -421,6 +421,9 @@ def run_fleet_bench(out_dir, *, smoke: bool = False, plot: bool = True, baseline
                                      progress=lambda _r: progress.update(1))
         # against the fleet's size: a refusal check per submission, a planning pass per event
         by_size = fleet_engine.sweep_sizes(fleet_sizes, events=events, progress=lambda _r: progress.update(1))
+        # again under the scheduler's defaults (late prefetch, staggered starts), on a simulated clock
+        defaults = fleet_sim.sweep(fleet_sizes, results=300 if smoke else 1500, warmup=100 if smoke else 300,
+                                   progress=lambda _r: progress.update(1))
         progress.set_description("fleet: scheduler + null workers over ZMQ")
 
         def step(run: dict) -> None:
@@ -437,7 +440,7 @@ def run_fleet_bench(out_dir, *, smoke: bool = False, plot: bool = True, baseline
         "loadavg_start": load_before, "loadavg_end": loadavg(), "wall_s": time.perf_counter() - started,
     }
     result = {"meta": meta, "engine": engine, "engine_deadlines": deadline, "engine_elastic": elastic,
-              "engine_sizes": by_size, "fleet": fleet}
+              "engine_sizes": by_size, "engine_defaults": defaults, "fleet": fleet}
     out = Path(out_dir)
     if smoke:
         out = out / "fleet_smoke"
@@ -455,13 +458,14 @@ def run_baseline(out_dir, revision: str, *, plot: bool = True, events: int | Non
 
     from tqdm import tqdm
 
-    from candidate_scheduler.bench import fleet_engine, fleet_report
+    from candidate_scheduler.bench import fleet_engine, fleet_report, fleet_sim
     from candidate_scheduler.bench.common import git_rev, loadavg
 
     started, load_before = time.perf_counter(), loadavg()
     depths, deadline_depths = (100, 1000, 5000, 10_000), (100, 10_000)
     elastic_depths = (100, 1000)  # an engine that sums elastic groups one by one takes seconds an event at 1,000
-    progress = tqdm(total=4 * (len(depths) + len(deadline_depths) + len(elastic_depths) + len(fleet_engine.SIZES)),
+    progress = tqdm(total=4 * (len(depths) + len(deadline_depths) + len(elastic_depths) + len(fleet_engine.SIZES)
+                               + len(fleet_sim.SIZES)),
                     desc=f"fleet: engine, {revision} and this revision",
                     unit="run", file=sys.stderr, dynamic_ncols=True, mininterval=0.5)
     root = _worktree(revision)
@@ -474,6 +478,7 @@ def run_baseline(out_dir, revision: str, *, plot: bool = True, events: int | Non
         elastic = fleet_engine.sweep(elastic_depths, events=events or 300, elastic=True, baseline=root,
                                      same_events=events is not None, progress=lambda _r: progress.update(1))
         by_size = fleet_engine.sweep_sizes(events=events or 300, baseline=root, progress=lambda _r: progress.update(1))
+        defaults = fleet_sim.sweep(baseline=root, progress=lambda _r: progress.update(1))
     finally:
         progress.close()
         subprocess.run(["git", "worktree", "remove", "--force", root], cwd=_ROOT, capture_output=True)
@@ -482,7 +487,7 @@ def run_baseline(out_dir, revision: str, *, plot: bool = True, events: int | Non
             "engine_rows": rows[0]["rows"], "loadavg_start": load_before, "loadavg_end": loadavg(),
             "wall_s": time.perf_counter() - started, "same_events": events is not None}
     result = {"meta": meta, "engine": rows, "engine_deadlines": deadline, "engine_elastic": elastic,
-              "engine_sizes": by_size}
+              "engine_sizes": by_size, "engine_defaults": defaults}
     files = fleet_report.write_baseline(result, Path(out_dir), plot=plot)
     print(f"fleet baseline: {meta['wall_s']:.0f} s; wrote {files['json']}, {files['report']}")
     return result

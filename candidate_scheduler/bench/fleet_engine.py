@@ -47,15 +47,15 @@ class FakeFleet:
 
     def __init__(self, batching: str, workers: int, rows: int, *, step_s: float = 0.01, steps: int = 4,
                  deadline_every: int = 0, deadline_s: float = 30.0, counts: tuple[int, ...] = (1,),
-                 min_count: int | None = None, defaults: bool = False):
+                 min_count: int | None = None):
         config = {"batching": batching, "max_queued_groups": 1_000_000}
-        # Unless `defaults` (bench/fleet_sim.py, which keeps a clock): prefetched work is sent at once and
-        # idle workers start at once. Late prefetch and staggered starts are timed by the shell's wake-up
-        # passes (Engine.wake_at), and this harness has no shell and no real time, only one result after
-        # another. (An older engine, measured as the baseline, has neither knob and does both anyway.)
-        if "prefetch_lead_s" in EngineConfig.__dataclass_fields__ and not defaults:
+        # Prefetched work is sent at once and idle workers start at once: late prefetch and staggered
+        # starts are timed by the shell's wake-up passes (Engine.wake_at), and this harness has no shell and
+        # no real time, only one result after another (bench/fleet_sim.py keeps a clock). (An older engine,
+        # measured as the baseline, has neither knob and does both anyway.)
+        if "prefetch_lead_s" in EngineConfig.__dataclass_fields__:
             config["prefetch_lead_s"] = math.inf
-        if "stagger" in EngineConfig.__dataclass_fields__ and not defaults:
+        if "stagger" in EngineConfig.__dataclass_fields__:
             config["stagger"] = False
         self.engine = Engine(EngineConfig(**config))
         self.now = 1000.0

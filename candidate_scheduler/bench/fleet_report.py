@@ -1,6 +1,6 @@
-"""The fleet benchmark's outputs: `fleet.json`, `fleet_report.md` and three plots (utilisation against
-the number of workers; the engine's time per event against queue depth, and against the number of
-workers)."""
+"""The fleet benchmark's outputs: `fleet.json`, `fleet_report.md` and four plots (utilisation against
+the number of workers; the engine's time per event against queue depth; against the number of workers,
+and against it again under the scheduler's defaults on a simulated clock)."""
 
 from __future__ import annotations
 
@@ -60,6 +60,28 @@ def _sizes_table(rows: list[dict], baseline: str | None = None) -> list[str]:
             out.append(f"\n{_engine_name(revision, baseline)}, {mode}: at {hi['workers']} workers a submission costs "
                        f"{fmt(hi['submit_us'] / lo['submit_us'], 2)}x and an event "
                        f"{fmt(hi['event_mean_ms'] / lo['event_mean_ms'], 2)}x what they cost at {lo['workers']}.")
+    return out + [""]
+
+
+DEFAULTS_TITLE = ("Against the fleet's size under the scheduler's defaults: late prefetch and staggered starts, "
+                  "on a simulated clock (bench/fleet_sim.py; best effort, a backlog of ten fleet batches)")
+
+
+def _defaults_table(rows: list[dict], baseline: str | None = None) -> list[str]:
+    out = [f"#### {DEFAULTS_TITLE}", "",
+           "| engine | mode | workers | engine us per group | submit us | result event p50 us | wake-up p50 us | "
+           "wake-ups per result | staggered starts | simulated utilisation |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        out.append(f"| {_engine_name(r.get('revision'), baseline)} | {r['batching']} | {r['workers']} | "
+                   f"{fmt(r['engine_us_per_group'], 0)} | {fmt(r['submit_us'], 0)} | {fmt(r['result_us']['median'], 0)} | "
+                   f"{fmt(r['wake_us']['median'], 0)} | {fmt(r['wakes_per_result'], 2)} | {r['staggered_starts']} | "
+                   f"{fmt(r['utilisation'], 2)} |")
+    for revision, mode, lo, hi in _extremes(rows, "workers"):
+        if hi is not lo:
+            out.append(f"\n{_engine_name(revision, baseline)}, {mode}: at {hi['workers']} workers a group costs "
+                       f"{fmt(hi['engine_us_per_group'] / lo['engine_us_per_group'], 2)}x and a submission "
+                       f"{fmt(hi['submit_us'] / lo['submit_us'], 2)}x what they cost at {lo['workers']}.")
     return out + [""]
 
 
@@ -155,6 +177,8 @@ def write_outputs(result: dict, out_dir: Path, plot: bool = True) -> dict:
         lines += _engine_table(result["engine_elastic"], ELASTIC_TITLE)
     if result.get("engine_sizes"):
         lines += _sizes_table(result["engine_sizes"])
+    if result.get("engine_defaults"):
+        lines += _defaults_table(result["engine_defaults"])
     lines += [
         "## The scheduler over ZMQ against K null workers",
         "",
@@ -213,11 +237,16 @@ def write_baseline(result: dict, out_dir: Path, plot: bool = True) -> dict:
         lines += _engine_table(result["engine_elastic"], ELASTIC_TITLE, meta["baseline"])
     if result.get("engine_sizes"):
         lines += _sizes_table(result["engine_sizes"], meta["baseline"])
+    if result.get("engine_defaults"):
+        lines += _defaults_table(result["engine_defaults"], meta["baseline"])
     plots = []
     if plot:
         plots = [_engine_plot({"meta": meta, "engine": result["engine"]}, out_dir, "fleet_baseline.png")]
         if result.get("engine_sizes"):
             plots.append(_sizes_plot(result, out_dir, "fleet_baseline_sizes.png"))
+        if result.get("engine_defaults"):
+            plots.append(_sizes_plot(result, out_dir, "fleet_baseline_defaults.png", "engine_defaults",
+                                     DEFAULTS_PANELS, DEFAULTS_PLOT_TITLE))
     lines += [f"![{name}]({name})" for name in plots]
     report = out_dir / "fleet_baseline.md"
     report.write_text("\n".join(lines) + "\n")
@@ -252,36 +281,47 @@ def _plots(result: dict, out_dir: Path) -> list[str]:
     names.append(_engine_plot(result, out_dir, "fleet_engine.png"))
     if result.get("engine_sizes"):
         names.append(_sizes_plot(result, out_dir, "fleet_engine_sizes.png"))
+    if result.get("engine_defaults"):
+        names.append(_sizes_plot(result, out_dir, "fleet_engine_defaults.png", "engine_defaults", DEFAULTS_PANELS,
+                                 DEFAULTS_PLOT_TITLE))
     return names
 
 
-def _sizes_plot(result: dict, out_dir: Path, name: str) -> str:
-    """A submission's and an event's engine time against the number of workers (deadline groups)."""
+SIZES_PANELS = (("submit_us", "engine time per submission, us"),
+                ("event_mean_ms", "engine time per result event, ms (mean)"))
+SIZES_PLOT_TITLE = "Engine cost against the fleet's size (deadline groups, 1,000 queued, in process)"
+DEFAULTS_PANELS = (("submit_us", "engine time per submission, us"),
+                   ("engine_us_per_group", "engine time per group answered, us (all calls)"))
+DEFAULTS_PLOT_TITLE = "Engine cost against the fleet's size under the defaults (simulated clock, in process)"
+
+
+def _sizes_plot(result: dict, out_dir: Path, name: str, key: str = "engine_sizes", panels=SIZES_PANELS,
+                title: str = SIZES_PLOT_TITLE) -> str:
+    """Engine times against the number of workers, one panel per measure, both revisions when two."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     baseline = result["meta"].get("baseline")
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), dpi=100)
-    for ax, key, label in ((axes[0], "submit_us", "engine time per submission, us"),
-                           (axes[1], "event_mean_ms", "engine time per result event, ms (mean)")):
+    fig, axes = plt.subplots(1, len(panels), figsize=(10, 4.2), dpi=100)
+    for ax, (measure, label) in zip(axes, panels):
         for revision, style, suffix in (("current", "-", ""), ("baseline", ":", f" before ({baseline})")):
             for mode, color in zip(MODES, ("#0072b2", "#009e73")):
-                pts = sorted((r["workers"], r[key]) for r in result["engine_sizes"]
+                pts = sorted((r["workers"], r[measure]) for r in result[key]
                              if r["batching"] == mode and r.get("revision", "current") == revision)
                 if pts:
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", color=color,
                             label=f"{mode}{suffix}")
         ax.set_xscale("log", base=2)
-        sizes = sorted({r["workers"] for r in result["engine_sizes"]})
+        sizes = sorted({r["workers"] for r in result[key]})
         ax.set_xticks(sizes, [str(k) for k in sizes])
         ax.set_ylim(bottom=0)
         ax.set_xlabel("fake workers (8 rows each)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("Engine cost against the fleet's size (deadline groups, 1,000 queued, in process)")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(out_dir / name)
     plt.close(fig)

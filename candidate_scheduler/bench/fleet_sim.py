@@ -28,6 +28,7 @@ import time
 
 from candidate_scheduler.bench.common import summary_stats
 from candidate_scheduler.bench.fleet_engine import FakeFleet
+from candidate_scheduler.core.engine import EngineConfig
 from candidate_scheduler.core.messages import SendWork
 
 SIZES = (32, 128, 512)
@@ -46,7 +47,13 @@ class ClockedFleet(FakeFleet):
         self._wake: float | None = None
         self.rows, self.step_s = rows, kwargs.get("step_s", STEP_S)
         self.timed: dict[str, list[float]] = {"result": [], "wake": [], "submit": []}
-        super().__init__(batching, workers, rows, defaults=True, **kwargs)
+        super().__init__(batching, workers, rows, **kwargs)
+        # FakeFleet turns late prefetch and staggered starts off (it has no clock); this one has the
+        # scheduler's defaults, set before any group arrives (the registrations read neither)
+        defaults = EngineConfig()
+        for knob in ("prefetch_lead_s", "stagger"):
+            if hasattr(defaults, knob):
+                setattr(self.engine.config, knob, getattr(defaults, knob))
 
     def _forward_s(self, rows: int) -> float:  # what the warm-up profile reports (FakeFleet)
         return self.step_s * (0.5 + 0.5 * rows / self.rows)
@@ -136,24 +143,35 @@ def run_point(batching: str, workers: int, *, rows: int = 8, results: int = 1500
     }
 
 
-def sweep(sizes=SIZES, modes=("dispatch", "step"), *, results: int = 1500, deadline_every: int = 0,
-          progress=None) -> list[dict]:
-    """Every (mode, size) point, each in a fresh process."""
+def sweep(sizes=SIZES, modes=("dispatch", "step"), *, results: int = 1500, warmup: int = 300,
+          deadline_every: int = 0, baseline: str | None = None, progress=None) -> list[dict]:
+    """Every (mode, size) point, each in a fresh process; with `baseline` (a checkout of an older
+    revision), each point there too, right before this one (rows with "revision": "baseline"), driven by
+    this file: only the engine's public API and FakeFleet, which older revisions have too."""
     rows = []
     for mode in modes:
         for size in sizes:
-            args = {"batching": mode, "workers": size, "results": results, "deadline_every": deadline_every}
-            out = subprocess.run([sys.executable, os.path.abspath(__file__), json.dumps(args)], capture_output=True,
-                                 text=True, timeout=900, check=True)
-            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-            if progress is not None:
-                progress(rows[-1])
+            args = {"batching": mode, "workers": size, "results": results, "warmup": warmup,
+                    "deadline_every": deadline_every}
+            for root in ((baseline, None) if baseline is not None else (None,)):
+                env = dict(os.environ)
+                if root is not None:
+                    env["PYTHONPATH"] = root
+                out = subprocess.run([sys.executable, os.path.abspath(__file__), json.dumps(args)], env=env, cwd=root,
+                                     capture_output=True, text=True, timeout=900, check=True)
+                row = json.loads(out.stdout.strip().splitlines()[-1])
+                rows.append({**row, "revision": "baseline" if root is not None else "current"})
+                if progress is not None:
+                    progress(rows[-1])
     return rows
 
 
 if __name__ == "__main__":  # one point, as JSON: python fleet_sim.py '{"batching": ..., "workers": ..., ...}'
-    from candidate_scheduler.commands import tune_gc
-
-    tune_gc()
+    try:  # the collector as the scheduler's process sets it (the checkout's own, for a baseline)
+        from candidate_scheduler.commands import tune_gc
+    except ImportError:  # a revision whose scheduler left the collector at Python's defaults
+        tune_gc = None
+    if tune_gc is not None:
+        tune_gc()
     point = json.loads(sys.argv[1])
     print(json.dumps(run_point(point.pop("batching"), point.pop("workers"), **point)))

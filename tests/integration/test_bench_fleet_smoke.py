@@ -1,5 +1,6 @@
 """`python -m candidate_scheduler.bench --fleet --smoke` keeps working: the engine in process against queue
-depth (both batching modes, with and without deadlines), then `serve` against 1 and 4 null worker
+depth (both batching modes, with and without deadlines) and against the fleet's size (also under the
+defaults, on a simulated clock), then `serve` against 1 and 4 null worker
 processes over ZMQ, every workload (with the workers reniced for the diagnostic one, then back); it
 writes the JSON, the report and both plots.
 
@@ -40,6 +41,13 @@ def test_fleet_bench_smoke_answers_every_group_once_and_correctly(tmp_path):
     sizes = result["engine_sizes"]  # against the fleet's size: deadline groups, 1,000 queued
     assert {(r["batching"], r["workers"]) for r in sizes} == {(m, k) for m in ("dispatch", "step") for k in (32, 128)}
     assert all(r["deadline_every"] == 1 and r["depth"] == 1000 and r["events"] > 0 and r["submit_us"] > 0 for r in sizes)
+    # again under the defaults on a simulated clock: the backlog kept the fleet busy and never ran dry,
+    # and starts were staggered under dispatch batching (only)
+    defaults = result["engine_defaults"]
+    assert {(r["batching"], r["workers"]) for r in defaults} == {(m, k) for m in ("dispatch", "step") for k in (32, 128)}
+    for r in defaults:
+        assert r["queued_at_end"] > 0 and r["utilisation"] > 0.9 and r["engine_us_per_group"] > 0, r
+        assert (r["staggered_starts"] > 0) == (r["batching"] == "dispatch"), r
     runs = result["fleet"]["runs"]
     assert {(r["workers"], r["batching"]) for r in runs} == {(k, m) for k in (1, 4) for m in ("dispatch", "step")}
     # the diagnostic arm renices the workers and back: as root (CI) it runs; without the right to lower a
@@ -63,6 +71,6 @@ def test_fleet_bench_smoke_answers_every_group_once_and_correctly(tmp_path):
         assert set(r["waited"]) == {"scheduler", "workers", "client"} and min(r["waited"].values()) >= 0
     report = (folder / "fleet_report.md").read_text()
     assert "The scheduler over ZMQ" in report and "Where the CPU goes" in report
-    assert "#### Against the fleet's size" in report
-    for plot in ("fleet_utilisation.png", "fleet_engine.png", "fleet_engine_sizes.png"):
+    assert "#### Against the fleet's size" in report and "under the scheduler's defaults" in report
+    for plot in ("fleet_utilisation.png", "fleet_engine.png", "fleet_engine_sizes.png", "fleet_engine_defaults.png"):
         assert (folder / plot).stat().st_size > 0

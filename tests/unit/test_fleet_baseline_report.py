@@ -13,6 +13,7 @@ def _row(revision: str, mode: str, depth: int, event_ms: float, deadline_every: 
 
 
 def test_the_report_puts_each_engine_beside_the_other_with_and_without_deadlines_and_elastic(tmp_path):
+    """Every series, the fleet sizes under the defaults on a simulated clock too, with its ratios."""
     meta = {"created": "now", "git": "new", "baseline": "old", "cpu_count": 2, "loadavg_start": [0], "loadavg_end": [0],
             "wall_s": 1.0, "engine_workers": 32, "engine_rows": 8, "same_events": True}
     plain = [_row(rev, "dispatch", d, ms) for d in (100, 10_000) for rev, ms in (("baseline", 1.0), ("current", 0.5))]
@@ -20,8 +21,12 @@ def test_the_report_puts_each_engine_beside_the_other_with_and_without_deadlines
     elastic = [_row(rev, "step", 1000, ms, 1) for rev, ms in (("baseline", 3000.0), ("current", 3.0))]
     sizes = [_row(rev, "dispatch", 1000, 1.0, 1, k, us) for k, old, new in ((32, 100.0, 90.0), (512, 400.0, 180.0))
              for rev, us in (("baseline", old), ("current", new))]
+    defaults = [{"revision": rev, "batching": "dispatch", "workers": k, "engine_us_per_group": us, "submit_us": us / 2,
+                 "result_us": {"median": 4 * us}, "wake_us": {"median": us}, "wakes_per_result": 1.0,
+                 "staggered_starts": k - 1, "utilisation": 0.99}
+                for k, old, new in ((32, 300.0, 200.0), (512, 2400.0, 240.0)) for rev, us in (("baseline", old), ("current", new))]
     files = write_baseline({"meta": meta, "engine": plain, "engine_deadlines": deadline, "engine_elastic": elastic,
-                            "engine_sizes": sizes}, tmp_path, plot=True)
+                            "engine_sizes": sizes, "engine_defaults": defaults}, tmp_path, plot=True)
     text = (tmp_path / "fleet_baseline.md").read_text()
     assert files["report"].endswith("fleet_baseline.md")
     assert "#### Without deadlines" in text and "#### Every group with a deadline" in text
@@ -37,5 +42,10 @@ def test_the_report_puts_each_engine_beside_the_other_with_and_without_deadlines
     assert "| this revision | dispatch | 512 | 300 | 1.000 | 180 |" in by_size
     assert "this revision, dispatch: at 512 workers a submission costs 2.00x and an event 1.00x" in by_size
     assert "before (old), dispatch: at 512 workers a submission costs 4.00x" in by_size
-    assert files["plots"] == ["fleet_baseline.png", "fleet_baseline_sizes.png"]
+    under_defaults = text.split("under the scheduler's defaults")[1]
+    assert "| before (old) | dispatch | 512 | 2400 | 1200 | 9600 | 2400 | 1.00 | 511 | 0.99 |" in under_defaults
+    assert "| this revision | dispatch | 512 | 240 | 120 | 960 | 240 | 1.00 | 511 | 0.99 |" in under_defaults
+    assert "this revision, dispatch: at 512 workers a group costs 1.20x and a submission 1.20x" in under_defaults
+    assert "before (old), dispatch: at 512 workers a group costs 8.00x" in under_defaults
+    assert files["plots"] == ["fleet_baseline.png", "fleet_baseline_sizes.png", "fleet_baseline_defaults.png"]
     assert all((tmp_path / name).stat().st_size > 0 for name in files["plots"])
