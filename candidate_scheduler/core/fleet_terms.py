@@ -137,26 +137,56 @@ class FleetTerms:
             entry = self._busy[label] = _Busy(term, len(self.workers), len(self._log), now)
         return self._fresh(entry).total(now)
 
-    def due(self, lead_of: Callable) -> _Ordered:
-        """Dispatch batching, calibrated: the workers that may take a batch, in order of when they are due
-        for it -- at once when idle (-inf), else `lead_of(view)` before the batch they hold is predicted to
-        end (core/snapshot.py's late prefetch, before any staggered start). `lead_of` must answer alike for
-        every snapshot of one engine: what it reads changes only with a worker's view or cost model (the
-        margin a worker shows it needs is learnt from the result that rebuilds its view)."""
-        entry = self._ordered.get("due")
+    def due(self, kind: str, lead_of: Callable) -> _Ordered:
+        """The workers in order of when work for them is due, under late prefetch (core/snapshot.py), with
+        the scheduler's timing known (calibrated):
+
+        - "batch" (dispatch): the workers that may take a batch, at once when idle (-inf), else `lead_of`
+          before the batch they hold is predicted to end (before any staggered start);
+        - "rows" (step): the workers with rows to fill, at once when some are free (-inf), else when the
+          running assignments predicted to end within `lead_of` free more rows than the worker holds
+          beyond its capacity (the first instant `spare_due` is above 0);
+        - "ends" (step): each running assignment's predicted end less `lead_of`, of the workers with
+          spare rows (one entry per assignment): the instants a step pass may wake for.
+
+        `lead_of` must answer alike for every snapshot of one engine: what it reads changes only with a
+        worker's view or cost model (the margin a worker shows it needs is learnt from the result that
+        rebuilds its view)."""
+        entry = self._ordered.get(kind)
         self._lead_of = lead_of
         try:
             if entry is None:
-                entry = self._ordered["due"] = _Ordered(self._due_term, len(self.workers), len(self._log))
+                term = {"batch": self._batch_due, "rows": self._rows_due, "ends": self._ends_less_lead}[kind]
+                entry = self._ordered[kind] = _Ordered(term, len(self.workers), len(self._log))
             return self._fresh(entry)
         finally:
             self._lead_of = None  # the snapshot it belongs to is not kept alive by these sums
 
-    def _due_term(self, i: int) -> float | None:
+    def _batch_due(self, i: int) -> tuple[float, ...]:
         w = self.workers[i]
         if not w.takes_a_batch:
-            return None
-        return w.busy_until - self._lead_of(w) if w.running else -math.inf
+            return ()
+        return (w.busy_until - self._lead_of(w) if w.running else -math.inf,)
+
+    def _rows_due(self, i: int) -> tuple[float, ...]:
+        w = self.workers[i]
+        if w.free_rows:
+            return (-math.inf,)
+        if not w.spare or not w.running:
+            return ()  # no row to fill until its view changes
+        lead, held, freeing = self._lead_of(w), max(0, sum(a.rows for a in w.running) - w.rows), 0
+        for end, rows in sorted((a.ends_at - lead, a.rows) for a in w.running):
+            freeing += rows
+            if freeing > held:
+                return (end,)
+        return ()
+
+    def _ends_less_lead(self, i: int) -> tuple[float, ...]:
+        w = self.workers[i]
+        if not w.spare:
+            return ()
+        lead = self._lead_of(w)
+        return tuple(a.ends_at - lead for a in w.running)
 
     # ---- upkeep ----------------------------------------------------------------------------------------------
 
@@ -240,32 +270,31 @@ class _Min:
 
 
 class _Ordered:
-    """The workers with a term (term(i) None: left out), in order of it."""
+    """The workers' terms, each a tuple of keys (empty: left out), all keys in one order."""
 
-    def __init__(self, term: Callable[[int], float | None], n: int, seen: int) -> None:
+    def __init__(self, term: Callable[[int], tuple[float, ...]], n: int, seen: int) -> None:
         self.term, self.n, self.seen = term, n, seen
         self.rebuild()
 
     def rebuild(self) -> None:
         self.terms = [self.term(i) for i in range(self.n)]
-        self.order = sorted((t, i) for i, t in enumerate(self.terms) if t is not None)
+        self.order = sorted((key, i) for i, keys in enumerate(self.terms) for key in keys)
         self.updates = 0
 
     def update(self, i: int) -> None:
-        old = self.terms[i]
-        new = self.terms[i] = self.term(i)
-        if old is not None:
-            del self.order[bisect.bisect_left(self.order, (old, i))]
-        if new is not None:
-            bisect.insort(self.order, (new, i))
+        for key in self.terms[i]:
+            del self.order[bisect.bisect_left(self.order, (key, i))]
+        self.terms[i] = self.term(i)
+        for key in self.terms[i]:
+            bisect.insort(self.order, (key, i))
         self.updates += 1
 
     def upto(self, t: float) -> list[int]:
-        """The positions whose term is at most t, in order of their terms."""
-        return [i for _term, i in self.order[:bisect.bisect_right(self.order, (t, math.inf))]]
+        """The positions with a key at most t, in order of their keys (a position once per key)."""
+        return [i for _key, i in self.order[:bisect.bisect_right(self.order, (t, math.inf))]]
 
     def first_above(self, t: float) -> float | None:
-        """The smallest term above t (None: none)."""
+        """The smallest key above t (None: none)."""
         j = bisect.bisect_right(self.order, (t, math.inf))
         return self.order[j][0] if j < len(self.order) else None
 

@@ -89,11 +89,7 @@ def _place(snap: PlanningSnapshot, trace: Trace) -> list[tuple[str, tuple[Unit, 
     if snap.batching == "dispatch":
         idle = [w.batch_slot() for w in snap.due_now()]
         return plan_dispatch(snap.queue, idle, trace.at) if idle else []
-    slots = []
-    for w in snap.open:  # the rest have neither free nor spare rows
-        spare = snap.spare_due(w) if w.spare else 0  # none to give: no need to ask when (the common case)
-        if w.free_rows + spare > 0:
-            slots.append(w.slot(spare=spare))
+    slots = [w.slot(spare=spare) for w, spare in snap.rows_due()]
     if not slots:
         return []  # the common case under load: every row busy, nothing to plan
     return [(wid, (u,)) for wid, u in plan_step(snap.queue, slots, deadlines.backfiller(snap), trace.at)]

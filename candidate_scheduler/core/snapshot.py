@@ -229,12 +229,16 @@ class PlanningSnapshot:
 
     @cached_property
     def _due_order(self):
-        """Dispatch batching, calibrated: the open workers in order of `prefetch_due_at` before any
-        staggered start (the fleet terms keep it, mended as workers change), so that what is due now, and
-        when the next is, costs the workers due rather than the fleet. None: every open worker is asked."""
-        if self.batching != "dispatch" or not self.calibrated:
+        """The open workers in order of when work for them is due (core/fleet_terms.FleetTerms.due: under
+        dispatch batching `prefetch_due_at` before any staggered start; under step batching when
+        `spare_due` is first above 0), kept by the fleet terms and mended as workers change, so that who
+        is due now, and when the next one is, costs the workers due rather than the fleet. None (not
+        calibrated; step batching with every spare row sent at once): every open worker is asked."""
+        if not self.calibrated:
             return None
-        return self.terms.due(self.lead_s)
+        if self.batching == "dispatch":
+            return self.terms.due("batch", self.lead_s)
+        return None if self.prefetch_lead_s == math.inf else self.terms.due("rows", self.lead_s)
 
     def due_now(self) -> list[WorkerView]:
         """Dispatch batching: the open workers that may be sent their next batch now, in the workers' order.
@@ -246,6 +250,18 @@ class PlanningSnapshot:
         sends, now = self._stagger[1], self.now
         due = (self.workers[i] for i in sorted(order.upto(now)))
         return [w for w in due if sends.get(w.worker_id, now) <= now]
+
+    def rows_due(self) -> list[tuple[WorkerView, int]]:
+        """Step batching: the open workers with rows to fill now -- free ones, or spare ones due
+        (`spare_due`) -- each with the spare rows it may be sent, in the workers' order."""
+        order = self._due_order
+        workers = self.open if order is None else [self.workers[i] for i in sorted(order.upto(self.now))]
+        due = []
+        for w in workers:
+            spare = self.spare_due(w) if w.spare else 0  # none to give: no need to ask when (the common case)
+            if w.free_rows + spare > 0:
+                due.append((w, spare))
+        return due
 
     def spare_due(self, w: WorkerView) -> int:
         """Step batching: the spare rows `w` may be sent now -- as many as its running assignments
@@ -262,17 +278,18 @@ class PlanningSnapshot:
     def room_now(self) -> bool:
         """Whether a planning pass could send any worker anything now (else it places nothing, and fixes
         no elastic count either: that waits until a group could start)."""
-        if self.batching == "dispatch":
-            return bool(self.due_now())
-        return any(w.free_rows or (w.spare and self.spare_due(w)) for w in self.open)
+        return bool(self.due_now() if self.batching == "dispatch" else self.rows_due())
 
     def wake_at(self) -> float | None:
         """The next instant a planning pass may place work that no pass can place now: the earliest time
         a worker with room for prefetched work becomes due for it (a staggered start's included). None: no
         event needs to come sooner."""
-        order = self._due_order
-        if order is not None:  # a staggered start's workers were due already: none of them is first above now
-            due = [t for t in (order.first_above(self.now), *self._stagger[1].values()) if t is not None and t > self.now]
+        if self._due_order is not None:
+            if self.batching == "step":  # each running assignment's end less the lead, of the workers with spare rows
+                return self.terms.due("ends", self.lead_s).first_above(self.now)
+            # a staggered start's workers were due already: none of them is first above now
+            due = [t for t in (self._due_order.first_above(self.now), *self._stagger[1].values())
+                   if t is not None and t > self.now]
             return min(due, default=None)
         due = [t for w in self.open if self._has_room(w) for t in (self.prefetch_due_at(w),)
                if t is not None and t > self.now]

@@ -13,6 +13,7 @@ import pytest
 from candidate_scheduler.core.change_log import ChangeLog
 from candidate_scheduler.core.cost_model import CostModel
 from candidate_scheduler.core.fleet_terms import FleetTerms
+from candidate_scheduler.core.snapshot import RunningWork, WorkerView
 
 LABELS = ("64x64", "256x256")
 
@@ -137,3 +138,45 @@ def test_a_change_log_hands_each_reader_what_it_has_not_read_or_none_once_that_i
     stamp = log.stamp
     log.restart()
     assert log.since(stamp) is None and log.since(log.stamp) == [] and log.since(log.stamp + 1) is None
+
+
+def _work(rnd: random.Random, n: int, now: float) -> tuple[RunningWork, ...]:
+    return tuple(RunningWork(rnd.randrange(10**6), (("g", 0),), rows, rows, 4, LABELS[0], ("k",), now,
+                             ends_at=now + rnd.uniform(-0.05, 0.5))
+                 for rows in (rnd.choice((1, 3, 4)) for _ in range(n)))
+
+
+def test_kept_due_orders_are_the_orders_built_afresh_after_every_change():
+    """The orders of late prefetch (FleetTerms.due: a batch due, spare rows due, each running end less
+    the lead), on real planning views of 1 to 3 assignments, after every change of a random run."""
+    rnd = random.Random(5)
+    cost, _ = _fleet(rnd, 16)
+    views = [WorkerView(f"w{i}", 8, rnd.random() < 0.5, _work(rnd, rnd.randrange(4), 100.0), prefetch=1)
+             for i in range(16)]
+    positions = {v.worker_id: i for i, v in enumerate(views)}
+    log: ChangeLog[int] = ChangeLog()
+    log.restart()
+    terms, now = FleetTerms((), cost), 100.0
+
+    def lead(w: WorkerView) -> float:
+        return 0.01 + (w.rows * cost.overhead_s(w.worker_id, LABELS[0]) if w.conditions_aside else 0.0)
+
+    for _ in range(1500):
+        i = rnd.randrange(len(views))
+        if rnd.random() < 0.6:
+            views[i] = WorkerView(views[i].worker_id, 8, views[i].conditions_aside, _work(rnd, rnd.randrange(4), now),
+                                  prefetch=1)
+            log.append(i)
+        else:
+            cost.observe_fixed(views[i].worker_id, LABELS[0], rnd.uniform(0.0, 0.05))  # the lead moves with it
+        now += rnd.uniform(0.0, 0.02)
+        workers = tuple(views)
+        terms = terms.follow(workers, log, positions)
+        afresh = FleetTerms(workers, cost)
+        for kind in ("batch", "rows", "ends"):
+            assert terms.due(kind, lead).order == afresh.due(kind, lead).order, kind
+        assert terms.due("ends", lead).order == sorted(
+            (a.ends_at - lead(w), i) for i, w in enumerate(workers) if w.spare for a in w.running)
+        assert terms.due("batch", lead).order == sorted(
+            (w.busy_until - lead(w) if w.running else -math.inf, i) for i, w in enumerate(workers) if w.takes_a_batch)
+    assert any(len(v.running) > 1 for v in views)
