@@ -46,6 +46,7 @@ reserves, and one per bucket: not at the queue behind them.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -162,15 +163,24 @@ def plan_step(queue: PendingIndex, workers: list[WorkerSlot],
             verdicts[key] = backfill(w.worker_id, head, unit)
         return verdicts[key]
 
+    index = _SlotIndex(workers) if len(workers) > SCAN_LIMIT else None
     while free > 0 and (found := walk.first()) is not None:
         bucket, unit = found
         if on_unit is not None:
             on_unit(unit.request_id)
-        open_ = [w for w in workers if w.accepts(unit) and (
-            w.worker_id not in reserved or (backfill is not None and may_backfill(w, bucket, unit)))]
-        if open_:
-            best = min(open_, key=lambda w: w.fit(unit))
-            best.take(unit)
+
+        def allowed(w: WorkerSlot, bucket=bucket, unit=unit) -> bool:
+            return w.worker_id not in reserved or (backfill is not None and may_backfill(w, bucket, unit))
+
+        if index is not None:
+            best = index.best(unit, allowed)
+        else:
+            best = min((w for w in workers if w.accepts(unit) and allowed(w)), key=lambda w: w.fit(unit), default=None)
+        if best is not None:
+            if index is not None:
+                index.take(best, unit)
+            else:
+                best.take(unit)
             free -= unit.size
             placements.append((best.worker_id, unit))
             walk.take(bucket)
@@ -184,3 +194,57 @@ def plan_step(queue: PendingIndex, workers: list[WorkerSlot],
         if len(reserved) == len(workers) and backfill is None:
             break
     return placements
+
+
+SCAN_LIMIT = 8  # slots in a pass up to which a unit's best one is found by a scan (an index costs more to build)
+
+
+class _SlotIndex:
+    """A step pass's slots by the forward key of their running rows, each kind ordered by the rows a unit
+    would leave (`WorkerSlot.fit`), so that a unit's best slot costs O(log slots), not a scan: a wave of
+    rows freed on a large fleet (every worker's batch ending together) places thousands of units in one
+    pass. Ties go to the earlier slot, as the scan's min() does."""
+
+    def __init__(self, slots: list[WorkerSlot]) -> None:
+        self.slots = slots
+        self.at = {id(w): i for i, w in enumerate(slots)}
+        self.now: dict = {}  # forward key -> sorted (free rows, position): the unit runs there now
+        self.room: dict = {}  # forward key -> sorted (free + spare rows, position): it may wait there
+        for i in range(len(slots)):
+            self._file(i, bisect.insort)
+
+    def _file(self, i: int, how) -> None:
+        w = self.slots[i]
+        if w.free_rows:
+            how(self.now.setdefault(w.forward_key, []), (w.free_rows, i))
+        if w.free_rows + w.spare:
+            how(self.room.setdefault(w.forward_key, []), (w.free_rows + w.spare, i))
+
+    @staticmethod
+    def _unfile(entries: list, entry: tuple) -> None:
+        del entries[bisect.bisect_left(entries, entry)]
+
+    def take(self, w: WorkerSlot, unit: Unit) -> None:
+        i = self.at[id(w)]
+        self._file(i, lambda entries, entry: self._unfile(entries, entry))
+        w.take(unit)
+        self._file(i, bisect.insort)
+
+    def best(self, unit: Unit, allowed: Callable[[WorkerSlot], bool]) -> WorkerSlot | None:
+        """The slot `min(accepting, key=fit)` would pick among those `allowed`, or None."""
+        keys = (None,) if unit.forward_key is None else (None, unit.forward_key)
+        for kinds, runs_now in ((self.now, True), (self.room, False)):  # any slot where it runs now wins
+            best = None
+            for key in keys:
+                entries = kinds.get(key, ())
+                for j in range(bisect.bisect_left(entries, (unit.size, -1)), len(entries)):
+                    rows, i = entries[j]
+                    w = self.slots[i]
+                    if (runs_now or w.capacity >= unit.size) and allowed(w):
+                        candidate = (rows, key is None, i)  # WorkerSlot.fit, then the slots' order
+                        if best is None or candidate < best:
+                            best = candidate
+                        break
+            if best is not None:
+                return self.slots[best[2]]
+        return None

@@ -7,10 +7,12 @@ And a pass looks only at what it places, whatever waits behind."""
 from __future__ import annotations
 
 import itertools
+from unittest import mock
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from candidate_scheduler.core import planning
 from candidate_scheduler.core.microbatch import QueuedGroup, plan_batches
 from candidate_scheduler.core.pending import PendingIndex
 from candidate_scheduler.core.planning import Unit, WorkerSlot, dispatch_class, plan_dispatch, plan_step, step_class
@@ -104,6 +106,32 @@ def test_plan_step_places_what_the_list_walking_planner_placed(queue_spec, fleet
     want = [(w, u.request_id) for w, u in reference_step(units, slots(), backfill)]
     got = [(w, u.request_id) for w, u in plan_step(index_of(units), slots(), backfill)]
     assert got == want
+
+
+big_fleets = st.lists(st.tuples(st.integers(4, 8), st.integers(0, 8), st.integers(0, 1), st.integers(0, 8)),
+                      min_size=1, max_size=24)
+wide_queues = st.lists(st.tuples(st.integers(1, 8), st.sampled_from([4, 10]), st.integers(0, 1), st.integers(1, 2)),
+                       min_size=0, max_size=40)  # units as wide as a worker: some fit only a larger one
+
+
+@settings(max_examples=400, deadline=None)
+@given(wide_queues, big_fleets, st.booleans())
+def test_a_step_pass_on_many_slots_places_what_the_scan_placed(queue_spec, fleet_spec, with_backfill):
+    """Past SCAN_LIMIT slots a unit's best slot comes from an index (planning._SlotIndex): the same
+    placements as the scan, spare rows (prefetch), reservations and backfill included."""
+    units = [unit(f"g{i}", size, order=i, steps=steps, fkey=fkey, obs=obs)
+             for i, (size, steps, fkey, obs) in enumerate(queue_spec)]
+
+    def slots():
+        return [WorkerSlot(f"w{j}", cap, min(free, cap), None if min(free, cap) == cap else KEYS[fkey], spare)
+                for j, (cap, free, fkey, spare) in enumerate(fleet_spec)]
+
+    backfill = deterministic_backfill if with_backfill else None
+    placed = {}
+    for limit in (0, 10**9):  # the index for every pass, then the scan for every pass
+        with mock.patch.object(planning, "SCAN_LIMIT", limit):
+            placed[limit] = [(w, u.request_id) for w, u in plan_step(index_of(units), slots(), backfill)]
+    assert placed[0] == placed[10**9]
 
 
 @settings(max_examples=300, deadline=None)
