@@ -76,12 +76,19 @@ class FleetTerms:
     def rate(self, label: str) -> float:
         """Row-steps per second of the fleet at full occupancy, for forwards of `label` (inf: some worker's
         forward is predicted to take no time)."""
-        return self._sum("rate", label, lambda i: self._rate_of(i, label)).value
+        entry = self._sums.get(("rate", label))
+        if entry is None:
+            entry = self._sums[("rate", label)] = _Sum(lambda i: self._rate_of(i, label), len(self.workers),
+                                                       len(self._log))
+        return self._fresh(entry).value
 
     def overhead(self, label: str) -> float:
         """The workers' fixed costs per slice (conditioning, postprocess), summed."""
-        return self._sum("overhead", label,
-                         lambda i: self.cost.overhead_s(self.workers[i].worker_id, label)).value
+        entry = self._sums.get(("overhead", label))
+        if entry is None:
+            entry = self._sums[("overhead", label)] = _Sum(
+                lambda i: self.cost.overhead_s(self.workers[i].worker_id, label), len(self.workers), len(self._log))
+        return self._fresh(entry).value
 
     def best_run(self, label: str, size: int, cost_rows: int, steps: int, busy: bool) -> float:
         """A slice's shortest time alone on a worker that holds `size` rows: its fixed cost and `steps`
@@ -201,12 +208,6 @@ class FleetTerms:
             rows = [w.rows for w in self.workers]
             self._rows = (sum(rows), min(rows, default=None), sum(1 for r in rows if r))
         return self._rows
-
-    def _sum(self, kind: str, label: str, term: Callable[[int], float]) -> _Sum:
-        entry = self._sums.get((kind, label))
-        if entry is None:
-            entry = self._sums[(kind, label)] = _Sum(term, len(self.workers), len(self._log))
-        return self._fresh(entry)
 
     def _fresh(self, entry):
         """`entry` with the terms of the positions changed since it was last asked recomputed (whole when

@@ -61,6 +61,8 @@ class Pipe:
         self.cost = snap.planned_cost
         self.terms = snap.terms
         self._busy: dict[str, float] = {}  # label -> busy_s
+        self._rate: dict[str, float] = {}  # label -> rate
+        self._fixed: dict[str, float] = {}  # label -> fixed_s
         self._watched: dict[str, tuple | None] = {}  # request id -> watch_terms
         self._ahead: dict[tuple, float] = {}  # order -> ahead_s
         self._given: dict[tuple, float] = {}  # order -> given_back_before
@@ -83,12 +85,18 @@ class Pipe:
 
     def rate(self, label: str) -> float:
         """Row-steps per second of the whole fleet at full occupancy, for forwards of `label`."""
-        return self.terms.rate(label) / self.cost.factor
+        rate = self._rate.get(label)
+        if rate is None:  # asked per unit and per bucket: kept for the decision
+            rate = self._rate[label] = self.terms.rate(label) / self.cost.factor
+        return rate
 
     def fixed_s(self, label: str) -> float:
         """A slice's fixed cost (conditioning, postprocess) spread over the fleet: the workers' mean, over
         their number (they condition side by side)."""
-        return self.cost.factor * self.terms.overhead(label) / len(self.snap.workers) ** 2
+        fixed = self._fixed.get(label)
+        if fixed is None:
+            fixed = self._fixed[label] = self.cost.factor * self.terms.overhead(label) / len(self.snap.workers) ** 2
+        return fixed
 
     def work_s(self, units) -> float:
         """Seconds of the pipe's time that these slices take (their rows x steps, and their fixed cost)."""
