@@ -55,11 +55,17 @@ def _sizes_table(rows: list[dict], baseline: str | None = None) -> list[str]:
     for r in rows:
         out.append(f"| {_engine_name(r.get('revision'), baseline)} | {r['batching']} | {r['workers']} | {r['events']} | "
                    f"{fmt(r['event_mean_ms'], 3)} | {fmt(r['submit_us'], 0)} | {fmt(r['groups_per_s'], 0)} |")
+    return out + _size_ratios(rows, baseline, ("submit_us", "a submission"), ("event_mean_ms", "an event"))
+
+
+def _size_ratios(rows: list[dict], baseline: str | None, first: tuple[str, str], second: tuple[str, str]) -> list[str]:
+    """Per series, what two measures cost at the largest fleet over the smallest, in one sentence."""
+    out = []
     for revision, mode, lo, hi in _extremes(rows, "workers"):
         if hi is not lo:
-            out.append(f"\n{_engine_name(revision, baseline)}, {mode}: at {hi['workers']} workers a submission costs "
-                       f"{fmt(hi['submit_us'] / lo['submit_us'], 2)}x and an event "
-                       f"{fmt(hi['event_mean_ms'] / lo['event_mean_ms'], 2)}x what they cost at {lo['workers']}.")
+            out.append(f"\n{_engine_name(revision, baseline)}, {mode}: at {hi['workers']} workers {first[1]} costs "
+                       f"{fmt(hi[first[0]] / lo[first[0]], 2)}x and {second[1]} "
+                       f"{fmt(hi[second[0]] / lo[second[0]], 2)}x what they cost at {lo['workers']}.")
     return out + [""]
 
 
@@ -77,12 +83,7 @@ def _defaults_table(rows: list[dict], baseline: str | None = None) -> list[str]:
                    f"{fmt(r['engine_us_per_group'], 0)} | {fmt(r['submit_us'], 0)} | {fmt(r['result_us']['median'], 0)} | "
                    f"{fmt(r['wake_us']['median'], 0)} | {fmt(r['wakes_per_result'], 2)} | {r['staggered_starts']} | "
                    f"{fmt(r['utilisation'], 2)} |")
-    for revision, mode, lo, hi in _extremes(rows, "workers"):
-        if hi is not lo:
-            out.append(f"\n{_engine_name(revision, baseline)}, {mode}: at {hi['workers']} workers a group costs "
-                       f"{fmt(hi['engine_us_per_group'] / lo['engine_us_per_group'], 2)}x and a submission "
-                       f"{fmt(hi['submit_us'] / lo['submit_us'], 2)}x what they cost at {lo['workers']}.")
-    return out + [""]
+    return out + _size_ratios(rows, baseline, ("engine_us_per_group", "a group"), ("submit_us", "a submission"))
 
 
 def _fleet_table(runs: list[dict]) -> list[str]:

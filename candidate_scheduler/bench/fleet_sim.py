@@ -167,6 +167,7 @@ def sweep(sizes=SIZES, modes=("dispatch", "step"), *, results: int = 1500, warmu
 
 
 if __name__ == "__main__":  # one point, as JSON: python fleet_sim.py '{"batching": ..., "workers": ..., ...}'
+    # as fleet_engine's points do: each file runs alone against a baseline checkout, so neither imports this
     try:  # the collector as the scheduler's process sets it (the checkout's own, for a baseline)
         from candidate_scheduler.commands import tune_gc
     except ImportError:  # a revision whose scheduler left the collector at Python's defaults
