@@ -41,7 +41,9 @@ only shrink and reservations only grow: once a unit is blocked and can reserve n
 of its bucket would be too (a worker reserved later did not accept it before, so it cannot backfill
 it), and the pass leaves the whole bucket. It stops when no worker has a free row, or when every worker
 is reserved and nothing may backfill. So a pass looks at the units it places, at most one per worker it
-reserves, and one per bucket: not at the queue behind them.
+reserves, and one per bucket: not at the queue behind them. A unit's best worker (rules 1, 2 and 4) is
+found by a scan of the pass's slots, or past `SCAN_LIMIT` of them from an index by forward key and rows
+left (`_SlotIndex`): a wave on a large fleet places thousands of units over hundreds of slots.
 """
 
 from __future__ import annotations
