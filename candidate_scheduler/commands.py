@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import signal
@@ -11,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from candidate_scheduler.gc_tuning import tune_gc
 from candidate_scheduler.service import server
 from candidate_scheduler.service.keys import ENV_KEYS
 
@@ -43,19 +43,6 @@ def _config(args) -> server.SchedulerConfig:
                             tenants=tenant_policies(args.tenant_limit, args.tenant_weight),
                             fair_queueing=not args.no_fair_queueing, stagger=not args.no_stagger),
     )
-
-
-GC_GEN0_THRESHOLD = 50_000  # allocations between young collections (Python's default: 700)
-
-
-def tune_gc() -> None:
-    """For the scheduler's process, which owns its interpreter: its loop allocates a few dozen
-    short-lived objects per group, and at the default gen-0 threshold a collection runs every few
-    groups -- about a tenth of the engine's time per group, measured in process (median of six
-    interleaved runs, 302 against 261 us). What exists at start (imports, sockets, keys) is frozen out
-    of collections for good."""
-    gc.freeze()
-    gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
 
 
 def _start_metrics(config: server.SchedulerConfig, tenants: list[str]):

@@ -10,13 +10,14 @@ same backlog. What is timed:
 
 The workers register with a warm-up profile, as real ones do, so the cost model is calibrated and the
 deadline code (refusal at receipt, backfill in step mode) runs as it does in production. Each point's
-process sets the garbage collector as the scheduler's process does (`commands.tune_gc`; until
+process sets the garbage collector as the scheduler's process does (`gc_tuning.tune_gc`; until
 2026-12-03 the points ran at Python's defaults: bench/README, "The engine against the fleet's size").
 """
 
 from __future__ import annotations
 
 import collections
+import importlib
 import json
 import math
 import os
@@ -231,11 +232,10 @@ def _point(root: str | None, mode: str, depth: int, events: int, workload: dict,
 
 if __name__ == "__main__":  # one point, as JSON: python fleet_engine.py '{"batching": ..., "depth": ..., ...}'
     try:  # the collector as the scheduler's process sets it (the checkout's own, for a baseline)
-        from candidate_scheduler.commands import tune_gc
-    except ImportError:  # a revision whose scheduler left the collector at Python's defaults
-        tune_gc = None
-    if tune_gc is not None:
-        tune_gc()
+        from candidate_scheduler.gc_tuning import tune_gc
+    except ImportError:  # a checkout from before gc_tuning.py kept it in commands.py (or had none)
+        tune_gc = getattr(importlib.import_module("candidate_scheduler.commands"), "tune_gc", lambda: None)
+    tune_gc()
     point = json.loads(sys.argv[1])
     point["counts"] = tuple(point["counts"])
     print(json.dumps(time_per_event(point.pop("batching"), point.pop("depth"), **point)))

@@ -19,6 +19,7 @@ placed too little would make the figures cheap and wrong).
 from __future__ import annotations
 
 import heapq
+import importlib
 import itertools
 import json
 import os
@@ -169,10 +170,9 @@ def sweep(sizes=SIZES, modes=("dispatch", "step"), *, results: int = 1500, warmu
 if __name__ == "__main__":  # one point, as JSON: python fleet_sim.py '{"batching": ..., "workers": ..., ...}'
     # as fleet_engine's points do: each file runs alone against a baseline checkout, so neither imports this
     try:  # the collector as the scheduler's process sets it (the checkout's own, for a baseline)
-        from candidate_scheduler.commands import tune_gc
-    except ImportError:  # a revision whose scheduler left the collector at Python's defaults
-        tune_gc = None
-    if tune_gc is not None:
-        tune_gc()
+        from candidate_scheduler.gc_tuning import tune_gc
+    except ImportError:  # a checkout from before gc_tuning.py kept it in commands.py (or had none)
+        tune_gc = getattr(importlib.import_module("candidate_scheduler.commands"), "tune_gc", lambda: None)
+    tune_gc()
     point = json.loads(sys.argv[1])
     print(json.dumps(run_point(point.pop("batching"), point.pop("workers"), **point)))
