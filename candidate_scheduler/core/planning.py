@@ -228,7 +228,7 @@ class _SlotIndex:
 
     def take(self, w: WorkerSlot, unit: Unit) -> None:
         i = self.at[id(w)]
-        self._file(i, lambda entries, entry: self._unfile(entries, entry))
+        self._file(i, self._unfile)
         w.take(unit)
         self._file(i, bisect.insort)
 

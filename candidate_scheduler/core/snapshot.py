@@ -244,16 +244,24 @@ class PlanningSnapshot:
         """Dispatch batching: the open workers that may be sent their next batch now, in the workers' order.
         A staggered start only ever sends later than the worker's own due time (it waits past a boundary
         that was due), so the workers due before any stagger are the ones to look at."""
+        return list(self._due_now)
+
+    @cached_property
+    def _due_now(self) -> tuple[WorkerView, ...]:  # a pass asks twice: room_now, then its slots
         order = self._due_order
         if order is None:
-            return [w for w in self.open if self.prefetch_due(w)]
+            return tuple(w for w in self.open if self.prefetch_due(w))
         sends, now = self._stagger[1], self.now
         due = (self.workers[i] for i in sorted(order.upto(now)))
-        return [w for w in due if sends.get(w.worker_id, now) <= now]
+        return tuple(w for w in due if sends.get(w.worker_id, now) <= now)
 
     def rows_due(self) -> list[tuple[WorkerView, int]]:
         """Step batching: the open workers with rows to fill now -- free ones, or spare ones due
         (`spare_due`) -- each with the spare rows it may be sent, in the workers' order."""
+        return list(self._rows_due)
+
+    @cached_property
+    def _rows_due(self) -> tuple[tuple[WorkerView, int], ...]:  # a pass asks twice: room_now, then its slots
         order = self._due_order
         workers = self.open if order is None else [self.workers[i] for i in sorted(order.upto(self.now))]
         due = []
@@ -261,7 +269,7 @@ class PlanningSnapshot:
             spare = self.spare_due(w) if w.spare else 0  # none to give: no need to ask when (the common case)
             if w.free_rows + spare > 0:
                 due.append((w, spare))
-        return due
+        return tuple(due)
 
     def spare_due(self, w: WorkerView) -> int:
         """Step batching: the spare rows `w` may be sent now -- as many as its running assignments
