@@ -299,7 +299,7 @@ class Engine:
         return PlanningSnapshot(now, self.config.batching, self.config.best_effort_s, views, self.cost,
                                 self.cost.margin(), self._calibrated(), self.pending, self._group_view,
                                 self.elastic, self.config.prefetch, self.config.prefetch_lead_s, self.prefetch_margin,
-                                self.config.stagger, self.held_back, fleet=self.fleet, open=self.views.open,
+                                self.config.stagger, self.held_back, fleet=self.fleet, open_of=self.views.open,
                                 positions=self.views.positions)
 
     def forget_cost(self, worker_id: str) -> None:

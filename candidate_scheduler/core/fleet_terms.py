@@ -4,7 +4,7 @@ workers that changed.
 The pipe reads the fleet through a few sums over every worker: its row-steps per second at full
 occupancy, the fixed cost of a slice, a slice's best time alone, and the work running now, weighted by
 when each worker is predicted to be free. The staggered starts read the shortest and longest batch
-period, and late prefetch the workers in order of when work for them is due (`FleetTerms.due`). A
+period and each worker's predicted end, and late prefetch the workers in order of when work for them is due (`FleetTerms.due`). A
 result changes one worker: its cost model learns from the result and its view loses the assignment.
 Recomputing all of that after each result made every pass, wake-up and deadline question after it read
 the whole fleet, O(workers). Here each sum or order keeps its terms,
@@ -24,6 +24,8 @@ import bisect
 import math
 from collections.abc import Callable, Mapping
 
+import numpy as np
+
 
 class FleetTerms:
     """The sums for the worker views `workers` (a snapshot's tuple) and the unscaled cost model `cost`."""
@@ -38,6 +40,7 @@ class FleetTerms:
         self._mins: dict[tuple, _Min] = {}
         self._busy: dict[str, _Busy] = {}
         self._ordered: dict[str, _Ordered] = {}
+        self._values: dict[str, _Values] = {}
         self._lead_of: Callable | None = None  # due(): the lead of late prefetch, while its terms are computed
         self._rows: tuple[int, int | None, int] | None = None  # _row_counts: they change only with every position
 
@@ -59,6 +62,7 @@ class FleetTerms:
             self._mins.clear()
             self._busy.clear()
             self._ordered.clear()
+            self._values.clear()
         return self
 
     # ---- the answers (unscaled) ----------------------------------------------------------------------------
@@ -145,6 +149,19 @@ class FleetTerms:
                 return (w.busy_until, rate) if w.running and 0 < rate < math.inf else None
             entry = self._busy[label] = _Busy(term, len(self.workers), len(self._log), now)
         return self._fresh(entry).total(now)
+
+    def ends(self) -> np.ndarray:
+        """Per position, when what the worker holds is predicted to be done (`busy_until`); NaN for a worker
+        that runs nothing or is told 0 rows (the staggered starts' boundaries, core/snapshot.py). The
+        caller must not change it."""
+        entry = self._values.get("ends")
+        if entry is None:
+            entry = self._values["ends"] = _Values(self._end, len(self.workers), len(self._log))
+        return self._fresh(entry).values
+
+    def _end(self, i: int) -> float:
+        w = self.workers[i]
+        return w.busy_until if w.rows and w.running else math.nan
 
     def due(self, kind: str, lead_of: Callable) -> _Ordered:
         """The workers in order of when work for them is due, under late prefetch (core/snapshot.py), with
@@ -269,6 +286,22 @@ class _Min:
             self.value = new
         elif old == self.value:  # the smallest grew: another may be smallest now
             self.value = min(self.terms)
+        self.updates += 1
+
+
+class _Values:
+    """term(i) for every worker, in an array by position."""
+
+    def __init__(self, term: Callable[[int], float], n: int, seen: int) -> None:
+        self.term, self.n, self.seen = term, n, seen
+        self.rebuild()
+
+    def rebuild(self) -> None:
+        self.values = np.fromiter((self.term(i) for i in range(self.n)), dtype=float, count=self.n)
+        self.updates = 0
+
+    def update(self, i: int) -> None:
+        self.values[i] = self.term(i)
         self.updates += 1
 
 

@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import numpy as np
+
 from candidate_scheduler.core.admission import split_balanced
 from candidate_scheduler.core.cost_model import CostModel, Scaled
 from candidate_scheduler.core.elastic_index import ElasticIndex
@@ -160,16 +162,18 @@ class PlanningSnapshot:
     # snapshots and mends for the workers that changed; None (or sums that follow other views): built
     # for this snapshot (`terms`)
     fleet: FleetTerms | None = None
-    # The workers that may be sent work, now or once due for it (dispatch: may take a batch; step: free or
-    # spare rows), in the workers' order: a pass looks at no other (core/worker_views.py keeps them; None:
-    # derived from `workers`)
-    open: tuple[WorkerView, ...] | None = None
+    # Answers `open` (core/worker_views.WorkerViews.open keeps them; None: derived from `workers`)
+    open_of: Callable[[], tuple[WorkerView, ...]] | None = None
     positions: Mapping[str, int] | None = None  # worker id -> its place in `workers` (None: found by a scan)
 
-    def __post_init__(self) -> None:
-        if self.open is None:
-            dispatch = self.batching == "dispatch"
-            object.__setattr__(self, "open", tuple(w for w in self.workers if w.open_to_work(dispatch)))
+    @cached_property
+    def open(self) -> tuple[WorkerView, ...]:
+        """The workers that may be sent work, now or once due for it (dispatch: may take a batch; step: free
+        or spare rows), in the workers' order: a pass looks at no other."""
+        if self.open_of is not None:
+            return self.open_of()
+        dispatch = self.batching == "dispatch"
+        return tuple(w for w in self.workers if w.open_to_work(dispatch))
 
     @property
     def planned_cost(self) -> Scaled:
@@ -321,6 +325,13 @@ class PlanningSnapshot:
         if (not self.stagger or self.batching != "dispatch" or len(self.workers) < 2 or not self.calibrated
                 or not deep(self.queue.candidates, self.terms.total_rows)):
             return {}, {}
+        # the workers deciding their next start (they have room), and due to: its boundary is now when
+        # idle, else when what it holds is done -- less the lead (the due order: a worker told 0 rows
+        # runs nothing). Asked first: most snapshots have none, and what follows reads the fleet.
+        due = [(w.busy_until if w.running else self.now, i, w)
+               for i in self._due_order.upto(self.now) for w in (self.workers[i],) if w.rows]
+        if not due:
+            return {}, {}
         head = self.queue.walk().first()
         view = None if head is None else self.group(head[1].request_id)
         if view is None or view.deadline is not None:
@@ -333,25 +344,20 @@ class PlanningSnapshot:
         spacing = period / live
         if spacing < MIN_SPACING_S:
             return {}, {}
-        # the workers deciding their next start (they have room), and due to: its boundary is now when
-        # idle, else when what it holds is done -- less the lead (the due order: a worker told 0 rows
-        # runs nothing)
-        due = [(w.busy_until if w.running else self.now, i, w)
-               for i in self._due_order.upto(self.now) for w in (self.workers[i],) if w.rows]
-        if not due:
-            return {}, {}
-        ends = {w.worker_id: w.busy_until for w in self.workers if w.rows and w.running}
-        phases = {wid: (b - self.now) % period for wid, b in ends.items()}
+        # every running worker's boundary as a phase on the circle, by position (NaN: none); a worker's
+        # entry moves to where its next batch will end once it has decided
+        phases = (self.terms.ends() - self.now) % period
         starts, sends = {}, {}
-        for boundary, _i, w in sorted(due, key=lambda d: d[:2]):  # the earliest boundary decides first
+        for boundary, i, w in sorted(due, key=lambda d: d[:2]):  # the earliest boundary decides first
             phase = (boundary - self.now) % period
             if w.worker_id in self.decided:
                 wait = max(0.0, self.decided[w.worker_id] - boundary)
             else:
-                others = sorted((p - phase) % period for wid, p in phases.items() if wid != w.worker_id)
+                others = np.delete(phases, i)
+                others = np.sort((others[~np.isnan(others)] - phase) % period)
                 spaced = spacing >= MIN_SPACING_S + self.prefetch_margin.get(w.worker_id, 0.0)
-                wait = delay(period, live, others, balance=bool(w.running)) if spaced else 0.0
-            phases[w.worker_id] = (phase + wait) % period  # where its next batch will end
+                wait = float(delay(period, live, others, balance=bool(w.running))) if spaced else 0.0
+            phases[i] = (phase + wait) % period
             if wait > 0:
                 starts[w.worker_id] = boundary + wait
                 units = max(1, w.rows // kind.size)  # the groups it conditions before its first step

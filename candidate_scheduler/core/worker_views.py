@@ -33,7 +33,7 @@ class WorkerViews:
         self._stale: set[str] = set()  # views to rebuild
         self._unsettled: set[str] = set()  # workers whose openness to ask again
         self._open: set[str] = set()
-        self._open_tuple: tuple[WorkerView, ...] = ()
+        self._open_tuple: tuple[WorkerView, ...] | None = ()  # None: to sort again when next asked
         # The positions whose view was rebuilt, in order; restarted when every view is (core/fleet_terms.py)
         self.changes: ChangeLog[int] = ChangeLog()
 
@@ -70,12 +70,15 @@ class WorkerViews:
         self._stale.clear()
         self._unsettled.clear()
         self._tuple = tuple(self._views)
-        self._open_tuple = tuple(self._views[i] for i in sorted(self._at[wid] for wid in self._open))
+        self._open_tuple = None
         return self._tuple
 
-    @property
     def open(self) -> tuple[WorkerView, ...]:
-        """The open workers' views, in the workers' order, as of `current`."""
+        """The open workers' views, in the workers' order, as of `current` (so, like a snapshot, valid until
+        a worker changes). Sorted when asked, not at each change: under late prefetch nearly every worker
+        is open, and a pass that reads the due orders (core/snapshot.py) never asks."""
+        if self._open_tuple is None:
+            self._open_tuple = tuple(self._views[i] for i in sorted(self._at[wid] for wid in self._open))
         return self._open_tuple
 
     @property
