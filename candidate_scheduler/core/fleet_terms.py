@@ -4,13 +4,13 @@ workers that changed.
 The pipe reads the fleet through a few sums over every worker: its row-steps per second at full
 occupancy, the fixed cost of a slice, a slice's best time alone, and the work running now, weighted by
 when each worker is predicted to be free. The staggered starts read the shortest and longest batch
-period and each worker's predicted end, and late prefetch the workers in order of when work for them is due (`FleetTerms.due`). A
-result changes one worker: its cost model learns from the result and its view loses the assignment.
-Recomputing all of that after each result made every pass, wake-up and deadline question after it read
-the whole fleet, O(workers). Here each sum or order keeps its terms,
-one per worker, and when asked recomputes only the terms of the workers changed since it was last asked:
-the positions whose view was rebuilt (core/worker_views.py) and those whose cost model learnt
-(CostModel.changes). A worker that comes or goes, or whose rows change, moves every position: then
+period and each worker's predicted end (`FleetTerms.ends`), and late prefetch the workers in order of
+when work for them is due (`FleetTerms.due`). A result changes one worker: its cost model learns from
+the result and its view loses the assignment. Recomputing all of that after each result made every
+pass, wake-up and deadline question after it read the whole fleet, O(workers). Here each sum or order
+keeps its terms, one per worker, and when asked recomputes only the terms of the workers changed since
+it was last asked: the positions whose view was rebuilt (core/worker_views.py) and those whose cost
+model learnt (CostModel.changes). A worker that comes or goes, or whose rows change, moves every position: then
 everything starts over.
 
 The terms are unscaled: the margin, which may move with every error observed, multiplies the answers

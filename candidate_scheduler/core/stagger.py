@@ -72,7 +72,7 @@ def delay(period_s: float, workers: int, taken: Sequence[float], balance: bool =
     if period_s <= 0 or workers < 2 or len(taken) == 0:
         return 0.0
     spacing = period_s / workers
-    ahead, behind = float(taken[0]), period_s - float(taken[-1])  # the gaps to the next boundary and the one before
+    ahead, behind = float(taken[0]), period_s - float(taken[-1])  # the gaps to the next boundary and the last
     if min(ahead, behind) < HOLD * spacing:
         return _jump(period_s, spacing, np.asarray(taken, dtype=float))
     middle = (ahead - behind) / 2
