@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from candidate_scheduler.service.processes import ChildProcess
+from candidate_scheduler.service.processes import ChildProcess, stop_together
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -118,6 +118,7 @@ class Launcher:
         self.python = python
         self.ready_timeout_s = ready_timeout_s
         self.procs: list[ChildProcess] = []
+        self._workers: list[ChildProcess] = []  # the `worker` processes among them
         self._n = 0
 
     def start(self, cmd: list[str], name: str, cls=ChildProcess) -> ChildProcess:
@@ -169,6 +170,7 @@ class Launcher:
         if model is not None:
             cmd += ["--model", model]
         proc = self.start(cmd + list(extra), name or f"worker-{adapter}")
+        self._workers.append(proc)
         handle.workers.append(proc)
         return proc
 
@@ -182,6 +184,9 @@ class Launcher:
         return proc
 
     def close(self, timeout_s: float = 5.0) -> None:
+        """Every worker at once, then the other processes one by one, the latest started first (a
+        scheduler outlives its workers, as it did when each was stopped in turn)."""
+        stop_together(self._workers, timeout_s)
         for proc in reversed(self.procs):
             proc.stop(timeout_s=timeout_s)
 

@@ -80,13 +80,22 @@ class ChildProcess:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM, then SIGKILL after `timeout_s`."""
-        if self.alive():
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_together([self], timeout_s)
+
+
+def stop_together(procs: list[ChildProcess], timeout_s: float = 10.0) -> None:
+    """SIGTERM to every one at once, then SIGKILL to any still running `timeout_s` later: a fleet of
+    workers winds down together (one after another, 32 null workers took 6.7 s)."""
+    running = [p for p in procs if p.alive()]
+    for p in running:
+        p.proc.terminate()
+    deadline = time.monotonic() + timeout_s
+    for p in running:
+        try:
+            p.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.proc.kill()
+            p.proc.wait(timeout=10)
 
 
 def spawn_listening(cmd: list[str], pattern: str, name: str, timeout_s: float,

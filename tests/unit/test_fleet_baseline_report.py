@@ -22,7 +22,8 @@ def test_the_report_puts_each_engine_beside_the_other_with_and_without_deadlines
     sizes = [_row(rev, "dispatch", 1000, 1.0, 1, k, us) for k, old, new in ((32, 100.0, 90.0), (512, 400.0, 180.0))
              for rev, us in (("baseline", old), ("current", new))]
     defaults = [{"revision": rev, "batching": "dispatch", "workers": k, "engine_us_per_group": us, "submit_us": us / 2,
-                 "result_us": {"median": 4 * us}, "wake_us": {"median": us}, "wakes_per_result": 1.0,
+                 "result_us": {"median": 4 * us, "max": 8 * us}, "wake_us": {"median": us, "max": 50 * us if k > 32 else None},
+                 "wakes_per_result": 1.0,
                  "staggered_starts": k - 1, "utilisation": 0.99}
                 for k, old, new in ((32, 300.0, 200.0), (512, 2400.0, 240.0)) for rev, us in (("baseline", old), ("current", new))]
     files = write_baseline({"meta": meta, "engine": plain, "engine_deadlines": deadline, "engine_elastic": elastic,
@@ -43,8 +44,10 @@ def test_the_report_puts_each_engine_beside_the_other_with_and_without_deadlines
     assert "this revision, dispatch: at 512 workers a submission costs 2.00x and an event 1.00x" in by_size
     assert "before (old), dispatch: at 512 workers a submission costs 4.00x" in by_size
     under_defaults = text.split("under the scheduler's defaults")[1]
-    assert "| before (old) | dispatch | 512 | 2400 | 1200 | 9600 | 2400 | 1.00 | 511 | 0.99 |" in under_defaults
-    assert "| this revision | dispatch | 512 | 240 | 120 | 960 | 240 | 1.00 | 511 | 0.99 |" in under_defaults
+    # the longest event: a wake-up at 512 workers, a result at 32 (no wake-up there)
+    assert "| before (old) | dispatch | 512 | 2400 | 1200 | 9600 | 2400 | 120.0 | 1.00 | 511 | 0.99 |" in under_defaults
+    assert "| this revision | dispatch | 512 | 240 | 120 | 960 | 240 | 12.0 | 1.00 | 511 | 0.99 |" in under_defaults
+    assert "| this revision | dispatch | 32 | 200 | 100 | 800 | 200 | 1.6 | 1.00 | 31 | 0.99 |" in under_defaults
     assert "this revision, dispatch: at 512 workers a group costs 1.20x and a submission 1.20x" in under_defaults
     assert "before (old), dispatch: at 512 workers a group costs 8.00x" in under_defaults
     assert files["plots"] == ["fleet_baseline.png", "fleet_baseline_sizes.png", "fleet_baseline_defaults.png"]
