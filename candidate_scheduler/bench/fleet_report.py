@@ -76,16 +76,24 @@ DEFAULTS_TITLE = ("Against the fleet's size under the scheduler's defaults: late
 def _defaults_table(rows: list[dict], baseline: str | None = None) -> list[str]:
     out = [f"#### {DEFAULTS_TITLE}", "",
            "| engine | mode | workers | engine us per group | submit us | result event p50 us | wake-up p50 us | "
-           "longest event ms | wake-ups per result | staggered starts | simulated utilisation |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "longest event ms | wake-ups per result | staggered starts | simulated utilisation | answered / ideal | "
+           "loop busy |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         out.append(f"| {_engine_name(r.get('revision'), baseline)} | {r['batching']} | {r['workers']} | "
                    f"{fmt(r['engine_us_per_group'], 0)} | {fmt(r['submit_us'], 0)} | {fmt(r['result_us']['median'], 0)} | "
                    f"{fmt(r['wake_us']['median'], 0)} | {fmt(longest_event_ms(r), 1)} | {fmt(r['wakes_per_result'], 2)} | "
-                   f"{r['staggered_starts']} | {fmt(r['utilisation'], 2)} |")
+                   f"{r['staggered_starts']} | {fmt(r['utilisation'], 2)} | {fmt(r.get('answered_over_ideal'), 3)} | "
+                   f"{fmt(r.get('loop_busy'), 3)} |")
+    charged = any(r.get("charged") for r in rows)
     return out + _size_ratios(rows, baseline, ("engine_us_per_group", "a group"), ("submit_us", "a submission")) + [
         "The longest event is the longest the scheduler's loop would answer nothing else: a result or a "
-        "wake-up that places a whole synchronised wave (every worker due at once) places all of it.", ""]
+        "wake-up that places a whole synchronised wave (every worker due at once) places all of it. "
+        + ("The engine's time was charged to the simulated clock (one loop thread on this machine): "
+           "answered / ideal is how much of the fleet's throughput with every row busy it kept, and loop busy "
+           "the share of the time its calls took." if charged else
+           "The engine's time was not charged to the simulated clock: the utilisation shows the fleet was "
+           "kept busy in simulated time only."), ""]
 
 
 def longest_event_ms(point: dict) -> float | None:

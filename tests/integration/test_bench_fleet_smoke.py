@@ -41,12 +41,13 @@ def test_fleet_bench_smoke_answers_every_group_once_and_correctly(tmp_path):
     sizes = result["engine_sizes"]  # against the fleet's size: deadline groups, 1,000 queued
     assert {(r["batching"], r["workers"]) for r in sizes} == {(m, k) for m in ("dispatch", "step") for k in (32, 128)}
     assert all(r["deadline_every"] == 1 and r["depth"] == 1000 and r["events"] > 0 and r["submit_us"] > 0 for r in sizes)
-    # again under the defaults on a simulated clock: the backlog kept the fleet busy and never ran dry,
-    # and starts were staggered under dispatch batching (only)
+    # again under the defaults on a simulated clock, the engine's time charged to it: the backlog kept the
+    # fleet busy and never ran dry, and starts were staggered under dispatch batching (only)
     defaults = result["engine_defaults"]
     assert {(r["batching"], r["workers"]) for r in defaults} == {(m, k) for m in ("dispatch", "step") for k in (32, 128)}
     for r in defaults:
         assert r["queued_at_end"] > 0 and r["utilisation"] > 0.9 and r["engine_us_per_group"] > 0, r
+        assert r["charged"] and r["answered_over_ideal"] > 0.9 and 0 < r["loop_busy"] < 1, r
         assert (r["staggered_starts"] > 0) == (r["batching"] == "dispatch"), r
     runs = result["fleet"]["runs"]
     assert {(r["workers"], r["batching"]) for r in runs} == {(k, m) for k in (1, 4) for m in ("dispatch", "step")}

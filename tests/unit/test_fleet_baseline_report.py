@@ -24,7 +24,8 @@ def test_the_report_puts_each_engine_beside_the_other_with_and_without_deadlines
     defaults = [{"revision": rev, "batching": "dispatch", "workers": k, "engine_us_per_group": us, "submit_us": us / 2,
                  "result_us": {"median": 4 * us, "max": 8 * us}, "wake_us": {"median": us, "max": 50 * us if k > 32 else None},
                  "wakes_per_result": 1.0,
-                 "staggered_starts": k - 1, "utilisation": 0.99}
+                 "staggered_starts": k - 1, "utilisation": 0.99,
+                 **({"charged": True, "answered_over_ideal": 0.975, "loop_busy": 0.3} if rev == "current" else {})}
                 for k, old, new in ((32, 300.0, 200.0), (512, 2400.0, 240.0)) for rev, us in (("baseline", old), ("current", new))]
     files = write_baseline({"meta": meta, "engine": plain, "engine_deadlines": deadline, "engine_elastic": elastic,
                             "engine_sizes": sizes, "engine_defaults": defaults}, tmp_path, plot=True)
@@ -45,9 +46,14 @@ def test_the_report_puts_each_engine_beside_the_other_with_and_without_deadlines
     assert "before (old), dispatch: at 512 workers a submission costs 4.00x" in by_size
     under_defaults = text.split("under the scheduler's defaults")[1]
     # the longest event: a wake-up at 512 workers, a result at 32 (no wake-up there)
-    assert "| before (old) | dispatch | 512 | 2400 | 1200 | 9600 | 2400 | 120.0 | 1.00 | 511 | 0.99 |" in under_defaults
-    assert "| this revision | dispatch | 512 | 240 | 120 | 960 | 240 | 12.0 | 1.00 | 511 | 0.99 |" in under_defaults
-    assert "| this revision | dispatch | 32 | 200 | 100 | 800 | 200 | 1.6 | 1.00 | 31 | 0.99 |" in under_defaults
+    # charged to the clock (the new engine's rows): what it kept of the ideal, and how busy its loop was
+    assert "| before (old) | dispatch | 512 | 2400 | 1200 | 9600 | 2400 | 120.0 | 1.00 | 511 | 0.99 | - | - |" \
+        in under_defaults
+    assert "| this revision | dispatch | 512 | 240 | 120 | 960 | 240 | 12.0 | 1.00 | 511 | 0.99 | 0.975 | 0.300 |" \
+        in under_defaults
+    assert "| this revision | dispatch | 32 | 200 | 100 | 800 | 200 | 1.6 | 1.00 | 31 | 0.99 | 0.975 | 0.300 |" \
+        in under_defaults
+    assert "The engine's time was charged to the simulated clock" in under_defaults
     assert "this revision, dispatch: at 512 workers a group costs 1.20x and a submission 1.20x" in under_defaults
     assert "before (old), dispatch: at 512 workers a group costs 8.00x" in under_defaults
     assert files["plots"] == ["fleet_baseline.png", "fleet_baseline_sizes.png", "fleet_baseline_defaults.png"]
