@@ -82,7 +82,7 @@ def _defaults_table(rows: list[dict], baseline: str | None = None) -> list[str]:
     for r in rows:
         out.append(f"| {_engine_name(r.get('revision'), baseline)} | {r['batching']} | {r['workers']} | "
                    f"{fmt(r['engine_us_per_group'], 0)} | {fmt(r['submit_us'], 0)} | {fmt(r['result_us']['median'], 0)} | "
-                   f"{fmt(r['wake_us']['median'], 0)} | {fmt(longest_event_ms(r), 1)} | {fmt(r['wakes_per_result'], 2)} | "
+                   f"{fmt(r['wake_us']['median'], 0)} | {fmt(_longest_event_ms(r), 1)} | {fmt(r['wakes_per_result'], 2)} | "
                    f"{r['staggered_starts']} | {fmt(r['utilisation'], 2)} | {fmt(r.get('answered_over_ideal'), 3)} | "
                    f"{fmt(r.get('loop_busy'), 3)} |")
     charged = any(r.get("charged") for r in rows)
@@ -96,7 +96,7 @@ def _defaults_table(rows: list[dict], baseline: str | None = None) -> list[str]:
            "kept busy in simulated time only."), ""]
 
 
-def longest_event_ms(point: dict) -> float | None:
+def _longest_event_ms(point: dict) -> float | None:
     """The longest engine call of a simulated-fleet point (a result or a wake-up), in ms."""
     longest = [s["max"] for s in (point["result_us"], point["wake_us"]) if s.get("max") is not None]
     return max(longest) / 1e3 if longest else None
