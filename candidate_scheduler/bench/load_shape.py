@@ -22,6 +22,7 @@ from candidate_scheduler.bench.load_arms import Arm, rows_per_forward
 from candidate_scheduler.bench.load_plan import (
     COMPARE_AT,
     COUNTS,
+    SERVICE_ARMS,
     SLO_FACTOR,
     STEPS,
     LoadPlan,
@@ -183,16 +184,19 @@ class ShapeBench:
         return rows
 
     def compare(self, arm: Arm, rate: float, own_capacity: float, slo_s: float, done_rates: list[float]) -> dict:
-        """The point at COMPARE_AT x the dispatch arm's capacity. Far past the arm's own capacity it may
-        stop early and runs as long as a sweep point, not `compare_scale` times longer: its p99 is over
-        the SLO either way, and the backlog would only grow (no target compares such an arm there)."""
-        for row, _run in self.runs[arm.name] if self.shape.compare_scale == 1 else ():
+        """The point at COMPARE_AT x the dispatch arm's capacity, `compare_scale` times longer than a sweep
+        point for the arms the targets compare there (the service arms). The others (sglang_sequential) get
+        a sweep point's length, as does an arm far past its own capacity, which may stop early: no target
+        reads their p99 there, and near or past its capacity a long window only grows a backlog to drain
+        (sglang_sequential's long 64x64 comparison point took 45 s for its 20 s of arrivals)."""
+        past = rate > 1.3 * own_capacity
+        long = arm.name in SERVICE_ARMS and not past and self.shape.compare_scale != 1
+        for row, _run in () if long else self.runs[arm.name]:
             if abs(row["offered_groups_per_s"] / rate - 1) < 0.03 and not row["stopped_early"]:
                 row["phase"] += f" = compare {COMPARE_AT:g}x dispatch"
                 return row
-        past = rate > 1.3 * own_capacity
         row = self.point(arm, rate, slo_s, f"compare {COMPARE_AT:g}x dispatch", early_stop=past,
-                         shape=None if past else self.shape.compare_plan())
+                         shape=self.shape.compare_plan() if long else None)
         done_rates.append(rate)
         return row
 

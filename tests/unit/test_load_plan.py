@@ -143,16 +143,22 @@ def test_a_capacity_ratio_counts_as_resolved_only_when_the_brackets_do_not_overl
     assert bracket_verdict((None, 1.0), (2.0, 3.0)) is None  # step's lowest point failed: no bracket
 
 
-def test_an_arm_far_past_its_capacity_runs_the_comparison_point_as_a_sweep_point(monkeypatch):
+def test_only_the_compared_arms_below_their_capacity_run_the_long_comparison_point(monkeypatch):
     from types import SimpleNamespace
 
     from candidate_scheduler.bench.load_shape import ShapeBench
 
     shape = FULL.shapes[0]
-    bench = ShapeBench(shape, FULL, {"dispatch": None, "sglang_sequential": None}, None, None, 1)
+    bench = ShapeBench(shape, FULL, {"dispatch": None, "step": None, "sglang_sequential": None}, None, None, 1)
     calls = []
     monkeypatch.setattr(bench, "point", lambda arm, rate, slo, phase, **kw: calls.append((arm.name, kw)) or {})
     bench.compare(SimpleNamespace(name="dispatch"), 5.5, 7.9, 2.0, [])  # below its own capacity: 4x as long
     bench.compare(SimpleNamespace(name="sglang_sequential"), 5.5, 3.0, 9.0, [])  # 1.8x its capacity
+    bench.compare(SimpleNamespace(name="step"), 5.5, 3.0, 9.0, [])  # a compared arm, 1.8x its capacity
+    # No target reads sglang_sequential's p99 there: a sweep point's length, even below its capacity
+    # (0.94x of it in a full run, where the long window's backlog took 45 s to drain)
+    bench.compare(SimpleNamespace(name="sglang_sequential"), 5.08, 5.38, 9.0, [])
     assert calls[0][1] == {"early_stop": False, "shape": shape.compare_plan()}
     assert calls[1][1] == {"early_stop": True, "shape": None}  # point() then uses the sweep's own plan
+    assert calls[2][1] == {"early_stop": True, "shape": None}
+    assert calls[3][1] == {"early_stop": False, "shape": None}
