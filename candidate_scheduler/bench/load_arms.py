@@ -19,7 +19,7 @@ from candidate_scheduler.bench.load_plan import DEFAULT_ARM_FLAGS, SERVICE_ARMS,
 from candidate_scheduler.service.launcher import Launcher, SchedulerHandle
 from candidate_scheduler.service.processes import ChildProcess
 
-_FCFS_READY = re.compile(r"sglang-fcfs: listening on (\S+)")
+_FCFS_READY = re.compile(r"sglang-fcfs: listening on (\S+)(?: control (\S+))?")
 _FLAG_ERRORS = ("unrecognized arguments", "invalid choice", "expected one argument")
 
 
@@ -27,6 +27,7 @@ _FLAG_ERRORS = ("unrecognized arguments", "invalid choice", "expected one argume
 class Arm:
     name: str
     endpoint: str = ""
+    control: str = ""  # where CANCEL goes ("": nowhere, the arm's groups are waited for)
     flags: tuple[str, ...] = ()
     handle: SchedulerHandle | None = None
     proc: ChildProcess | None = None
@@ -35,6 +36,15 @@ class Arm:
     @property
     def metrics_url(self) -> str | None:
         return None if self.handle is None else self.handle.metrics
+
+    def cancel(self, request_ids: list[str]) -> None:
+        """Ask the arm to stop these groups (a load point whose verdict is known); each is answered
+        `cancelled`, or as it ends if it was about to."""
+        from candidate_scheduler.service.client import Client
+
+        with Client(self.endpoint, self.control, timeout_s=10.0) as client:
+            for rid in request_ids:
+                client.cancel(rid)
 
     def pids(self) -> list[int]:
         if self.handle is not None:
@@ -69,7 +79,7 @@ def _start_service(launcher: Launcher, name: str, flags: tuple[str, ...], model:
         else:
             arm.notes.append(f"skipped: `serve` does not accept `{' '.join(flags)}` (log {log_path})")
             return arm
-    arm.endpoint = arm.handle.request
+    arm.endpoint, arm.control = arm.handle.request, arm.handle.control
     launcher.worker(arm.handle, "cosmos3", WORKER_CAPACITY, *worker_flags, *WORKER_FLAGS.get(name, ()), model=model,
                     device=device, name=f"{name}-worker")
     return arm
@@ -93,7 +103,8 @@ def start_arms(launcher: Launcher, names: list[str], flags: dict[str, tuple[str,
                 skipped[name] = arm.notes
             else:
                 arms[name] = arm
-    reference.endpoint = fcfs.wait_line(_FCFS_READY, ready_timeout_s).group(1)
+    ready = fcfs.wait_line(_FCFS_READY, ready_timeout_s)
+    reference.endpoint, reference.control = ready.group(1), ready.group(2) or ""
     if "sglang_sequential" in names:
         arms["sglang_sequential"] = reference
     for arm in arms.values():

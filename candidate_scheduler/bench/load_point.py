@@ -2,8 +2,11 @@
 record each group's latency from its scheduled arrival (so a late sender cannot hide queueing).
 
 Early stop (capacity-search probes and points far past an arm's capacity): once enough groups are
-over the SLO that the point's p99 must exceed it whatever the rest do, no further groups are sent;
-the ones sent are still waited for, so the arm is idle before the next point.
+over the SLO that the point's p99 must exceed it whatever the rest do, no further groups are sent,
+and those sent and not answered yet are cancelled (when the arm takes CANCEL), so that the arm is
+idle before the next point without draining a backlog whose verdict is known. The verdict may come
+while the last groups drain too. A cancelled group's latency is the time to its `cancelled` reply: a
+lower bound, like a lost one's.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class PointRun:
     outcomes: list[Outcome]
     stopped_early: bool
     wall_s: float
+    cancelled: int = 0  # groups sent and asked to stop once the verdict was known
 
     @property
     def sent(self) -> list[Outcome]:
@@ -55,7 +59,7 @@ def over_slo_needed(n: int) -> int:
 
 
 async def _run(endpoint: str, rate: float, planned: list[Planned], slo_s: float, early_stop: bool,
-               drain_timeout_s: float, on_reply) -> PointRun:
+               drain_timeout_s: float, on_reply, cancel) -> PointRun:
     from candidate_scheduler.service.client import AsyncClient
 
     loop = asyncio.get_running_loop()
@@ -96,8 +100,18 @@ async def _run(endpoint: str, rate: float, planned: list[Planned], slo_s: float,
                 stopped = True
                 break
             tasks.append(loop.create_task(one(out)))
-        if tasks:
-            _done, pending = await asyncio.wait(tasks, timeout=drain_timeout_s)
+        cancelled = []
+        waiting, deadline = set(tasks), loop.time() + drain_timeout_s
+        while waiting and early_stop and cancel is not None and loop.time() < deadline:
+            if stopped or over_slo(loop.time()) >= needed:  # the verdict: stop what is still running
+                stopped = True
+                await asyncio.sleep(0)  # every task made has sent its group (each sends before it first waits)
+                cancelled = [o.planned.request.request_id for o in outcomes if o.status == "pending"]
+                await loop.run_in_executor(None, cancel, cancelled)
+                break
+            _done, waiting = await asyncio.wait(waiting, timeout=0.05)
+        if waiting:
+            _done, pending = await asyncio.wait(waiting, timeout=max(0.0, deadline - loop.time()))
             for task in pending:
                 task.cancel()
             now = loop.time()
@@ -107,17 +121,19 @@ async def _run(endpoint: str, rate: float, planned: list[Planned], slo_s: float,
                     out.latency_s = now - (start + out.planned.at_s)
     finally:
         client.close()
-    return PointRun(rate, outcomes, stopped, time.perf_counter() - wall0)
+    return PointRun(rate, outcomes, stopped, time.perf_counter() - wall0, len(cancelled))
 
 
 def run_point(endpoint: str, rate: float, planned: list[Planned], slo_s: float, *, early_stop: bool = False,
-              drain_timeout_s: float = 300.0, on_reply=lambda: None) -> PointRun:
-    return asyncio.run(_run(endpoint, rate, planned, slo_s, early_stop, drain_timeout_s, on_reply))
+              drain_timeout_s: float = 300.0, on_reply=lambda: None, cancel=None) -> PointRun:
+    """`cancel(request_ids)` (blocking; run off the event loop): asks the arm to stop groups, once an early
+    stop's verdict is known. None: they are waited for."""
+    return asyncio.run(_run(endpoint, rate, planned, slo_s, early_stop, drain_timeout_s, on_reply, cancel))
 
 
 def summarise(run: PointRun, slo_s: float) -> dict:
-    """A load point's row: latencies over the groups sent (a lost one counts at the time waited for it,
-    a lower bound), goodput = groups done within the SLO per second of arrivals, time to first step and rows per
+    """A load point's row: latencies over the groups sent (a lost one counts at the time waited for it, a
+    cancelled one at its reply: lower bounds), goodput = groups done within the SLO per second of arrivals, time to first step and rows per
     forward from the replies' metrics when they carry them."""
     sent = run.sent
     window_s = len(sent) / run.rate if sent else 0.0
@@ -155,6 +171,7 @@ def summarise(run: PointRun, slo_s: float) -> dict:
         "statuses": statuses,
         "forecast_error": forecast_errors([o.metrics for o in sent]),
         "stopped_early": run.stopped_early,
+        "cancelled_at_verdict": run.cancelled,
         "max_send_lag_s": max((o.send_lag_s for o in sent if o.send_lag_s is not None), default=None),
         "wall_s": run.wall_s,
     }

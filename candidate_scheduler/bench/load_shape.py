@@ -131,7 +131,7 @@ class ShapeBench:
         self.progress.set_description(f"{self.shape.name} {arm.name} {phase} {rate:.2f} groups/s ({len(planned)})")
         before = scrape(arm.metrics_url)
         run = run_point(arm.endpoint, rate, planned, slo_s, early_stop=early_stop,
-                        drain_timeout_s=max(120.0, 20 * slo_s))
+                        drain_timeout_s=max(120.0, 20 * slo_s), cancel=arm.cancel if arm.control else None)
         row = summarise(run, slo_s)
         # Per forward, from the scheduler's histogram, where there is one (the same measure for both
         # service arms); the replies' per-group figure is kept beside it.

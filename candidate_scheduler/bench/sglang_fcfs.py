@@ -5,10 +5,11 @@ native protocol: the `sglang_sequential` arm of the load benchmark and its parit
 
 This is what a user has today without this scheduler: each candidate of a group is its own sglang
 request (`sglang_reference_actions` with that candidate's seed), served in arrival order, one at a
-time. Speaking the native protocol (SUBMIT -> RESULT, PING -> PONG on one ROUTER) lets the load
-generator drive every arm with the same client. A group's reply carries every candidate, the group's
-reduced action, and `first_step_s` (receipt to the first denoise step of its first candidate) and
-`rows_per_forward` (always 1) in its metrics.
+time. Speaking the native protocol (SUBMIT -> RESULT, PING -> PONG on one ROUTER, CANCEL on a control
+ROUTER beside it) lets the load generator drive every arm with the same client, and stop the work a
+load point sent once its verdict is known, as it does on the scheduler. A group's reply carries every
+candidate, the group's reduced action, and `first_step_s` (receipt to the first denoise step of its
+first candidate) and `rows_per_forward` (always 1) in its metrics.
 
 Two threads, as in the worker: the main thread owns the socket (receipt times are taken as requests
 arrive, not when the compute thread gets to them), the compute thread runs the pipeline.
@@ -30,7 +31,7 @@ from candidate_scheduler import protocol
 from candidate_scheduler.core import reducers, rng
 from candidate_scheduler.core.work import SamplingSpec
 
-READY_PREFIX = "sglang-fcfs: listening on"
+READY_PREFIX = "sglang-fcfs: listening on"  # then the request endpoint, "control", the control endpoint
 _WAKE = "inproc://sglang-fcfs-results"
 
 
@@ -80,6 +81,14 @@ class FcfsServer:
         else:
             self.sock.bind(bind)
             self.endpoint = bind
+        self.control = self.ctx.socket(zmq.ROUTER)
+        self.control.setsockopt(zmq.LINGER, 0)
+        port = self.control.bind_to_random_port(self.endpoint.rsplit(":", 1)[0])
+        self.control_endpoint = f"{self.endpoint.rsplit(':', 1)[0]}:{port}"
+        # request ids received and not answered yet, and those of them a CANCEL asked to stop (the IO thread
+        # adds, the compute thread reads and removes: single set operations, atomic under the GIL)
+        self.live: set[str] = set()
+        self.cancelled: set[str] = set()
         self.wake_in = self.ctx.socket(zmq.PAIR)
         self.wake_in.bind(_WAKE)
         self.jobs: queue.Queue = queue.Queue()
@@ -101,6 +110,8 @@ class FcfsServer:
             except Exception as exc:  # noqa: BLE001 - answered as a failed group; the server keeps serving
                 result = protocol.GroupResult(request_id=msg.request_id, status="failed",
                                               error=f"{type(exc).__name__}: {exc}", error_code="model_error")
+            self.cancelled.discard(msg.request_id)
+            self.live.discard(msg.request_id)
             self.results.put(protocol.reply_frames(identity, delimited, protocol.Kind.RESULT, result))
             wake.send(b"")
 
@@ -116,6 +127,9 @@ class FcfsServer:
         self.clock.entered_at = None
         candidates = []
         for seed in seeds:  # each candidate its own sglang request, in order
+            if msg.request_id in self.cancelled:  # asked to stop: before its next candidate, as the worker does
+                return protocol.GroupResult(request_id=msg.request_id, status="cancelled",
+                                            metrics={"queue_wait_s": started - received_at})
             candidates.append(reference(self.pipeline, self.server_args, image, prompt, sampling, seed))
         first_step = self.clock.entered_at  # set by the first candidate's call only
         stacked = np.stack(candidates).astype(np.float32)
@@ -134,9 +148,10 @@ class FcfsServer:
     # ---- IO (main) thread ---------------------------------------------------------------------------------
     def serve(self) -> None:
         threading.Thread(target=self._compute, name="compute", daemon=True).start()
-        print(f"{READY_PREFIX} {self.endpoint}", flush=True)
+        print(f"{READY_PREFIX} {self.endpoint} control {self.control_endpoint}", flush=True)
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
+        poller.register(self.control, zmq.POLLIN)
         poller.register(self.wake_in, zmq.POLLIN)
         while True:
             events = dict(poller.poll())
@@ -145,6 +160,8 @@ class FcfsServer:
                 self.sock.send_multipart(self.results.get())
             if self.sock in events:
                 self._on_request(self.sock.recv_multipart())
+            if self.control in events:
+                self._on_control(self.control.recv_multipart())
 
     def _on_request(self, frames: list[bytes]) -> None:
         received_at = time.monotonic()
@@ -157,7 +174,29 @@ class FcfsServer:
             self.sock.send_multipart(protocol.reply_frames(identity, delimited, protocol.Kind.PONG,
                                                            protocol.Pong(msg.nonce)))
             return
+        self.live.add(msg.request_id)
         self.jobs.put((identity, delimited, msg, received_at))
+
+    def _on_control(self, frames: list[bytes]) -> None:
+        """CANCEL (a queued group is answered `cancelled` when its turn comes, a running one before its next
+        candidate) and PING; any other control request is refused."""
+        try:
+            identity, delimited, kind, payload = protocol.split_envelope(frames, protocol.CONTROL_KINDS)
+            msg = protocol.decode(kind, payload)
+        except protocol.ProtocolError:
+            return
+        if kind is protocol.Kind.PING:
+            reply, out = protocol.Pong(msg.nonce), protocol.Kind.PONG
+        elif kind is protocol.Kind.CANCEL:
+            known = msg.request_id in self.live
+            if known:
+                self.cancelled.add(msg.request_id)
+            reply, out = protocol.ControlReply(ok=True, changed=known, state="live" if known else "unknown"), \
+                protocol.Kind.CONTROL_REPLY
+        else:
+            reply, out = protocol.ControlReply(ok=False, error=f"{kind.name} is not served here"), \
+                protocol.Kind.CONTROL_REPLY
+        self.control.send_multipart(protocol.reply_frames(identity, delimited, out, reply))
 
 
 def main(argv: list[str] | None = None) -> int:
