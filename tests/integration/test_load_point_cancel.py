@@ -45,3 +45,16 @@ def test_without_cancel_the_point_waits_for_what_it_sent(services):
     sched.wait_workers(1)
     run = run_point(sched.request, 100.0, _planned("w", 3), 0.05, early_stop=True)
     assert run.cancelled == 0 and {o.status for o in run.outcomes} == {"done"}
+
+
+def test_a_cancel_that_fails_leaves_the_point_waiting_for_what_it_sent(services):
+    sched = services.scheduler()
+    services.worker(sched, capacity=1, step_delay=0.05)
+    sched.wait_workers(1)
+
+    def unreachable(_ids):
+        raise TimeoutError("no control reply to CANCEL")
+
+    run = run_point(sched.request, 100.0, _planned("f", 3), 0.05, early_stop=True, cancel=unreachable)
+    assert run.stopped_early and run.cancelled == 0
+    assert {o.status for o in run.outcomes} == {"done"}  # waited for, none lost
