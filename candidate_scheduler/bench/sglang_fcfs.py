@@ -2,6 +2,7 @@
 native protocol: the `sglang_sequential` arm of the load benchmark and its parity reference.
 
     python -m candidate_scheduler.bench.sglang_fcfs --model DIR [--device cpu] [--bind tcp://127.0.0.1:0]
+        [--insecure: allow --bind off loopback; neither socket has authentication]
 
 This is what a user has today without this scheduler: each candidate of a group is its own sglang
 request (`sglang_reference_actions` with that candidate's seed), served in arrival order, one at a
@@ -204,7 +205,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="Cosmos3 checkpoint directory")
     parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default cpu)")
     parser.add_argument("--bind", default="tcp://127.0.0.1:0", help="ROUTER endpoint (default: loopback, any free port)")
+    parser.add_argument("--insecure", action="store_true",
+                        help="allow --bind off loopback: its request and control sockets have no authentication")
     args = parser.parse_args(argv)
+    from candidate_scheduler.service.endpoints import is_loopback_host
+
+    host = args.bind.split("://", 1)[-1].rsplit(":", 1)[0]
+    if not is_loopback_host(host) and not args.insecure:
+        parser.error(f"--bind {args.bind} is off loopback and this server has no authentication; "
+                     "add --insecure to serve it there anyway")
     logging.basicConfig(level=logging.WARNING)
     server = FcfsServer(args.model, args.device, args.bind)
     try:

@@ -1,5 +1,6 @@
 """The sglang_sequential arm (bench/sglang_fcfs.py) takes CANCEL: a queued group is answered `cancelled`,
-a running one before its next candidate. Its pipeline is stood in for; the sockets are real."""
+a running one before its next candidate; and it listens off loopback only when told (--insecure). Its
+pipeline is stood in for; the sockets are real."""
 
 from __future__ import annotations
 
@@ -66,3 +67,13 @@ def test_cancel_on_the_control_socket_marks_only_live_groups():
         assert not refused.ok
     finally:
         ctx.destroy(0)
+
+
+def test_it_refuses_to_listen_off_loopback_unless_told(capsys):
+    import pytest
+
+    from candidate_scheduler.bench.sglang_fcfs import main
+
+    with pytest.raises(SystemExit) as exc:  # refused before the model is loaded (there is none here)
+        main(["--model", "/nonexistent", "--bind", "tcp://0.0.0.0:0"])
+    assert exc.value.code == 2 and "--insecure" in capsys.readouterr().err
