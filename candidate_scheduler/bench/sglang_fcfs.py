@@ -208,10 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--insecure", action="store_true",
                         help="allow --bind off loopback: its request and control sockets have no authentication")
     args = parser.parse_args(argv)
-    from candidate_scheduler.service.endpoints import is_loopback_host
+    from candidate_scheduler.service.endpoints import is_loopback_endpoint
 
-    host = args.bind.split("://", 1)[-1].rsplit(":", 1)[0]
-    if not is_loopback_host(host) and not args.insecure:
+    if not is_loopback_endpoint(args.bind) and not args.insecure:
         parser.error(f"--bind {args.bind} is off loopback and this server has no authentication; "
                      "add --insecure to serve it there anyway")
     logging.basicConfig(level=logging.WARNING)
