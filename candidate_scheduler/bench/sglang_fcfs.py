@@ -31,6 +31,7 @@ import zmq
 from candidate_scheduler import protocol
 from candidate_scheduler.core import reducers, rng
 from candidate_scheduler.core.work import SamplingSpec
+from candidate_scheduler.service.endpoints import bind_socket
 
 READY_PREFIX = "sglang-fcfs: listening on"  # then the request endpoint, "control", the control endpoint
 _WAKE = "inproc://sglang-fcfs-results"
@@ -84,8 +85,7 @@ class FcfsServer:
             self.endpoint = bind
         self.control = self.ctx.socket(zmq.ROUTER)
         self.control.setsockopt(zmq.LINGER, 0)
-        port = self.control.bind_to_random_port(self.endpoint.rsplit(":", 1)[0])
-        self.control_endpoint = f"{self.endpoint.rsplit(':', 1)[0]}:{port}"
+        self.control_endpoint = bind_socket(self.control, f"{self.endpoint.rsplit(':', 1)[0]}:0")
         # request ids received and not answered yet, and those of them a CANCEL asked to stop (the IO thread
         # adds, the compute thread reads and removes: single set operations, atomic under the GIL)
         self.live: set[str] = set()
