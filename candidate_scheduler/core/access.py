@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass
+
+from candidate_scheduler.core.values import value
 
 FORBIDDEN = "forbidden"
 DEFAULT_TENANT = "default"
@@ -54,7 +55,7 @@ def check_name(kind: str, name: str) -> str:
     return name
 
 
-@dataclass(frozen=True)
+@value
 class Principal:
     name: str
     tenant: str = DEFAULT_TENANT

@@ -10,10 +10,10 @@ truncated: the slices always partition 0..count-1.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 
 from candidate_scheduler.core.errors import CandidateContractError
 from candidate_scheduler.core.spec import CandidateTrajectorySpec, ModelCapability
+from candidate_scheduler.core.values import value
 
 
 class AdmissionPolicy(str, enum.Enum):
@@ -46,7 +46,7 @@ ADMISSION_REASONS = (
 )
 
 
-@dataclass(frozen=True)
+@value
 class AdmissionDecision:
     mode: AdmissionMode
     slices: tuple[tuple[int, ...], ...]

@@ -17,12 +17,13 @@ integers, so sums taken apart and put back together are exact.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+
+from candidate_scheduler.core.values import value
 
 _COMPACT_AT = 64  # dead entries in a label's line, beyond its live ones, before it is rebuilt
 
 
-@dataclass(frozen=True)
+@value
 class ElasticEntry:
     """One queued elastic group, as the index needs it."""
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,7 @@ from candidate_scheduler.core import reducers
 from candidate_scheduler.core.admission import AdmissionDecision, AdmissionMode
 from candidate_scheduler.core.errors import CandidateContractError
 from candidate_scheduler.core.spec import CandidateTrajectorySpec
+from candidate_scheduler.core.values import value
 
 
 class GroupStatus(enum.IntEnum):
@@ -83,7 +84,7 @@ class WorkStatus(str, enum.Enum):
     DONE = "done"
 
 
-@dataclass(frozen=True)
+@value
 class SliceDispatch:
     """Everything a worker needs to run one slice attempt; identical on every retry but `attempt`."""
 
@@ -95,7 +96,7 @@ class SliceDispatch:
     snapshots: tuple[bytes | None, ...]  # None: fresh torch.Generator(device).manual_seed(seed)
 
 
-@dataclass(frozen=True)
+@value
 class GroupReply:
     """The group's one answer. `action`/`candidates` are set only for DONE, never partially."""
 
@@ -291,7 +292,7 @@ class GroupState:
         if sl.status is not WorkStatus.RUNNING or sl.worker_id != worker_id:
             return False
         ids = [int(c) for c in candidate_ids]
-        if sorted(ids) != list(sl.candidate_ids):
+        if (ids if len(ids) == 1 else sorted(ids)) != list(sl.candidate_ids):
             raise CandidateContractError(
                 "candidate_ids", "candidate_mismatch", f"slice {slice_idx} holds {sl.candidate_ids}", tuple(ids)
             )

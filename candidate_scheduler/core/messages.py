@@ -9,17 +9,18 @@ or a worker is known to the engine only by an opaque reference the shell hands i
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import numpy as np
 
 from candidate_scheduler.core.group_state import SliceDispatch
+from candidate_scheduler.core.values import value
 
 # ---- inputs from workers ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@value
 class Registration:
     worker_id: str
     capability: Mapping[str, Any]  # ModelCapability.to_dict()
@@ -32,7 +33,7 @@ class Registration:
     profile: tuple[tuple[str, int, float], ...] = ()
 
 
-@dataclass(frozen=True)
+@value
 class Heartbeat:
     worker_id: str
     running: tuple[int, ...] = ()  # assignment ids the worker holds (queued or in its running batch)
@@ -43,7 +44,7 @@ class Heartbeat:
     cache: Mapping[str, int] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@value
 class SliceOutcome:
     """One group's answer inside a worker result; arrays already decoded. `malformed` says why the
     shell could not decode it (the worker's fault: retried)."""
@@ -59,7 +60,7 @@ class SliceOutcome:
     malformed: str | None = None
 
 
-@dataclass(frozen=True)
+@value
 class WorkerResult:
     worker_id: str
     batch_id: int
@@ -70,7 +71,7 @@ class WorkerResult:
 # ---- outputs ------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@value
 class GroupResult:
     """A group's one reply in core terms (numpy arrays); convert.result_to_wire makes the wire struct."""
 
@@ -87,7 +88,7 @@ class GroupResult:
     served_count: int | None = None
 
 
-@dataclass(frozen=True)
+@value
 class Reply:
     """Send `result` to the client that submitted the group."""
 
@@ -95,7 +96,7 @@ class Reply:
     result: GroupResult
 
 
-@dataclass(frozen=True)
+@value
 class SliceWork:
     """One slice of one group inside a worker assignment. `group` is the engine's Group: the shell
     reads its request and its cached wire form from it."""
@@ -104,7 +105,7 @@ class SliceWork:
     dispatch: SliceDispatch
 
 
-@dataclass(frozen=True)
+@value
 class SendWork:
     """Give a worker an assignment. `join` is true when the worker is already running others: the
     slices join its running batch at the next denoise-step boundary (step-level batching)."""
@@ -116,21 +117,21 @@ class SendWork:
     rows: int = 0  # the rows the worker may run at once, when fewer than it registered with; 0: its own
 
 
-@dataclass(frozen=True)
+@value
 class CancelRows:
     identity: Any
     batch_id: int
     request_ids: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@value
 class AckRegistration:
     identity: Any
     worker_id: str
     heartbeat_interval_s: float
 
 
-@dataclass(frozen=True)
+@value
 class StopWorker:
     """Tell a worker to stop, or with reason "reregister" to register again (we forgot it)."""
 
@@ -138,7 +139,7 @@ class StopWorker:
     reason: str
 
 
-@dataclass(frozen=True)
+@value
 class InternalFault:
     """Code inside the engine raised while it handled `event`. The groups it was working on
     (`request_ids`) were answered `failed` with `internal_error`; the shell logs this with the
@@ -150,7 +151,7 @@ class InternalFault:
     request_ids: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@value
 class ControlAnswer:
     ok: bool
     changed: bool = False

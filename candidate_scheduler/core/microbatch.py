@@ -18,13 +18,13 @@ The planning rule (queue order with group atomicity, backfill behind the head):
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from candidate_scheduler.core.errors import CandidateContractError
+from candidate_scheduler.core.values import value
 
 
-@dataclass(frozen=True)
+@value
 class BatchKey:
     """Groups may share one physical batch only if every field matches."""
 
@@ -38,7 +38,7 @@ class BatchKey:
     prompt_tokens: int  # tokenized prompt length: batched prompts must tokenize to equal length
 
 
-@dataclass(frozen=True)
+@value
 class QueuedGroup:
     """A group waiting for work, as the planner sees it: its pending (slice index, candidate ids)."""
 
@@ -47,14 +47,14 @@ class QueuedGroup:
     pending: tuple[tuple[int, tuple[int, ...]], ...]
 
 
-@dataclass(frozen=True)
+@value
 class BatchEntry:
     request_id: str
     slice_index: int
     candidate_ids: tuple[int, ...]
 
 
-@dataclass(frozen=True)
+@value
 class PhysicalBatch:
     key: BatchKey
     entries: tuple[BatchEntry, ...]

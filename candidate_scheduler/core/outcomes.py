@@ -19,7 +19,8 @@ A "cancelled" outcome the scheduler did not ask for is the worker's fault: retri
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+
+from candidate_scheduler.core.values import value
 
 # Worker error codes a retry from snapshots can fix; every other error code ends the group at once.
 RETRYABLE_ERRORS = frozenset({"worker_error"})
@@ -34,7 +35,7 @@ class Verdict(enum.Enum):
     IGNORE = "ignore"
 
 
-@dataclass(frozen=True)
+@value
 class Classified:
     verdict: Verdict
     detail: str = ""  # why, for a retry or a failure (the worker's own message when it sent one)

@@ -50,13 +50,14 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from candidate_scheduler.core.microbatch import BatchEntry, BatchKey
 from candidate_scheduler.core.pending import PendingIndex
+from candidate_scheduler.core.values import value
 
 
-@dataclass(frozen=True)
+@value
 class Unit:
     """One pending slice as planning and the forecast see it: who, how many rows, how much work."""
 
@@ -69,10 +70,10 @@ class Unit:
     steps: int = 0
     cost_rows: int = 0  # rows a forward carries: candidates x observations
     label: str = ""  # forward label (cost model key)
+    size: int = field(init=False, repr=False, compare=False)  # candidate rows: read a dozen times per pass
 
-    @property
-    def size(self) -> int:
-        return len(self.candidate_ids)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", len(self.candidate_ids))
 
     @property
     def entry(self) -> BatchEntry:

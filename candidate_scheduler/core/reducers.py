@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from candidate_scheduler.core.errors import CandidateContractError
+from candidate_scheduler.core.values import value
 
 NO_REDUCTION = "none"
 BUILTIN_REDUCERS = ("none", "mean", "median", "medoid")
@@ -40,7 +40,7 @@ OUTPUT_DTYPE = np.float32
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 
-@dataclass(frozen=True)
+@value
 class Reduction:
     """What a reducer returns: the action (None for ``none``) and, for selection reducers such as
     medoid, the row index of the candidate that was served (== candidate id within a group)."""
@@ -60,9 +60,10 @@ def _reduce_none(stacked: np.ndarray) -> Reduction:
 
 def _reduce_mean(stacked: np.ndarray) -> np.ndarray:
     # Explicit row loop: a fixed summation order (candidate-id order), independent of numpy's
-    # pairwise/SIMD strategy for np.sum.
-    acc = np.zeros(stacked.shape[1:], dtype=np.float64)
-    for row in stacked:
+    # pairwise/SIMD strategy for np.sum. It starts from the first row plus 0.0, which is bitwise the
+    # sum from zeros (0.0 + x is x + 0.0, -0.0 included) without making and adding a row of zeros.
+    acc = stacked[0] + 0.0
+    for row in stacked[1:]:
         acc += row
     return acc / stacked.shape[0]
 
@@ -141,18 +142,20 @@ def reduce_full(name: str, stacked: Any) -> Reduction:
         raise CandidateContractError("candidates", "invalid_count", "need at least one candidate", arr.shape)
     arr64 = np.array(arr, dtype=np.float64, copy=True)  # a private copy: reducers may not mutate ours
     out = fn(arr64)
-    reduction = out if isinstance(out, Reduction) else Reduction(None if out is None else np.asarray(out))
-    if reduction.action is None:
+    if isinstance(out, Reduction):
+        action, chosen = out.action, out.chosen_candidate
+    else:
+        action, chosen = out, None
+    if action is None:
         if name != NO_REDUCTION:
             raise CandidateContractError("reducer", "bad_reducer_output", "reducer returned no action", name)
-        return reduction
-    action = np.asarray(reduction.action)
+        return out if isinstance(out, Reduction) else Reduction(None)
+    action = np.asarray(action)
     if action.shape != arr.shape[1:]:
         raise CandidateContractError(
             "reducer", "bad_reducer_output",
             f"{name!r} returned shape {action.shape}, expected {arr.shape[1:]}", name,
         )
-    chosen = reduction.chosen_candidate
     if chosen is not None and not 0 <= chosen < arr.shape[0]:
         raise CandidateContractError("reducer", "bad_reducer_output", "chosen_candidate out of range", chosen)
     return Reduction(action.astype(OUTPUT_DTYPE), chosen)

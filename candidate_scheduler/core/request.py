@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from candidate_scheduler.core.errors import CandidateContractError
 from candidate_scheduler.core.spec import MAX_REQUEST_ID_LEN, CandidateTrajectorySpec
+from candidate_scheduler.core.values import value
 from candidate_scheduler.core.work import MAX_PROMPT_CHARS, SamplingSpec
 
 MAX_CANDIDATES = 256
@@ -23,7 +23,7 @@ MAX_OBSERVATIONS_PER_GROUP = 64
 MAX_DEADLINE_S = 3600.0  # a deadline further out than an hour is a mistake, not a budget
 
 
-@dataclass(frozen=True)
+@value
 class Submission:
     """A SUBMIT as the shell decoded it: arrays decoded, nothing else checked yet."""
 
@@ -38,7 +38,7 @@ class Submission:
     initial_noise: np.ndarray | None = None  # rollouts: caller-provided x_T [count, horizon, D]
 
 
-@dataclass(frozen=True)
+@value
 class GroupRequest:
     """A validated group: everything a worker needs, in domain types."""
 

@@ -25,12 +25,13 @@ from candidate_scheduler.core import deadlines
 from candidate_scheduler.core.forecast import duration
 from candidate_scheduler.core.planning import Unit, plan_dispatch, plan_step
 from candidate_scheduler.core.snapshot import PlanningSnapshot
+from candidate_scheduler.core.values import value
 
 ELASTIC_LOOKAHEAD = 4  # waiting slices per worker at the head whose elastic counts each pass reconsiders
 ELASTIC_BUDGET = 8  # counts reconsidered per pass beyond those of the groups it places
 
 
-@dataclass(frozen=True)
+@value
 class Placement:
     """One assignment: these units to this worker, joining its running batch when `join`."""
 
@@ -45,7 +46,7 @@ class Placement:
         return sum(u.size for u in self.units)
 
 
-@dataclass(frozen=True)
+@value
 class Resize:
     """Serve the first `count` candidates of an elastic group that has not started."""
 
@@ -53,7 +54,7 @@ class Resize:
     count: int
 
 
-@dataclass(frozen=True)
+@value
 class SchedulePlan:
     resizes: tuple[Resize, ...] = ()
     placements: tuple[Placement, ...] = ()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import cached_property
 
 import numpy as np
@@ -25,9 +25,10 @@ from candidate_scheduler.core.forecast import SimItem, SimWorker
 from candidate_scheduler.core.pending import PendingIndex
 from candidate_scheduler.core.planning import Unit, WorkerSlot
 from candidate_scheduler.core.stagger import MIN_SPACING_S, deep, delay, mixed
+from candidate_scheduler.core.values import value
 
 
-@dataclass(frozen=True)
+@value
 class RunningWork:
     """One assignment a worker holds."""
 
@@ -57,7 +58,7 @@ def _running_work(a) -> RunningWork:
     return view
 
 
-@dataclass(frozen=True)
+@value
 class WorkerView:
     worker_id: str
     rows: int  # the rows it may run at once: its capacity, capped by its predicted peak memory
@@ -71,18 +72,34 @@ class WorkerView:
     frees_at: float = field(init=False)  # when the first of what it holds is predicted to be done
 
     def __post_init__(self) -> None:
-        used = sum(a.rows for a in self.running)
+        # one pass over what it holds: a worker's view is rebuilt after every change to it, and under step
+        # batching it holds an assignment per row and as many again prefetched
+        used, first, last = 0, math.inf, -math.inf
+        for a in self.running:
+            used += a.rows
+            ends = a.ends_at
+            if ends < first:
+                first = ends
+            if ends > last:
+                last = ends
         free = max(0, self.rows - used)
-        object.__setattr__(self, "free_rows", free)
-        object.__setattr__(self, "spare", max(0, self.rows * (1 + self.prefetch) - used - free))
-        object.__setattr__(self, "forward_key", self.running[0].forward_key if self.running else None)
-        object.__setattr__(self, "busy_until", max((a.ends_at for a in self.running), default=0.0))
-        object.__setattr__(self, "frees_at", min((a.ends_at for a in self.running), default=0.0))
+        put = object.__setattr__
+        put(self, "free_rows", free)
+        put(self, "spare", max(0, self.rows * (1 + self.prefetch) - used - free))
+        put(self, "forward_key", self.running[0].forward_key if self.running else None)
+        put(self, "busy_until", last if self.running else 0.0)
+        put(self, "frees_at", first if self.running else 0.0)
 
     @classmethod
     def of(cls, w, rows: int, prefetch: int) -> WorkerView:
         """The view of a core.workers.WorkerState that may run `rows` rows at once now."""
-        return cls(w.worker_id, rows, w.conditions_aside, tuple(map(_running_work, w.assignments.values())), prefetch)
+        # each assignment's kept view, checked here rather than through a call per assignment (a step
+        # worker holds a dozen, and its view is rebuilt after every result it sends)
+        running = []
+        for a in w.assignments.values():
+            view = a.view
+            running.append(view if view is not None and view.ends_at == a.ends_at else _running_work(a))
+        return cls(w.worker_id, rows, w.conditions_aside, tuple(running), prefetch)
 
     def slot(self, spare: int | None = None) -> WorkerSlot:
         """For step batching: its free rows, and the spare rows it may hold for later (`spare` of them)."""
@@ -103,7 +120,7 @@ class WorkerView:
         return WorkerSlot(self.worker_id, self.rows, self.rows, self.forward_key)
 
 
-@dataclass(frozen=True)
+@value
 class GroupView:
     """A queued or running group, as the deadline rules see it."""
 
@@ -138,7 +155,7 @@ class GroupView:
                 for i, ids in enumerate(split_balanced(count, capacity))]
 
 
-@dataclass(frozen=True)
+@value
 class PlanningSnapshot:
     now: float
     batching: str

@@ -11,13 +11,14 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, field, fields
 from typing import Any
 
 import numpy as np
 
 from candidate_scheduler.core import reducers, rng
 from candidate_scheduler.core.errors import CandidateContractError
+from candidate_scheduler.core.values import value
 
 MAX_REQUEST_ID_LEN = 256
 ACTION_DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -77,7 +78,7 @@ def _check_keys(cls: type, data: Mapping[str, Any]) -> None:
             raise CandidateContractError(f.name, "invalid_value", f"required field of {cls.__name__} is missing")
 
 
-@dataclass(frozen=True)
+@value
 class CandidateTrajectorySpec:
     """How many candidates a request wants and how they become one action.
 
@@ -159,7 +160,7 @@ class CandidateTrajectorySpec:
         return cls(**dict(data))
 
 
-@dataclass(frozen=True)
+@value
 class EquivalenceRule:
     """How parity checks compare candidate actions: dtype of comparison, tolerances, and whether the
     model promises bitwise equality on CPU (batched == microbatched == sequential)."""
@@ -201,7 +202,7 @@ class EquivalenceRule:
         return cls(**dict(data))
 
 
-@dataclass(frozen=True)
+@value
 class ModelCapability:
     """What a model adapter declares about its candidate action path.
 

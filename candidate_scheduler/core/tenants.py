@@ -9,13 +9,13 @@ best-effort groups across tenants.
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass
 
 from candidate_scheduler.core.access import Principal, check_name
 from candidate_scheduler.core.fair_queue import FairClock
+from candidate_scheduler.core.values import value
 
 
-@dataclass(frozen=True)
+@value
 class TenantPolicy:
     """A tenant's limit on groups in flight (None: only the scheduler's) and its share's weight."""
 

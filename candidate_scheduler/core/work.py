@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from candidate_scheduler.core.embodiments import resolve_embodiment
+from candidate_scheduler.core.values import value
 
 ACTION_MODES = ("policy",)
 MAX_PROMPT_CHARS = 4096  # a prompt or a negative prompt (a text encoder reads a few hundred tokens)
@@ -18,7 +19,7 @@ DEFAULT_DOMAIN_ID = 0
 DEFAULT_RAW_ACTION_DIM = 7
 
 
-@dataclass(frozen=True)
+@value
 class SamplingSpec:
     """Sampling parameters of one group: the one definition of these fields (protocol.SamplingMsg is
     derived from it). What must match for two groups to share a batch: `batch_key`, `forward_key`."""
@@ -127,7 +128,7 @@ ROLLOUT_FIELDS = ("log_probs", "latents", "next_latents", "means", "stds", "fina
 ROLLOUT_META_FIELDS = ("sigmas", "timesteps", "step_indices")
 
 
-@dataclass(frozen=True)
+@value
 class CandidateWork:
     """One candidate to run: its identity and where its randomness starts.
 

@@ -59,6 +59,25 @@ def test_mean_and_median_values(case):
     np.testing.assert_array_equal(reduce("median", arr), np.median(arr.astype(np.float64), axis=0).astype(np.float32))
 
 
+def _mean_from_zeros(arr: np.ndarray) -> np.ndarray:
+    """The mean as first written: a float64 row of zeros, each row added in id order, divided by N."""
+    acc = np.zeros(arr.shape[1:], dtype=np.float64)
+    for row in arr.astype(np.float64):
+        acc += row
+    return (acc / arr.shape[0]).astype(np.float32)
+
+
+@SETTINGS
+@given(grouped_candidates(), st.sampled_from([0.0, -0.0]))
+def test_mean_is_bitwise_the_sum_from_zeros(case, zero):
+    # The mean starts from its first row rather than from zeros; every bit must stay as it was, signed
+    # zeros included (0.0 + -0.0 is +0.0, so a sum from zeros never yields -0.0).
+    arr = case[0].copy()
+    arr[0, 0, 0] = zero
+    arr[:, -1, -1] = zero  # a whole column of one zero's sign
+    assert reduce("mean", arr).tobytes() == _mean_from_zeros(arr).tobytes()
+
+
 def test_mean_accumulates_in_float64():
     # In float32, 1e8 + 1 + 1 - 1e8 loses the ones; computed in float64 the mean is exactly 0.5.
     arr = np.array([[1e8], [1.0], [1.0], [-1e8]], dtype=np.float32)
