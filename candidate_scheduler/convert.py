@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from dataclasses import dataclass
 
 import msgspec
 import numpy as np
@@ -18,6 +17,7 @@ import numpy as np
 from candidate_scheduler import protocol
 from candidate_scheduler.core import messages
 from candidate_scheduler.core.request import Submission
+from candidate_scheduler.core.values import value
 from candidate_scheduler.core.work import BatchReport, CandidateWork, GroupOutput, GroupWork, SamplingSpec
 
 # ---- sampling ---------------------------------------------------------------------------------------------
@@ -80,7 +80,7 @@ def result_to_wire(r: messages.GroupResult) -> protocol.GroupResult:
 # ---- scheduler -> worker ------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@value
 class GroupWire:
     images: protocol.Array  # [B, H, W, 3] uint8
     prompts: list[str]

@@ -71,11 +71,16 @@ INTERNAL_ERROR = "internal_error"
 _PLANNING_ATTEMPTS = 4  # planning passes per event when one raises on a group (which is then answered)
 
 
+def _ignore(*_args, **_kwargs) -> None:
+    return None
+
+
 class _NoMetrics:
     """The default metrics sink: every call is a no-op (tests that do not look at metrics)."""
 
     def __getattr__(self, name: str):
-        return lambda *args, **kwargs: None
+        setattr(self, name, _ignore)  # asked once per name: the engine calls a dozen per group
+        return _ignore
 
 
 class Engine:
