@@ -60,9 +60,9 @@ def _reduce_none(stacked: np.ndarray) -> Reduction:
 
 def _reduce_mean(stacked: np.ndarray) -> np.ndarray:
     # Explicit row loop: a fixed summation order (candidate-id order), independent of numpy's
-    # pairwise/SIMD strategy for np.sum. It starts from the first row plus 0.0, which is bitwise the
-    # sum from zeros (0.0 + x is x + 0.0, -0.0 included) without making and adding a row of zeros.
-    acc = stacked[0] + 0.0
+    # pairwise/SIMD strategy for np.sum. It starts from the first row plus 0.0 in float64, which is bitwise
+    # the sum from zeros (0.0 + x is x + 0.0, -0.0 included) without making and adding a row of zeros.
+    acc = np.add(stacked[0], 0.0, dtype=np.float64)
     for row in stacked[1:]:
         acc += row
     return acc / stacked.shape[0]

@@ -16,14 +16,25 @@ and `dataclasses.replace` are dataclass's own.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import TypeVar
 
 T = TypeVar("T")
 
 
 def value(cls: type[T]) -> type[T]:
-    """`@dataclass(frozen=True)`, built faster (see the module docstring)."""
+    """`@dataclass(frozen=True)`, built faster (see the module docstring). Refuses what its `__init__`
+    does not reproduce: keyword-only fields, init-only variables, a hand-written `__init__`."""
+    if "__init__" in cls.__dict__:
+        raise TypeError(f"{cls.__qualname__}: @value makes __init__; use @dataclass(frozen=True) for your own")
     cls = dataclasses.dataclass(frozen=True)(cls)
+    # InitVar pseudo-fields are in __dataclass_fields__ but not in fields(): dataclass marks them so
+    init_only = [name for name, f in cls.__dataclass_fields__.items()
+                 if f._field_type is dataclasses._FIELD_INITVAR]  # noqa: SLF001
+    keyword_only = [f.name for f in dataclasses.fields(cls) if f.kw_only]
+    if init_only or keyword_only:
+        raise TypeError(f"{cls.__qualname__}: @value makes no InitVar or keyword-only parameters "
+                        f"({', '.join(init_only + keyword_only)}); use @dataclass(frozen=True)")
     cls.__init__ = _init_of(cls)
     return cls
 
@@ -31,9 +42,11 @@ def value(cls: type[T]) -> type[T]:
 def _init_of(cls: type):
     fields = dataclasses.fields(cls)
     names = {f.name for f in fields}
-    me, into = "__value_self__", "__value_dict__"  # never a field's name: the fields are the parameters
+    me = "self" if "self" not in names else "__value_self__"  # as dataclass names it
+    into = "__value_dict__"
     assert me not in names and into not in names
-    scope: dict = {"__value_no_factory__": _NO_FACTORY}
+    # the module's names, so that typing.get_type_hints resolves the annotations of __init__
+    scope: dict = {**vars(sys.modules[cls.__module__]), "__value_no_factory__": _NO_FACTORY}
     params, body = [me], [f"{into} = {me}.__dict__"]
     for f in fields:
         if f.default is not dataclasses.MISSING:

@@ -82,6 +82,7 @@ def test_mean_accumulates_in_float64():
     # In float32, 1e8 + 1 + 1 - 1e8 loses the ones; computed in float64 the mean is exactly 0.5.
     arr = np.array([[1e8], [1.0], [1.0], [-1e8]], dtype=np.float32)
     assert reduce("mean", arr)[0] == np.float32(0.5)
+    assert reducers.get_reducer("mean")(arr)[0] == 0.5  # also when called on float32 rows directly
 
 
 @SETTINGS

@@ -2,7 +2,8 @@
 
 import dataclasses
 import inspect
-from dataclasses import field
+import typing
+from dataclasses import KW_ONLY, InitVar, field
 
 import pytest
 
@@ -64,3 +65,22 @@ def test_missing_arguments_are_refused_as_by_dataclass():
             cls()
         with pytest.raises(TypeError):
             cls(1, derived=3)  # not an init field
+
+
+@pytest.mark.parametrize("body", [
+    {"__annotations__": {"a": int, "b": int}, "a": field(default=0, kw_only=True), "b": 1},
+    {"__annotations__": {"a": int, "_": KW_ONLY, "b": int}},
+    {"__annotations__": {"a": int, "scale": InitVar[int]}},
+    {"__annotations__": {"a": int}, "__init__": lambda self, a: None},
+], ids=["kw_only", "KW_ONLY", "InitVar", "own __init__"])
+def test_what_its_init_would_not_reproduce_is_refused(body):
+    with pytest.raises(TypeError, match="@value"):
+        value(type("Refused", (), dict(body)))
+
+
+def test_the_annotations_of_init_resolve_in_the_module():
+    from candidate_scheduler.core.messages import GroupResult
+
+    hints = typing.get_type_hints(GroupResult.__init__)
+    assert hints["request_id"] is str and hints["return"] is type(None)
+    assert list(inspect.signature(GroupResult.__init__).parameters)[0] == "self"
