@@ -292,7 +292,7 @@ class GroupState:
         if sl.status is not WorkStatus.RUNNING or sl.worker_id != worker_id:
             return False
         ids = [int(c) for c in candidate_ids]
-        if (ids if len(ids) == 1 else sorted(ids)) != list(sl.candidate_ids):
+        if sorted(ids) != list(sl.candidate_ids):
             raise CandidateContractError(
                 "candidate_ids", "candidate_mismatch", f"slice {slice_idx} holds {sl.candidate_ids}", tuple(ids)
             )

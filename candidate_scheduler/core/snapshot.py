@@ -49,13 +49,11 @@ class RunningWork:
 
 
 def _running_work(a) -> RunningWork:
-    """The view of a core.workers.Assignment, kept on it until its predicted end moves (the only field of
-    it that changes: WorkerLink.reanchor)."""
-    view = a.view
-    if view is None or view.ends_at != a.ends_at:
-        view = a.view = RunningWork(a.batch_id, tuple((e.request_id, e.slice_index) for e in a.entries), a.rows,
-                                    a.cost_rows, a.steps, a.label, a.forward_key, a.sent_at, a.predicted_s, a.ends_at)
-    return view
+    """A new view of a core.workers.Assignment, kept on it (`WorkerView.of` builds one again only when
+    its predicted end moved: the only field of it that changes, WorkerLink.reanchor)."""
+    a.view = RunningWork(a.batch_id, tuple((e.request_id, e.slice_index) for e in a.entries), a.rows,
+                         a.cost_rows, a.steps, a.label, a.forward_key, a.sent_at, a.predicted_s, a.ends_at)
+    return a.view
 
 
 @value
