@@ -24,9 +24,12 @@ class DeadlineSettings:
     warmup_groups: int  # count-8 groups before anything is measured (caches, the cost model)
     capacity_iterations: int
     probe_window_s: float
-    # offered loads, in fixed-arm capacities (the smoke run's 4x overloads the fixed arm, so that its
-    # two points see refusals and elastic counts below 8); the full run had 0.75 and 1.25 too, which
-    # `make bench`'s 15 minutes no longer hold (each costs 2 arms x a window and a drain)
+    # offered loads, in fixed-arm capacities; the full run had 0.75 and 1.25 too, which `make bench`'s
+    # 15 minutes no longer hold (each costs 2 arms x a window and a drain). The smoke run's 8x must
+    # overload the worker whatever its two short probes measured, so that its elastic arm is served
+    # fewer than 8 candidates: two bisection steps put the capacity in [mu/4, 3mu/4], so 8x is at
+    # least 2 mu, twice what one worker can serve (4x was not: a CI run whose first probe saw one
+    # miss measured mu/4, offered exactly mu, and every elastic group was served 8)
     factors: tuple[float, ...]
     window_s: float  # the arrival window of each (arm, load)
     target_window_s: float  # ... of the target load (longer: the targets are read there)
@@ -54,6 +57,6 @@ def full() -> DeadlineSettings:
 def smoke() -> DeadlineSettings:
     return DeadlineSettings(
         smoke=True, seeds=(BASE_SEED, BASE_SEED + 1), unloaded_rounds=2, warmup_groups=1,
-        capacity_iterations=2, probe_window_s=4.0, factors=(1.5, 4.0), window_s=4.0, target_window_s=4.0,
+        capacity_iterations=2, probe_window_s=4.0, factors=(1.5, 8.0), window_s=4.0, target_window_s=4.0,
         sim_window_s=20.0, drain_extra_s=3.0,
     )

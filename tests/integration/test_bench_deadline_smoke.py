@@ -89,5 +89,6 @@ def test_every_elastic_reply_is_the_first_n_of_its_full_group(smoke_run):
         assert full.shape[0] == 8 and got.shape == (n, *full.shape[1:])
         assert got.tobytes() == np.ascontiguousarray(full[:n]).tobytes(), f"reply {k} (seed {seed}, n={n})"
         assert list(cand_seeds[k][:n]) == list(rng.candidate_seeds(int(seed), 8, "per_candidate")[:n])
-    # the smoke run's 4x load overloads the worker: some groups were served fewer than 8 candidates
+    # the smoke run's 8x load (>= 2 mu whatever the capacity probes measured, deadline_settings.smoke)
+    # overloads the worker: some groups were served fewer than 8 candidates
     assert (served < 8).any() and served.min() >= 2
