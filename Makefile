@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export SGLANG_DISABLE_COSMOS3_GUARDRAILS := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup system-deps openpi-client checkpoint run test test-unit test-integration lint bench reliability dashboards-check clean
+.PHONY: setup system-deps openpi-client checkpoint run test test-unit test-integration lint bench reliability dashboards-check gpu-check clean
 
 setup: $(STAMP) $(CKPT_STAMP)
 
@@ -66,6 +66,11 @@ bench: setup
 
 reliability: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/reliability --reliability-long
+
+# One short, prepared run on a lent CUDA machine (issue 24): bench/results/bench_cuda.json and report_cuda.md.
+# DRY_RUN=1: the same script end to end on the CPU with the tiny checkpoint (no figures; in make test).
+gpu-check:
+	DRY_RUN=$(DRY_RUN) scripts/gpu_check.sh
 
 dashboards-check: $(STAMP)
 	$(BIN)/python -m candidate_scheduler.service.dashboards_check grafana

@@ -39,6 +39,27 @@ def _init_one_process_world(init, attempts: int = 5) -> None:
             os.environ["MASTER_PORT"] = str(free_port())
 
 
+# "native": every sglang CustomOp runs its own PyTorch forward_native instead of its CUDA kernels
+# (`make gpu-check`'s fallback on a machine where sglang's JIT kernels cannot be built).
+OPS_ENV = "CANDIDATE_SCHEDULER_SGLANG_OPS"
+
+
+def _native_custom_ops() -> None:
+    """Must run before the pipeline is built: a CustomOp picks its forward in __init__."""
+    from sglang.multimodal_gen.runtime.layers.custom_op import CustomOp
+
+    if getattr(CustomOp, "_candidate_scheduler_native", False):
+        return
+    shipped = CustomOp.dispatch_forward
+
+    def dispatch_forward(self):
+        native = self._defined_forward("forward_native")
+        return native if native is not None else shipped(self)
+
+    CustomOp.dispatch_forward = dispatch_forward
+    CustomOp._candidate_scheduler_native = True
+
+
 def load_sglang_pipeline(model_dir: str | os.PathLike, device: str = "cpu"):
     """Load the checkpoint with sglang's own loader; returns (pipeline, server_args).
 
@@ -63,7 +84,13 @@ def load_sglang_pipeline(model_dir: str | os.PathLike, device: str = "cpu"):
     from sglang.multimodal_gen.runtime.server_args import ServerArgs, set_global_server_args
 
     model_dir = str(Path(model_dir).resolve())
-    server_args = ServerArgs.from_kwargs(model_path=model_dir, attention_backend="torch_sdpa")
+    # Say "keep every component on the device" out loud: sglang's defaults move a DiT to the CPU
+    # between calls for some task types, which a serving worker must never pay.
+    residency = {} if device == "cpu" else {"dit_cpu_offload": False, "text_encoder_cpu_offload": False,
+                                             "vae_cpu_offload": False, "dit_layerwise_offload": False}
+    server_args = ServerArgs.from_kwargs(model_path=model_dir, attention_backend="torch_sdpa", **residency)
+    if os.environ.get(OPS_ENV) == "native":
+        _native_custom_ops()
     stats = Path(model_dir) / "action_stats.json"
     if stats.exists():
         server_args.pipeline_config.action_stats_path = str(stats)

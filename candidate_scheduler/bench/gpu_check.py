@@ -1,0 +1,235 @@
+"""`make gpu-check` (`python -m candidate_scheduler.bench.gpu_check`): the first GPU figures, in one short
+run on a lent CUDA machine, under a time budget (issue 24).
+
+The full-size checkpoint (`make-checkpoint --preset full`, random bf16 weights, fixed seed) is written
+by parallel generator threads while the first phases run, to /dev/shm when it has room (sglang's loader
+reads a model directory, so the weights go through files; shared memory keeps them off the disk). Each
+phase (gpu_phases.py) runs in a child process with its own time cap, so that a phase that fails or
+overruns costs only itself and whatever finished is written: env, probe (the tiny checkpoint on the
+device; if sglang's shipped CUDA kernels fail there, the probe is repeated with sglang's own
+PyTorch-native ops and every later phase uses them, which the report says), equivalence, methods,
+fleet. Writes bench_cuda.json and report_cuda.md (and the fleet benchmark's own files).
+
+`--dry-run` runs every phase on the CPU with the tiny checkpoint at 64x64 (no figures): the proof,
+in `make test`, that the script is whole before any device time is spent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from candidate_scheduler.bench.common import DEFAULT_MODEL, git_rev, json_default
+from candidate_scheduler.bench.gpu_report import write_outputs
+from candidate_scheduler.worker.cosmos3_sglang import OPS_ENV
+
+FULL_SHAPE = {"height": 480, "width": 832, "steps": 35}
+FULL_NS = (1, 2, 4, 8, 10)
+DRY_SHAPE = {"height": 64, "width": 64, "steps": 4}
+DRY_NS = (1, 2)
+SHM = Path("/dev/shm")
+FULL_CHECKPOINT_GIB = 32  # what the full preset writes (29 GB transformer, 1.4 GB VAE), with room
+
+
+def settings_for(dry_run: bool, work: Path, model: str | None) -> dict:
+    tiny = str(DEFAULT_MODEL)
+    return {
+        "dry_run": dry_run,
+        "device": "cpu" if dry_run else "cuda",
+        "tiny_model": tiny,
+        "model": tiny if dry_run else (model or str(_full_dir(work))),
+        "probe_shape": DRY_SHAPE,
+        "shape": DRY_SHAPE if dry_run else FULL_SHAPE,
+        "ns": list(DRY_NS if dry_run else FULL_NS),
+        "cfg_guidance": 2.0,
+        "equivalence_n": 2 if dry_run else 4,
+        "equivalence_steps": 4 if dry_run else 10,
+        "warmup_steps": 2,
+        "reserve_s": 5.0,
+    }
+
+
+def _full_dir(work: Path) -> Path:
+    try:
+        if shutil.disk_usage(SHM).free > FULL_CHECKPOINT_GIB * 2**30:
+            return SHM / "cs-gpu-check-full"
+    except OSError:
+        pass
+    return work / "full-checkpoint"
+
+
+class Run:
+    """The phases of one gpu-check: each a child process with a cap; what it returned or why not."""
+
+    def __init__(self, out: Path, work: Path, budget_s: float, settings: dict):
+        self.out, self.work, self.settings = out, work, settings
+        self.t0 = time.monotonic()
+        self.deadline = self.t0 + budget_s
+        self.env = dict(os.environ, HF_HUB_OFFLINE="1", SGLANG_DISABLE_COSMOS3_GUARDRAILS="1",
+                        TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+        self.phases: dict[str, dict] = {}
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def say(self, text: str) -> None:
+        print(f"gpu-check [{time.monotonic() - self.t0:6.1f} s] {text}", flush=True)
+
+    def phase(self, name: str, cap_s: float, key: str | None = None, **extra) -> dict:
+        key = key or name
+        cap_s = max(1.0, min(cap_s, self.left()))
+        settings = {**self.settings, **extra, "phase_budget_s": cap_s}
+        sfile, rfile, log = (self.work / f"{key}.settings.json", self.work / f"{key}.result.json",
+                             self.work / f"{key}.log")
+        sfile.write_text(json.dumps(settings))
+        rfile.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "candidate_scheduler.bench.gpu_check", "--phase", name,
+               "--settings", str(sfile), "--result", str(rfile)]
+        self.say(f"{key}: start (cap {cap_s:.0f} s)")
+        t = time.monotonic()
+        with open(log, "w") as f:
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+            try:
+                rc = proc.wait(timeout=cap_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                rc = "timeout"
+        record = {"wall_s": round(time.monotonic() - t, 1), "cap_s": round(cap_s, 1), "rc": rc}
+        if rc == 0 and rfile.exists():
+            record["result"] = json.loads(rfile.read_text())
+        else:
+            record["log_tail"] = log.read_text(errors="replace").splitlines()[-30:]
+        self.phases[key] = record
+        self.say(f"{key}: {'ok' if 'result' in record else f'FAILED ({rc})'} in {record['wall_s']} s")
+        if "log_tail" in record:
+            print("\n".join("    " + line for line in record["log_tail"]), flush=True)
+        return record
+
+
+def _start_checkpoint(run: Run) -> subprocess.Popen | None:
+    model = Path(run.settings["model"])
+    if run.settings["dry_run"] or (model / "tiny_checkpoint.json").exists():
+        return None
+    run.say(f"full checkpoint: writing to {model} in the background")
+    log = open(run.work / "checkpoint.log", "w")
+    return subprocess.Popen([sys.executable, "-m", "candidate_scheduler.cli", "make-checkpoint", str(model),
+                             "--preset", "full"], stdout=log, stderr=subprocess.STDOUT, env=run.env,
+                            start_new_session=True)
+
+
+def _wait_checkpoint(run: Run, proc: subprocess.Popen | None, started: float, cap_s: float) -> dict:
+    if proc is None:
+        return {"written_by": "already there" if not run.settings["dry_run"] else "tiny (dry run)"}
+    try:
+        rc = proc.wait(timeout=max(1.0, cap_s))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        rc = "timeout"
+    model = Path(run.settings["model"])
+    size = sum(p.stat().st_size for p in model.rglob("*") if p.is_file()) if model.exists() else 0
+    record = {"rc": rc, "wall_s": round(time.monotonic() - started, 1), "dir": str(model), "bytes": size,
+              "written_by": "make-checkpoint --preset full (parallel generator threads, one writer)",
+              "log_tail": (run.work / "checkpoint.log").read_text(errors="replace").splitlines()[-5:]}
+    run.say(f"full checkpoint: rc {rc}, {size / 2**30:.1f} GiB in {record['wall_s']} s")
+    return record
+
+
+def _fleet(run: Run, cap_s: float) -> dict:
+    """The fleet benchmark (CPU only: the scheduler and null workers) on this machine's cores."""
+    smoke = run.settings["dry_run"] or cap_s < 200
+    dest = run.work / "fleet"
+    cmd = [sys.executable, "-m", "candidate_scheduler.bench", "--fleet", "--no-plots", "--out", str(dest)]
+    cmd += ["--smoke"] if smoke else []
+    run.say(f"fleet: start ({'smoke' if smoke else 'full'}, cap {cap_s:.0f} s)")
+    t = time.monotonic()
+    with open(run.work / "fleet.log", "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=run.env, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=max(1.0, cap_s))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            rc = "timeout"
+    found = sorted(dest.rglob("fleet*.json"))
+    record = {"rc": rc, "smoke": smoke, "wall_s": round(time.monotonic() - t, 1)}
+    if rc == 0 and found:
+        record["result"] = json.loads(found[0].read_text())
+        for report in dest.rglob("fleet*report*.md"):
+            shutil.copy(report, run.out / "fleet_cuda.md")
+    else:
+        record["log_tail"] = (run.work / "fleet.log").read_text(errors="replace").splitlines()[-20:]
+    run.say(f"fleet: rc {rc} in {record['wall_s']} s")
+    return record
+
+
+def orchestrate(args) -> int:
+    out, work = Path(args.out), Path(args.work)
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    settings = settings_for(args.dry_run, work, args.model)
+    run = Run(out, work, args.budget_s, settings)
+    started = time.monotonic()
+    writer = _start_checkpoint(run)
+    run.phase("env", 60)
+    probe = run.phase("probe", 120)
+    ops = "shipped"
+    if "result" not in probe and not args.dry_run:
+        ops = "native"
+        run.env[OPS_ENV] = "native"
+        probe = run.phase("probe", 100, key="probe_native")
+    checkpoint = _wait_checkpoint(run, writer, started, run.left() - 240)
+    usable = "result" in probe and checkpoint.get("rc", 0) in (0, None)
+    if usable:
+        run.phase("equivalence", min(180, run.left() - 200))
+        fleet_reserve = 40 if args.dry_run else 150
+        run.phase("methods", run.left() - fleet_reserve)
+    fleet = _fleet(run, run.left() - 10) if args.fleet else {"skipped": "--no-fleet"}
+    result = {"meta": {"created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                       "git": git_rev(), "dry_run": args.dry_run, "budget_s": args.budget_s, "ops": ops,
+                       "wall_s": round(time.monotonic() - run.t0, 1), "settings": settings},
+              "checkpoint": checkpoint, "phases": run.phases, "fleet": fleet}
+    files = write_outputs(result, out)
+    run.say(f"wrote {', '.join(str(f) for f in files)}")
+    failed = [k for k, v in run.phases.items() if "result" not in v and k != "probe"]
+    return 1 if failed or "result" not in probe else 0
+
+
+def run_child(args) -> int:
+    from candidate_scheduler.bench.gpu_phases import PHASES
+
+    settings = json.loads(Path(args.settings).read_text())
+    result = PHASES[args.phase](settings)
+    Path(args.result).write_text(json.dumps(result, default=json_default))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m candidate_scheduler.bench.gpu_check", description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="bench/results", help="where bench_cuda.json and report_cuda.md go")
+    p.add_argument("--work", default="/tmp/cs-gpu-check", help="phase logs and the full checkpoint (unless /dev/shm)")
+    p.add_argument("--budget-s", type=float, default=540.0, help="the whole run's time, set-up excluded (default 540)")
+    p.add_argument("--dry-run", action="store_true", help="every phase on the CPU, tiny checkpoint, 64x64: no figures")
+    p.add_argument("--model", default=None, help="a full-size checkpoint already written (default: write one)")
+    p.add_argument("--no-fleet", dest="fleet", action="store_false", help="skip the fleet benchmark")
+    p.add_argument("--phase", choices=["env", "probe", "equivalence", "methods"], help=argparse.SUPPRESS)
+    p.add_argument("--settings", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return run_child(args) if args.phase else orchestrate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""The phases of `make gpu-check` (gpu_check.py runs each in a child process with its own time cap).
+
+Each phase takes the settings dict the parent wrote and returns a JSON-able dict:
+- env: the device, the driver, torch, CUDA, sglang;
+- probe: the tiny checkpoint on the device (does sglang's Cosmos3 run here at all), with the
+  equivalence check at a small shape;
+- equivalence: batched candidates against sglang's pipeline run alone per seed, with CFG;
+- methods: (a) sequential sglang, (c) the worker's batched group, (d) end to end through the
+  scheduler, for each N, with peak device memory; the step count is the largest that fits the
+  phase's time, measured from a warm-up.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from candidate_scheduler.bench.common import PROMPT, package_version
+from candidate_scheduler.bench.settings import BASE_SEED
+
+METHOD_ORDER = ("a_sequential", "c_worker_batch", "d_scheduler_e2e")
+
+
+def _sampling(shape: dict, steps: int | None = None, guidance: float | None = None):
+    from candidate_scheduler.core.work import SamplingSpec
+
+    return SamplingSpec(height=int(shape["height"]), width=int(shape["width"]),
+                        steps=int(steps or shape["steps"]), guidance_scale=float(guidance or shape.get("guidance", 1.0)))
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def env(settings: dict) -> dict:
+    import torch
+
+    out = {"python": platform.python_version(), "torch": torch.__version__, "sglang": package_version("sglang"),
+           "cuda_available": torch.cuda.is_available(), "torch_cuda": torch.version.cuda,
+           "cpu_count": os.cpu_count(), "sgl_kernel": _sgl_kernel_kind()}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        out.update(device_name=props.name, device_memory_gib=round(props.total_memory / 2**30, 1),
+                   capability=f"{props.major}.{props.minor}")
+    try:
+        line = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
+                               "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        out["nvidia_smi"] = line.stdout.strip() or line.stderr.strip()
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        out["nvidia_smi"] = f"unavailable: {exc}"
+    return out
+
+
+def _sgl_kernel_kind() -> str:
+    try:
+        import sgl_kernel
+    except ImportError:
+        return "absent"
+    return "stand-in (scripts/gpu_shims)" if getattr(sgl_kernel, "STAND_IN", False) else package_version("sgl-kernel")
+
+
+def _adapter(settings: dict, model: str, capacity: int):
+    from candidate_scheduler.worker.cosmos3 import Cosmos3CandidateAdapter
+
+    t0 = time.perf_counter()
+    adapter = Cosmos3CandidateAdapter(model, device=settings["device"], max_candidates_per_batch=capacity,
+                                      conditioning_cache_mb=256)
+    adapter.server_args.batching_max_size = max(int(getattr(adapter.server_args, "batching_max_size", 1)), capacity)
+    return adapter, time.perf_counter() - t0
+
+
+def compare(adapter, sampling, n: int, device: str) -> dict:
+    """N candidates in one batched forward against sglang's pipeline run alone for each seed."""
+    from candidate_scheduler.core import rng
+    from candidate_scheduler.core.work import CandidateWork, GroupWork
+    from candidate_scheduler.service.client import synthetic_image
+    from candidate_scheduler.worker.cosmos3 import sglang_reference_actions
+
+    image = synthetic_image(sampling.height, sampling.width, seed=1)
+    seeds = rng.candidate_seeds(BASE_SEED, n, "per_candidate")
+    item = GroupWork(request_id="gpu-check-eq", images=image[None], prompts=[PROMPT], sampling=sampling,
+                     candidates=[CandidateWork(i, s) for i, s in enumerate(seeds)])
+    t0 = time.perf_counter()
+    outputs, _report = adapter.run_batch([item])
+    _sync(device)
+    batched_s = time.perf_counter() - t0
+    if outputs[0].status != "ok":
+        raise RuntimeError(f"batched run failed: {outputs[0].error_code}: {outputs[0].error}")
+    batched = np.asarray(outputs[0].actions, dtype=np.float64)[:, 0]
+    t0 = time.perf_counter()
+    alone = np.stack([sglang_reference_actions(adapter.pipeline, adapter.server_args, image, PROMPT, sampling, s)
+                      for s in seeds]).astype(np.float64)
+    _sync(device)
+    alone_s = time.perf_counter() - t0
+    rule = adapter.capability().equivalence
+    diff = np.abs(batched - alone)
+    scale = float(np.max(np.abs(alone))) or 1.0
+    return {"n": n, "sampling": sampling.to_dict(), "seeds": list(seeds),
+            "max_abs_diff": float(diff.max()), "max_rel_diff": float(diff.max() / scale),
+            "per_candidate_max_abs": [float(d.max()) for d in diff], "bitwise": bool(np.array_equal(batched, alone)),
+            "bound": {"atol": rule.atol, "rtol": rule.rtol},
+            "within_bound": bool(np.allclose(batched, alone, atol=rule.atol, rtol=rule.rtol)),
+            "finite": bool(np.isfinite(batched).all() and np.isfinite(alone).all()),
+            "batched_s": batched_s, "alone_s": alone_s}
+
+
+def probe(settings: dict) -> dict:
+    adapter, load_s = _adapter(settings, settings["tiny_model"], 8)
+    out = compare(adapter, _sampling(settings["probe_shape"]), 4, settings["device"])
+    out["load_s"] = load_s
+    out["ops"] = os.environ.get("CANDIDATE_SCHEDULER_SGLANG_OPS", "shipped")
+    return out
+
+
+def equivalence(settings: dict) -> dict:
+    adapter, load_s = _adapter(settings, settings["model"], 8)
+    shape = settings["shape"]
+    compare(adapter, _sampling(shape, steps=2, guidance=settings["cfg_guidance"]), 1, settings["device"])  # warm-up
+    out = compare(adapter, _sampling(shape, steps=settings["equivalence_steps"], guidance=settings["cfg_guidance"]),
+                  settings["equivalence_n"], settings["device"])
+    out["load_s"] = load_s
+    return out
+
+
+def _peak_gib(device: str) -> float | None:
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    return round(torch.cuda.max_memory_allocated() / 2**30, 2)
+
+
+def _reset_peak(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def choose_steps(per_candidate_step_s: float, budget_s: float, ns, methods: int, most: int, least: int = 2) -> int:
+    """The most denoise steps (<= most) whose timed pass fits budget_s: every method runs every N once,
+    and a candidate-step costs per_candidate_step_s whether batched or not (the bound when the
+    device is saturated, so an over-estimate for batched methods)."""
+    per_step = per_candidate_step_s * sum(ns) * methods
+    if per_step <= 0:
+        return most
+    return int(max(least, min(most, budget_s // per_step)))
+
+
+def methods(settings: dict) -> dict:
+    """(a), (c), (d) at one shape for every N, one timed run each after one warm-up per method."""
+    from candidate_scheduler.bench.methods import Bench
+    from candidate_scheduler.service.launcher import Launcher
+
+    device, ns, shape = settings["device"], list(settings["ns"]), settings["shape"]
+    t_start = time.perf_counter()
+    deadline = t_start + float(settings["phase_budget_s"])
+    launcher = Launcher(Path(tempfile.mkdtemp(prefix="gpu-check-")), ready_timeout_s=120)
+    bench = None
+    try:
+        service = launcher.scheduler(name="scheduler")
+        launcher.worker(service, "cosmos3", max(16, max(ns)), model=settings["model"], device=device)
+        adapter, load_s = _adapter(settings, settings["model"], max(16, max(ns)))
+        service.wait_workers(1, timeout_s=max(30.0, deadline - time.perf_counter()), poll_s=0.2)
+        ready_s = time.perf_counter() - t_start
+        bench = Bench(adapter, service, device)
+        warm_steps = int(settings["warmup_steps"])
+        bench.set_shape({**shape, "steps": warm_steps})
+        warm = {}
+        for method, n in (("c_worker_batch", max(ns)), ("a_sequential", 1), ("d_scheduler_e2e", 1)):
+            bench.fresh_conditioning()
+            warm[f"{method}/N={n}"] = bench.run(method, n).latency_s
+        per_candidate_step = warm["a_sequential/N=1"] / warm_steps
+        left = deadline - time.perf_counter() - float(settings["reserve_s"])
+        steps = choose_steps(per_candidate_step, left, ns, len(METHOD_ORDER), int(shape["steps"]))
+        bench.set_shape({**shape, "steps": steps})
+        rows = []
+        for k, n in enumerate(ns):
+            bench.set_image(100 + n)
+            order = METHOD_ORDER[k % 3:] + METHOD_ORDER[:k % 3]
+            runs = {}
+            for method in order:
+                bench.fresh_conditioning()
+                _reset_peak(device)
+                run = bench.run(method, n)
+                runs[method] = run
+                rows.append({"method": method, "n": n, "latency_s": run.latency_s, "forwards": run.forwards,
+                             "peak_gib": _peak_gib(device) if method != "d_scheduler_e2e" else None,
+                             **{k2: v for k2, v in (run.extra or {}).items() if isinstance(v, (int, float, str))}})
+            ref = runs["a_sequential"].actions.astype(np.float64)
+            for row in rows[-len(order):]:
+                row["max_abs_vs_a"] = float(np.max(np.abs(runs[row["method"]].actions.astype(np.float64) - ref)))
+        return {"shape": {**shape, "steps": steps}, "steps_most": int(shape["steps"]), "warmup_steps": warm_steps,
+                "warmup_s": warm, "per_candidate_step_s": per_candidate_step, "load_s": load_s, "ready_s": ready_s,
+                "rows": rows, "wall_s": time.perf_counter() - t_start}
+    finally:
+        if bench is not None:
+            bench.close()
+        launcher.close(timeout_s=10)
+
+
+PHASES = {"env": env, "probe": probe, "equivalence": equivalence, "methods": methods}
