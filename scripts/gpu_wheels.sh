@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The wheels `make gpu-check` installs on a lent CUDA machine with no package registry (Python 3.12,
-# x86-64, its own torch): the lock's pins minus torch and its CUDA stack, what that image already holds,
-# and test tools. Written to .whl/ (git-ignored); sglang's Rust server extensions are dropped from its
-# wheel (17 MB; the diffusion runtime does not import them) so the call's 64 MiB limit holds.
+# x86-64, its own torch): the distributions named in scripts/gpu_wheels.txt at the lock's versions, and
+# sglang. Written to .whl/ (git-ignored); sglang's Rust server extensions are dropped from its wheel
+# (17 MB; the diffusion runtime does not import them) so the call's 64 MiB limit holds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .whl
-KEEP='^(addict|annotated-doc|annotated-types|apache-tvm-ffi|cache_dit|compressed-tensors|diffusers|dill|einops|fastapi|httpcore2|httpx2|huggingface_hub|importlib_metadata|importlib_resources|lazy-importer|loguru|msgspec|orjson|partial-json-parser|prometheus_client|pybase64|pydantic|pydantic_core|python-multipart|pyzmq|setproctitle|starlette|tokenizers|transformers|typing-inspection|uvicorn|websockets)=='
+KEEP="^($(grep -v '^#' scripts/gpu_wheels.txt | paste -sd'|'))=="
 grep -E "$KEEP" requirements/lock.txt > .whl/requirements.txt
 PLATFORMS=()
 for p in manylinux_2_17 manylinux_2_24 manylinux_2_27 manylinux_2_28 manylinux_2_31 manylinux_2_34 manylinux2014 manylinux1; do

@@ -5,7 +5,8 @@ The full-size checkpoint (`make-checkpoint --preset full`, random bf16 weights, 
 by parallel generator threads while the first phases run, to /dev/shm when it has room (sglang's loader
 reads a model directory, so the weights go through files; shared memory keeps them off the disk). Each
 phase (gpu_phases.py) runs in a child process with its own time cap, so that a phase that fails or
-overruns costs only itself and whatever finished is written: env, probe (the tiny checkpoint on the
+overruns costs only itself and whatever finished is written: env, cuda_imports (the rehearsal only:
+gpu_rehearsal.py), probe (the tiny checkpoint on the
 device; if sglang's shipped CUDA kernels fail there, the probe is repeated with sglang's own
 PyTorch-native ops and every later phase uses them, which the report says), equivalence, methods,
 fleet. Writes bench_cuda.json and report_cuda.md (and the fleet benchmark's own files).
@@ -180,6 +181,8 @@ def orchestrate(args) -> int:
     started = time.monotonic()
     writer = _start_checkpoint(run)
     run.phase("env", 60)
+    if args.dry_run:
+        run.phase("cuda_imports", 120)
     probe = run.phase("probe", 120)
     ops = "shipped"
     if "result" not in probe and not args.dry_run:
@@ -189,8 +192,8 @@ def orchestrate(args) -> int:
     checkpoint = _wait_checkpoint(run, writer, started, run.left() - 240)
     usable = "result" in probe and checkpoint.get("rc", 0) in (0, None)
     if usable:
-        run.phase("equivalence", min(180, run.left() - 200))
-        fleet_reserve = 40 if args.dry_run else 150
+        run.phase("equivalence", min(150, run.left() - 170))
+        fleet_reserve = (40 if args.dry_run else 150) if args.fleet else 5
         run.phase("methods", run.left() - fleet_reserve)
     fleet = _fleet(run, run.left() - 10) if args.fleet else {"skipped": "--no-fleet"}
     result = {"meta": {"created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -220,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="every phase on the CPU, tiny checkpoint, 64x64: no figures")
     p.add_argument("--model", default=None, help="a full-size checkpoint already written (default: write one)")
     p.add_argument("--no-fleet", dest="fleet", action="store_false", help="skip the fleet benchmark")
-    p.add_argument("--phase", choices=["env", "probe", "equivalence", "methods"], help=argparse.SUPPRESS)
+    p.add_argument("--phase", choices=["env", "cuda_imports", "probe", "equivalence", "methods"], help=argparse.SUPPRESS)
     p.add_argument("--settings", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     return p

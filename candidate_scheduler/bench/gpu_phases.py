@@ -2,6 +2,7 @@
 
 Each phase takes the settings dict the parent wrote and returns a JSON-able dict:
 - env: the device, the driver, torch, CUDA, sglang;
+- cuda_imports (the CPU rehearsal only): gpu_rehearsal.py;
 - probe: the tiny checkpoint on the device (does sglang's Cosmos3 run here at all), with the
   equivalence check at a small shape;
 - equivalence: batched candidates against sglang's pipeline run alone per seed, with CFG;
@@ -22,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from candidate_scheduler.bench.common import PROMPT, package_version
+from candidate_scheduler.bench.gpu_rehearsal import cuda_imports
 from candidate_scheduler.bench.settings import BASE_SEED
 
 METHOD_ORDER = ("a_sequential", "c_worker_batch", "d_scheduler_e2e")
@@ -115,7 +117,7 @@ def compare(adapter, sampling, n: int, device: str) -> dict:
 
 def probe(settings: dict) -> dict:
     adapter, load_s = _adapter(settings, settings["tiny_model"], 8)
-    out = compare(adapter, _sampling(settings["probe_shape"]), 4, settings["device"])
+    out = compare(adapter, _sampling(settings["probe_shape"], guidance=settings["cfg_guidance"]), 4, settings["device"])
     out["load_s"] = load_s
     out["ops"] = os.environ.get("CANDIDATE_SCHEDULER_SGLANG_OPS", "shipped")
     return out
@@ -209,4 +211,4 @@ def methods(settings: dict) -> dict:
         launcher.close(timeout_s=10)
 
 
-PHASES = {"env": env, "probe": probe, "equivalence": equivalence, "methods": methods}
+PHASES = {"env": env, "cuda_imports": cuda_imports, "probe": probe, "equivalence": equivalence, "methods": methods}

@@ -10,6 +10,11 @@ is never taken through a kernel this file does not implement. The report says wh
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+
 import torch
 
 STAND_IN = True
@@ -38,12 +43,45 @@ def silu_and_mul(input, out=None):  # noqa: A002
     return out
 
 
+class _Missing:
+    """A name sgl_kernel would have: its attributes are further missing names (sglang reads constants
+    such as `scalar_types.uint4b8` at import time); calling any of them raises, naming it."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _Missing(f"{self._name}.{attr}")
+
+    def __call__(self, *_args, **_kwargs):
+        raise NotImplementedError(f"sgl_kernel.{self._name} is not in the gpu-check stand-in (scripts/gpu_shims)")
+
+
 def __getattr__(name: str):
     if name.startswith("__"):
         raise AttributeError(name)
+    return _Missing(name)
 
-    def missing(*_args, **_kwargs):
-        raise NotImplementedError(f"sgl_kernel.{name} is not in the gpu-check stand-in (scripts/gpu_shims)")
 
-    missing.__name__ = name
-    return missing
+class _Submodules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """`from sgl_kernel.quantization import X` (sglang's srt layers import several submodules at
+    import time): each submodule is a module whose every name raises when called."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname.startswith(__name__ + "."):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = types.ModuleType(spec.name)
+        module.__path__ = []
+        module.__getattr__ = __getattr__
+        return module
+
+    def exec_module(self, module):
+        pass
+
+
+sys.meta_path.append(_Submodules())

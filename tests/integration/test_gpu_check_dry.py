@@ -1,0 +1,40 @@
+"""`make gpu-check DRY_RUN=1`: the GPU check's script end to end on the CPU (tiny checkpoint, 64x64), so
+that a lent machine's few minutes are never spent on a script that is not whole. Its CUDA import path
+is rehearsed too (gpu_rehearsal.py): sglang's platform forced to CUDA, through the same stand-ins."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_gpu_check_runs_whole_on_the_cpu(tmp_path):
+    env = {**os.environ, "DRY_RUN": "1", "GPU_CHECK_OUT": str(tmp_path)}
+    proc = subprocess.run([str(ROOT / "scripts" / "gpu_check.sh"), "--no-fleet", "--work", str(tmp_path / "work")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    result = json.loads((tmp_path / "bench_cuda_dry.json").read_text())
+    phases = result["phases"]
+    assert set(phases) == {"env", "cuda_imports", "probe", "equivalence", "methods"}
+    assert all("result" in p for p in phases.values()), {k: p.get("log_tail") for k, p in phases.items()}
+
+    imports = phases["cuda_imports"]["result"]
+    assert "Cuda" in imports["platform"] and imports["uncovered"] == []
+    assert {"torch", "diffusers", "pyzmq"} <= {d.lower() for d in imports["distributions"]}
+
+    for name in ("probe", "equivalence"):  # bitwise on the CPU, with CFG
+        eq = phases[name]["result"]
+        assert eq["bitwise"] and eq["max_abs_diff"] == 0.0 and eq["sampling"]["guidance_scale"] == 2.0, (name, eq)
+
+    methods = phases["methods"]["result"]
+    rows = {(r["method"], r["n"]): r for r in methods["rows"]}
+    assert set(rows) == {(m, n) for m in ("a_sequential", "c_worker_batch", "d_scheduler_e2e") for n in (1, 2)}
+    assert all(r["latency_s"] > 0 and r["max_abs_vs_a"] == 0.0 for r in rows.values())
+    assert 2 <= methods["shape"]["steps"] <= 4
+
+    report = (tmp_path / "report_cuda_dry.md").read_text()
+    assert "DRY RUN" in report and "| (c) vs (a) at N=8 |" in report

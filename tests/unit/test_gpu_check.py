@@ -1,0 +1,136 @@
+"""make gpu-check's pure parts: the step budget, the distribution coverage, the headline ratios and
+the report, and the stand-ins the lent machine imports instead of sgl_kernel and a broken sphinx."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from candidate_scheduler.bench.gpu_phases import choose_steps
+from candidate_scheduler.bench.gpu_rehearsal import SCRIPTS, normalise, read_names, uncovered
+from candidate_scheduler.bench.gpu_report import headline, markdown
+
+NS = (1, 2, 4, 8, 10)
+
+
+@pytest.mark.parametrize(("per_step", "budget", "most", "expected"), [
+    (0.05, 1000.0, 35, 35),   # room for all: the most
+    (0.05, 100.0, 35, 26),    # 100 s / (0.05 s x 25 candidates x 3 methods) = 26.7
+    (0.05, 10.0, 35, 2),      # never below the least
+    (0.0, 10.0, 35, 35),      # a warm-up too quick to time: the most
+])
+def test_choose_steps_fits_the_budget(per_step, budget, most, expected):
+    assert choose_steps(per_step, budget, NS, 3, most) == expected
+
+
+def test_uncovered_names_what_the_lent_machine_lacks():
+    image = {normalise(n) for n in ("numpy", "Jinja2", "typing_extensions")}
+    carried = {normalise(n) for n in ("truststore",)}
+    imported = {"numpy", "jinja2", "typing-extensions", "truststore", "torch", "nvidia-cublas", "cuda-bindings",
+                "sglang", "candidate-scheduler", "ipython", "gguf"}
+    assert uncovered(imported, image, carried) == ["gguf", "ipython"]
+
+
+def test_the_lists_are_read_without_comments():
+    carried = read_names(SCRIPTS / "gpu_wheels.txt")
+    image = read_names(SCRIPTS / "gpu_image_packages.txt")
+    assert {"truststore", "ipython", "transformers", "diffusers", "pyzmq"} <= carried
+    assert {"torch", "numpy", "nvidia-ml-py"} <= image
+    assert not any(name.startswith("#") for name in carried | image)
+    # every carried name is pinned in the lock (gpu_wheels.sh downloads the lock's version)
+    lock = {normalise(line.split("==")[0]) for line in (SCRIPTS.parent / "requirements" / "lock.txt").read_text().split()}
+    assert carried <= lock
+
+
+def _result(latencies: dict | None, eq: dict | None) -> dict:
+    phases = {"env": {"wall_s": 1, "cap_s": 60, "rc": 0, "result": {"device_name": "NVIDIA H200", "nvidia_smi": "x"}}}
+    if latencies is not None:
+        rows = [{"method": m, "n": n, "latency_s": s, "peak_gib": 30.0, "max_abs_vs_a": 0.0}
+                for (m, n), s in latencies.items()]
+        phases["methods"] = {"wall_s": 1, "cap_s": 9, "rc": 0, "result": {
+            "shape": {"height": 480, "width": 832, "steps": 20}, "steps_most": 35, "per_candidate_step_s": 0.05,
+            "rows": rows, "load_s": 30, "ready_s": 40}}
+    if eq is not None:
+        phases["equivalence"] = {"wall_s": 1, "cap_s": 9, "rc": 0, "result": eq}
+    return {"meta": {"dry_run": False, "git": "abc", "created": "now", "wall_s": 10, "budget_s": 540, "ops": "shipped"},
+            "checkpoint": {"written_by": "x"}, "phases": phases, "fleet": {}}
+
+
+def test_headline_ratios_come_from_the_method_rows():
+    lat = {("a_sequential", 1): 1.0, ("c_worker_batch", 1): 1.0, ("d_scheduler_e2e", 1): 1.01,
+           ("a_sequential", 8): 8.0, ("c_worker_batch", 8): 2.0, ("d_scheduler_e2e", 8): 2.05}
+    eq = {"n": 4, "sampling": {"height": 480, "width": 832, "steps": 10, "guidance_scale": 2.0}, "max_abs_diff": 0.01,
+          "max_rel_diff": 0.001, "bitwise": False, "bound": {"atol": 0.05, "rtol": 0.05}, "within_bound": True,
+          "finite": True, "per_candidate_max_abs": [0.01] * 4, "batched_s": 1.0, "alone_s": 3.0}
+    result = _result(lat, eq)
+    h = headline(result)
+    assert h["c_n8_over_n1"] == pytest.approx(2.0)
+    assert h["c_vs_a_speedup_n8"] == pytest.approx(4.0)
+    assert h["d_over_c_n8"] == pytest.approx(1.025)
+    assert h["d_minus_c_n8_ms"] == pytest.approx(50.0)
+    assert h["equivalence_within_bound"] is True
+    result["headline"] = h
+    text = markdown(result)
+    assert "| (c) vs (a) at N=8 | 4.00x | >= 4.5x |" in text
+    assert "| 8 | 8.000 | 2.000 | 2.050 | 4.00x | 50 |" in text
+
+
+def test_a_run_whose_phases_failed_reports_dashes_not_figures():
+    result = _result(None, None)
+    result["phases"]["probe"] = {"wall_s": 15, "cap_s": 120, "rc": 1, "log_tail": ["ImportError"]}
+    h = headline(result)
+    assert h["c_n8_over_n1"] is None and h["equivalence_max_abs"] is None
+    result["headline"] = h
+    text = markdown(result)
+    assert "| (c) latency N=8 / N=1 | - | <= 1.3x |" in text
+    assert "| probe | 15 | 120 | 1 |" in text
+
+
+def _run_with_shims(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(SCRIPTS / "gpu_shims"), "PATH": "/usr/bin:/bin"})
+
+
+def test_the_sgl_kernel_stand_in_computes_rmsnorm_and_refuses_the_rest():
+    proc = _run_with_shims("""
+        import torch, sgl_kernel
+        from sgl_kernel.quantization import scalar_types   # a submodule, imported at sglang's import time
+        consts = [scalar_types.uint4b8, scalar_types.uint8b128]
+        torch.manual_seed(0)
+        x, w, r = torch.randn(3, 16, dtype=torch.bfloat16), torch.randn(16, dtype=torch.bfloat16), torch.randn(3, 16, dtype=torch.bfloat16)
+        xf = x.float()
+        ref = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(torch.bfloat16) * w
+        assert torch.equal(sgl_kernel.rmsnorm(x, w, 1e-6), ref)
+        x2, r2 = x.clone(), r.clone()
+        sgl_kernel.fused_add_rmsnorm(x2, r2, w, 1e-6)
+        assert torch.equal(r2, r + x) and torch.equal(x2, sgl_kernel.rmsnorm(r + x, w, 1e-6))
+        g = torch.randn(2, 8)
+        assert torch.allclose(sgl_kernel.silu_and_mul(g), torch.nn.functional.silu(g[:, :4]) * g[:, 4:])
+        for f in (sgl_kernel.some_fused_gemm, consts[0]):
+            try:
+                f()
+            except NotImplementedError as e:
+                print("refused:", e)
+            else:
+                raise SystemExit("a missing kernel ran")
+        """)
+    assert proc.returncode == 0, proc.stderr
+    assert "refused: sgl_kernel.some_fused_gemm is not in the gpu-check stand-in" in proc.stdout
+    assert "refused: sgl_kernel.scalar_types.uint4b8" in proc.stdout
+
+
+def test_the_sphinx_stand_in_says_sphinx_is_not_installed():
+    # sglang's platforms/cuda.py catches ModuleNotFoundError only: an ImportError would break it
+    proc = _run_with_shims("""
+        try:
+            from sphinx.ext.autodoc.mock import _MockModule
+        except ModuleNotFoundError:
+            print("not installed")
+        """)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "not installed"
+    assert Path(SCRIPTS / "gpu_shims" / "sphinx" / "__init__.py").exists()
