@@ -67,7 +67,7 @@ def _full_dir(work: Path) -> Path:
     return work / "full-checkpoint"
 
 
-class Run:
+class GpuCheck:
     """The phases of one gpu-check: each a child process with a cap; what it returned or why not."""
 
     def __init__(self, out: Path, work: Path, budget_s: float, settings: dict):
@@ -116,7 +116,7 @@ class Run:
         return record
 
 
-def _start_checkpoint(run: Run) -> subprocess.Popen | None:
+def _start_checkpoint(run: GpuCheck) -> subprocess.Popen | None:
     model = Path(run.settings["model"])
     if run.settings["dry_run"] or (model / "tiny_checkpoint.json").exists():
         return None
@@ -127,7 +127,7 @@ def _start_checkpoint(run: Run) -> subprocess.Popen | None:
                             start_new_session=True)
 
 
-def _wait_checkpoint(run: Run, proc: subprocess.Popen | None, started: float, cap_s: float) -> dict:
+def _wait_checkpoint(run: GpuCheck, proc: subprocess.Popen | None, started: float, cap_s: float) -> dict:
     if proc is None:
         return {"written_by": "already there" if not run.settings["dry_run"] else "tiny (dry run)"}
     try:
@@ -144,7 +144,7 @@ def _wait_checkpoint(run: Run, proc: subprocess.Popen | None, started: float, ca
     return record
 
 
-def _fleet(run: Run, cap_s: float) -> dict:
+def _fleet(run: GpuCheck, cap_s: float) -> dict:
     """The fleet benchmark (CPU only: the scheduler and null workers) on this machine's cores."""
     smoke = run.settings["dry_run"] or cap_s < 200
     dest = run.work / "fleet"
@@ -177,7 +177,7 @@ def orchestrate(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     settings = settings_for(args.dry_run, work, args.model)
-    run = Run(out, work, args.budget_s, settings)
+    run = GpuCheck(out, work, args.budget_s, settings)
     started = time.monotonic()
     writer = _start_checkpoint(run)
     run.phase("env", 60)
