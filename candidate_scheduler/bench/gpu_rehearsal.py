@@ -4,8 +4,9 @@ The first lent H200 (2026-12-04) spent its 15 minutes on failures no CPU run cou
 imports only on CUDA (sgl_kernel and its submodules), and distributions the lent image lacks (truststore,
 IPython) or holds broken (an empty `sphinx` folder). This phase imports the worker's whole sglang chain
 with sglang's platform forced to CUDA and torch told it has an H200 (imports only: nothing runs), through
-the same stand-ins the device run uses, and lists every distribution imported that is neither in the
-lent image (scripts/gpu_image_packages.txt) nor carried (scripts/gpu_wheels.txt) nor ours.
+the same stand-ins the device run uses, builds the worker's sglang ServerArgs as on the device, and
+lists every distribution imported that is neither in the lent image (scripts/gpu_image_packages.txt)
+nor carried (scripts/gpu_wheels.txt) nor ours.
 """
 
 from __future__ import annotations
@@ -61,13 +62,14 @@ def pretend_h200() -> None:
     props = types.SimpleNamespace(name="NVIDIA H200", major=9, minor=0, multi_processor_count=132,
                                   total_memory=140 * 2**30, L2_cache_size=60 * 2**20, warp_size=32,
                                   regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048,
-                                  shared_memory_per_block_optin=232448)
+                                  shared_memory_per_block_optin=232448, is_integrated=False)
     torch.cuda.is_available = lambda: True
     torch.cuda.device_count = lambda: 1
     torch.cuda.current_device = lambda: 0
     torch.cuda.get_device_capability = lambda *a: (9, 0)
     torch.cuda.get_device_name = lambda *a: props.name
     torch.cuda.get_device_properties = lambda *a: props
+    torch.cuda.mem_get_info = lambda *a: (props.total_memory - 2**30, props.total_memory)
 
 
 def imported_distributions() -> set[str]:
@@ -86,10 +88,18 @@ def cuda_imports(settings: dict) -> dict:
         importlib.import_module(name)
     from sglang.multimodal_gen.runtime.platforms import current_platform
 
+    from candidate_scheduler.worker.cosmos3_sglang import sglang_server_args
+
+    # the worker's own ServerArgs, as on the device (sglang sizes its offload policy by the GPU's memory)
+    args = sglang_server_args(settings["tiny_model"], "cuda")
+    resident = not (args.dit_cpu_offload or args.text_encoder_cpu_offload or args.vae_cpu_offload
+                    or args.dit_layerwise_offload)
+    if not resident:
+        raise RuntimeError("the worker's ServerArgs on CUDA would move a component off the device")
     dists = imported_distributions()
     missing = uncovered(dists, read_names(SCRIPTS / "gpu_image_packages.txt"), read_names(SCRIPTS / "gpu_wheels.txt"))
     if missing:
         raise RuntimeError(f"imported on the CUDA path, absent on the lent machine: {missing} "
                            "(add them to scripts/gpu_wheels.txt)")
     return {"platform": type(current_platform).__name__, "chain": list(CHAIN), "distributions": sorted(dists),
-            "uncovered": missing}
+            "uncovered": missing, "task_type": str(args.pipeline_config.task_type), "resident": resident}

@@ -60,6 +60,23 @@ def _native_custom_ops() -> None:
     CustomOp._candidate_scheduler_native = True
 
 
+def sglang_server_args(model_dir: str | os.PathLike, device: str = "cpu"):
+    """sglang's ServerArgs for one worker's checkpoint (what load_sglang_pipeline builds it with)."""
+    from sglang.multimodal_gen.runtime.server_args import ServerArgs
+
+    model_dir = str(Path(model_dir).resolve())
+    # Say "keep every component on the device" out loud: Cosmos3's task type is TI2V, for which sglang's
+    # defaults move the DiT and the text pathway to the CPU between calls (unless its memory check
+    # overrides them), which a serving worker must never pay.
+    residency = {} if device == "cpu" else {"dit_cpu_offload": False, "text_encoder_cpu_offload": False,
+                                             "vae_cpu_offload": False, "dit_layerwise_offload": False}
+    server_args = ServerArgs.from_kwargs(model_path=model_dir, attention_backend="torch_sdpa", **residency)
+    stats = Path(model_dir) / "action_stats.json"
+    if stats.exists():
+        server_args.pipeline_config.action_stats_path = str(stats)
+    return server_args
+
+
 def load_sglang_pipeline(model_dir: str | os.PathLike, device: str = "cpu"):
     """Load the checkpoint with sglang's own loader; returns (pipeline, server_args).
 
@@ -81,19 +98,11 @@ def load_sglang_pipeline(model_dir: str | os.PathLike, device: str = "cpu"):
         maybe_init_distributed_environment_and_model_parallel,
     )
     from sglang.multimodal_gen.runtime.pipelines_core import build_pipeline
-    from sglang.multimodal_gen.runtime.server_args import ServerArgs, set_global_server_args
+    from sglang.multimodal_gen.runtime.server_args import set_global_server_args
 
-    model_dir = str(Path(model_dir).resolve())
-    # Say "keep every component on the device" out loud: sglang's defaults move a DiT to the CPU
-    # between calls for some task types, which a serving worker must never pay.
-    residency = {} if device == "cpu" else {"dit_cpu_offload": False, "text_encoder_cpu_offload": False,
-                                             "vae_cpu_offload": False, "dit_layerwise_offload": False}
-    server_args = ServerArgs.from_kwargs(model_path=model_dir, attention_backend="torch_sdpa", **residency)
+    server_args = sglang_server_args(model_dir, device)
     if os.environ.get(OPS_ENV) == "native":
         _native_custom_ops()
-    stats = Path(model_dir) / "action_stats.json"
-    if stats.exists():
-        server_args.pipeline_config.action_stats_path = str(stats)
     set_global_server_args(server_args)
     _init_one_process_world(maybe_init_distributed_environment_and_model_parallel)
     pipeline = build_pipeline(server_args)

@@ -23,7 +23,7 @@ def test_the_gpu_check_runs_whole_on_the_cpu(tmp_path):
     assert all("result" in p for p in phases.values()), {k: p.get("log_tail") for k, p in phases.items()}
 
     imports = phases["cuda_imports"]["result"]
-    assert "Cuda" in imports["platform"] and imports["uncovered"] == []
+    assert "Cuda" in imports["platform"] and imports["uncovered"] == [] and imports["resident"]
     assert {"torch", "diffusers", "pyzmq"} <= {d.lower() for d in imports["distributions"]}
 
     for name in ("probe", "equivalence"):  # bitwise on the CPU, with CFG
