@@ -8,7 +8,7 @@ phase (gpu_phases.py) runs in a child process with its own time cap, so that a p
 overruns costs only itself and whatever finished is written: env, cuda_imports (the rehearsal only:
 gpu_rehearsal.py), probe (the tiny checkpoint on the
 device; if sglang's shipped CUDA kernels fail there, the probe is repeated with sglang's own
-PyTorch-native ops and every later phase uses them, which the report says), equivalence, methods,
+PyTorch-native ops and every later phase uses them, which the report says), equivalence, methods, load,
 fleet. Writes bench_cuda.json and report_cuda.md (and the fleet benchmark's own files).
 
 `--dry-run` runs every phase on the CPU with the tiny checkpoint at 64x64 (no figures): the proof,
@@ -54,6 +54,9 @@ def settings_for(dry_run: bool, work: Path, model: str | None) -> dict:
         "equivalence_n": 2 if dry_run else 4,
         "equivalence_steps": 4 if dry_run else 10,
         "warmup_steps": 2,
+        "load_shape": {"height": 64, "width": 64, "steps": 4} if dry_run else {"height": 256, "width": 256, "steps": 20},
+        "load_groups": 4 if dry_run else 16,
+        "load_count": 2 if dry_run else 8,
         "reserve_s": 5.0,
     }
 
@@ -193,8 +196,10 @@ def orchestrate(args) -> int:
     usable = "result" in probe and checkpoint.get("rc", 0) in (0, None)
     if usable:
         run.phase("equivalence", min(150, run.left() - 170))
-        fleet_reserve = (40 if args.dry_run else 150) if args.fleet else 5
-        run.phase("methods", run.left() - fleet_reserve)
+        fleet_reserve = (40 if args.dry_run else 60) if args.fleet else 5
+        load_reserve = 60 if args.dry_run else 170
+        run.phase("methods", run.left() - fleet_reserve - load_reserve)
+        run.phase("load", run.left() - fleet_reserve)
     fleet = _fleet(run, run.left() - 10) if args.fleet else {"skipped": "--no-fleet"}
     result = {"meta": {"created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                        "git": git_rev(), "dry_run": args.dry_run, "budget_s": args.budget_s, "ops": ops,
@@ -223,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="every phase on the CPU, tiny checkpoint, 64x64: no figures")
     p.add_argument("--model", default=None, help="a full-size checkpoint already written (default: write one)")
     p.add_argument("--no-fleet", dest="fleet", action="store_false", help="skip the fleet benchmark")
-    p.add_argument("--phase", choices=["env", "cuda_imports", "probe", "equivalence", "methods"], help=argparse.SUPPRESS)
+    p.add_argument("--phase", choices=["env", "cuda_imports", "probe", "equivalence", "methods", "load"], help=argparse.SUPPRESS)
     p.add_argument("--settings", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     return p

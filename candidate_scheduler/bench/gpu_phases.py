@@ -8,7 +8,8 @@ Each phase takes the settings dict the parent wrote and returns a JSON-able dict
 - equivalence: batched candidates against sglang's pipeline run alone per seed, with CFG;
 - methods: (a) sequential sglang, (c) the worker's batched group, (d) end to end through the
   scheduler, for each N, with peak device memory; the step count is the largest that fits the
-  phase's time, measured from a warm-up.
+  phase's time, measured from a warm-up;
+- load: a burst of policy groups at a policy shape under dispatch and under step batching.
 """
 
 from __future__ import annotations
@@ -211,4 +212,51 @@ def methods(settings: dict) -> dict:
         launcher.close(timeout_s=10)
 
 
-PHASES = {"env": env, "cuda_imports": cuda_imports, "probe": probe, "equivalence": equivalence, "methods": methods}
+def _burst(service, shape: dict, groups: int, count: int, timeout_s: float, tag: str) -> dict:
+    """Every group at once, each with its own observation; groups/s and latency as the client saw them."""
+    from candidate_scheduler import protocol
+    from candidate_scheduler.bench.fleet import drive
+    from candidate_scheduler.service.client import make_request, synthetic_image
+
+    side_h, side_w = int(shape["height"]), int(shape["width"])
+    frames = [protocol.encode(protocol.Kind.SUBMIT, make_request(
+        synthetic_image(side_h, side_w, seed=1000 + i), PROMPT, request_id=f"{tag}-{i}", count=count,
+        seed=BASE_SEED + 100 * i, reducer="mean", height=side_h, width=side_w, steps=int(shape["steps"])))
+        for i in range(groups)]
+    run = drive(service.request, frames, None, timeout_s=timeout_s)
+    replies = run["replies"]
+    statuses: dict[str, int] = {}
+    for _at, reply in replies.values():
+        statuses[reply.status] = statuses.get(reply.status, 0) + 1
+    wall = max(at for at, _r in replies.values()) - run["t0"]
+    latency = np.asarray([at - run["sent"][i] for i, (at, _r) in replies.items()]) * 1e3
+    forwards = [float(r.metrics.get("physical_forwards") or 0) for _at, r in replies.values()]
+    return {"groups": groups, "count": count, "statuses": statuses, "wall_s": wall,
+            "groups_per_s": statuses.get("done", 0) / wall, "candidates_per_s": statuses.get("done", 0) * count / wall,
+            "latency_ms": {"p50": float(np.percentile(latency, 50)), "p99": float(np.percentile(latency, 99))},
+            "forwards_per_group_median": float(np.median(forwards))}
+
+
+def load(settings: dict) -> dict:
+    """A burst of policy groups at a policy shape under each batching mode: one device worker per mode
+    (batching is the scheduler's flag; a fresh worker keeps the two arms apart), half the phase each."""
+    from candidate_scheduler.service.launcher import Launcher
+
+    shape, device = settings["load_shape"], settings["device"]
+    t_start = time.perf_counter()
+    out = {"shape": shape, "modes": {}}
+    for k, mode in enumerate(("dispatch", "step")):
+        deadline = t_start + float(settings["phase_budget_s"]) * (k + 1) / 2
+        with Launcher(Path(tempfile.mkdtemp(prefix=f"gpu-check-load-{mode}-")), ready_timeout_s=120) as launcher:
+            service = launcher.scheduler("--batching", mode, name=f"scheduler-{mode}")
+            launcher.worker(service, "cosmos3", 16, model=settings["model"], device=device)
+            t0 = time.perf_counter()
+            service.wait_workers(1, timeout_s=max(10.0, deadline - t0 - 10), poll_s=0.2)
+            ready_s = time.perf_counter() - t0
+            result = _burst(service, shape, int(settings["load_groups"]), int(settings["load_count"]),
+                            max(10.0, deadline - time.perf_counter()), f"load{mode}")
+            out["modes"][mode] = {**result, "worker_ready_s": ready_s}
+    return out
+
+
+PHASES = {"env": env, "cuda_imports": cuda_imports, "probe": probe, "equivalence": equivalence, "methods": methods, "load": load}

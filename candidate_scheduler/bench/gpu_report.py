@@ -41,60 +41,80 @@ def _f(v, fmt: str = "{:.3f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
+def _header(result: dict) -> list[str]:
+    meta, env = result["meta"], result["phases"].get("env", {}).get("result", {})
+    h, ckpt = result["headline"], result["checkpoint"]
+    return [f"# GPU check ({'DRY RUN, no figures' if meta['dry_run'] else env.get('device_name', '?')})", "",
+            f"Written by `make gpu-check` at {meta['git']} on {meta['created']}; {meta['wall_s']} s of a "
+            f"{meta['budget_s']:.0f} s budget. Random weights (fixed seed): latency and memory are the real "
+            "model's, actions are not meaningful.", "",
+            f"- nvidia-smi: `{env.get('nvidia_smi', '-')}`",
+            f"- torch {env.get('torch', '-')} (CUDA {env.get('torch_cuda', '-')}), sglang {env.get('sglang', '-')}, "
+            f"python {env.get('python', '-')}, {env.get('cpu_count', '-')} CPUs",
+            f"- sgl_kernel: {env.get('sgl_kernel', '-')}; sglang ops: "
+            + ("native (sglang's own PyTorch forward for every CustomOp: its CUDA kernels failed in the probe)"
+               if meta["ops"] == "native" else "as shipped"),
+            f"- checkpoint: {ckpt.get('written_by')}"
+            + (f", {ckpt['bytes'] / 2**30:.1f} GiB in {ckpt['wall_s']} s to `{ckpt['dir']}`" if ckpt.get("bytes") else ""),
+            "", "## Headline (issue 24's targets)", "",
+            "| figure | measured | target |", "|---|---|---|",
+            f"| (c) latency N=8 / N=1 | {_f(h['c_n8_over_n1'], '{:.2f}x')} | <= 1.3x |",
+            f"| (c) vs (a) at N=8 | {_f(h['c_vs_a_speedup_n8'], '{:.2f}x')} | >= 4.5x |",
+            f"| (d) / (c) at N=8 | {_f(h['d_over_c_n8'], '{:.3f}x')} ({_f(h['d_minus_c_n8_ms'], '{:.0f}')} ms) | - |",
+            f"| equivalence max abs diff | {_f(h['equivalence_max_abs'], '{:.3g}')}"
+            f"{' (bitwise)' if h['equivalence_bitwise'] else ''} | within atol/rtol "
+            f"{(h['equivalence_bound'] or {}).get('atol', '-')} (declared by the adapter) |", ""]
+
+
+def _equivalence(eq: dict) -> list[str]:
+    s = eq["sampling"]
+    return ["## Equivalence", "",
+            f"N={eq['n']} candidates in one batched forward against sglang's pipeline run alone per seed, "
+            f"{s['height']}x{s['width']}, {s['steps']} steps, guidance {s['guidance_scale']} (CFG).", "",
+            f"- max abs diff {eq['max_abs_diff']:.3g}, max relative (to max |action|) {eq['max_rel_diff']:.3g}, "
+            f"bitwise: {eq['bitwise']}, within the declared bound: {eq['within_bound']}, finite: {eq['finite']}",
+            f"- per candidate max abs: {', '.join(f'{v:.3g}' for v in eq['per_candidate_max_abs'])}",
+            f"- batched {eq['batched_s']:.2f} s, alone x{eq['n']} {eq['alone_s']:.2f} s", ""]
+
+
+def _methods(m: dict) -> list[str]:
+    s = m["shape"]
+    lines = ["## Methods", "",
+             f"{s['height']}x{s['width']}, {s['steps']} steps (the most that fit the phase's time, of "
+             f"{m['steps_most']}; a candidate-step took {m['per_candidate_step_s'] * 1e3:.1f} ms in (a)'s "
+             f"warm-up), guidance 1 (no CFG), one timed run per (method, N) after one warm-up per method.", "",
+             "| N | (a) s | (c) s | (d) s | (c)/(a) speed-up | (d)-(c) ms | (c) peak GiB | (a) peak GiB | "
+             "max abs vs (a) (c) / (d) |", "|---|---|---|---|---|---|---|---|---|"]
+    for n in sorted({r["n"] for r in m["rows"]}):
+        row = {r["method"]: r for r in m["rows"] if r["n"] == n}
+        a, c, d = (row.get(k, {}) for k in ("a_sequential", "c_worker_batch", "d_scheduler_e2e"))
+        lines.append(f"| {n} | {_f(a.get('latency_s'))} | {_f(c.get('latency_s'))} | {_f(d.get('latency_s'))} | "
+                     f"{_f(_ratio(a.get('latency_s'), c.get('latency_s')), '{:.2f}x')} | "
+                     f"{_f(None if not d or not c else (d['latency_s'] - c['latency_s']) * 1e3, '{:.0f}')} | "
+                     f"{_f(c.get('peak_gib'), '{:.1f}')} | {_f(a.get('peak_gib'), '{:.1f}')} | "
+                     f"{_f(c.get('max_abs_vs_a'), '{:.3g}')} / {_f(d.get('max_abs_vs_a'), '{:.3g}')} |")
+    return lines + ["", f"Model load {m['load_s']:.0f} s in process; both ready {m['ready_s']:.0f} s.", ""]
+
+
+def _load(ld: dict) -> list[str]:
+    s = ld["shape"]
+    lines = ["## Load", "", f"A burst of policy groups at {s['height']}x{s['width']}, {s['steps']} steps, each with "
+             "its own observation, under each batching mode (one device worker each).", "",
+             "| mode | groups x N | done/s | candidates/s | p50 / p99 ms | forwards per group (median) | statuses |",
+             "|---|---|---|---|---|---|---|"]
+    for mode, m in ld["modes"].items():
+        lines.append(f"| {mode} | {m['groups']} x {m['count']} | {m['groups_per_s']:.2f} | {m['candidates_per_s']:.1f} | "
+                     f"{m['latency_ms']['p50']:.0f} / {m['latency_ms']['p99']:.0f} | {m['forwards_per_group_median']:.0f} | "
+                     f"{m['statuses']} |")
+    return lines + [""]
+
+
 def markdown(result: dict) -> str:
-    meta, phases = result["meta"], result["phases"]
-    env = phases.get("env", {}).get("result", {})
-    h = result["headline"]
-    lines = [f"# GPU check ({'DRY RUN, no figures' if meta['dry_run'] else env.get('device_name', '?')})", "",
-             f"Written by `make gpu-check` at {meta['git']} on {meta['created']}; {meta['wall_s']} s of a "
-             f"{meta['budget_s']:.0f} s budget. Random weights (fixed seed): latency and memory are the real "
-             "model's, actions are not meaningful.", "",
-             f"- nvidia-smi: `{env.get('nvidia_smi', '-')}`",
-             f"- torch {env.get('torch', '-')} (CUDA {env.get('torch_cuda', '-')}), sglang {env.get('sglang', '-')}, "
-             f"python {env.get('python', '-')}, {env.get('cpu_count', '-')} CPUs",
-             f"- sgl_kernel: {env.get('sgl_kernel', '-')}; sglang ops: "
-             + ("native (sglang's own PyTorch forward for every CustomOp: its CUDA kernels failed in the probe)"
-                if meta["ops"] == "native" else "as shipped"),
-             f"- checkpoint: {result['checkpoint'].get('written_by')}"
-             + (f", {result['checkpoint']['bytes'] / 2**30:.1f} GiB in {result['checkpoint']['wall_s']} s to "
-                f"`{result['checkpoint']['dir']}`" if result["checkpoint"].get("bytes") else ""), "",
-             "## Headline (issue 24's targets)", "",
-             "| figure | measured | target |", "|---|---|---|",
-             f"| (c) latency N=8 / N=1 | {_f(h['c_n8_over_n1'], '{:.2f}x')} | <= 1.3x |",
-             f"| (c) vs (a) at N=8 | {_f(h['c_vs_a_speedup_n8'], '{:.2f}x')} | >= 4.5x |",
-             f"| (d) / (c) at N=8 | {_f(h['d_over_c_n8'], '{:.3f}x')} ({_f(h['d_minus_c_n8_ms'], '{:.0f}')} ms) | - |",
-             f"| equivalence max abs diff | {_f(h['equivalence_max_abs'], '{:.3g}')}"
-             f"{' (bitwise)' if h['equivalence_bitwise'] else ''} | within atol/rtol "
-             f"{(h['equivalence_bound'] or {}).get('atol', '-')} (declared by the adapter) |", ""]
-    eq = phases.get("equivalence", {}).get("result")
-    if eq:
-        s = eq["sampling"]
-        lines += ["## Equivalence", "",
-                  f"N={eq['n']} candidates in one batched forward against sglang's pipeline run alone per seed, "
-                  f"{s['height']}x{s['width']}, {s['steps']} steps, guidance {s['guidance_scale']} (CFG).", "",
-                  f"- max abs diff {eq['max_abs_diff']:.3g}, max relative (to max |action|) {eq['max_rel_diff']:.3g}, "
-                  f"bitwise: {eq['bitwise']}, within the declared bound: {eq['within_bound']}, finite: {eq['finite']}",
-                  f"- per candidate max abs: {', '.join(f'{v:.3g}' for v in eq['per_candidate_max_abs'])}",
-                  f"- batched {eq['batched_s']:.2f} s, alone x{eq['n']} {eq['alone_s']:.2f} s", ""]
-    m = phases.get("methods", {}).get("result")
-    if m:
-        s = m["shape"]
-        lines += ["## Methods", "",
-                  f"{s['height']}x{s['width']}, {s['steps']} steps (the most that fit the phase's time, of "
-                  f"{m['steps_most']}; a candidate-step took {m['per_candidate_step_s'] * 1e3:.1f} ms in (a)'s "
-                  f"warm-up), guidance 1 (no CFG), one timed run per (method, N) after one warm-up per method.", "",
-                  "| N | (a) s | (c) s | (d) s | (c)/(a) speed-up | (d)-(c) ms | (c) peak GiB | (a) peak GiB | "
-                  "max abs vs (a) (c) / (d) |", "|---|---|---|---|---|---|---|---|---|"]
-        for n in sorted({r["n"] for r in m["rows"]}):
-            row = {r["method"]: r for r in m["rows"] if r["n"] == n}
-            a, c, d = (row.get(k, {}) for k in ("a_sequential", "c_worker_batch", "d_scheduler_e2e"))
-            lines.append(f"| {n} | {_f(a.get('latency_s'))} | {_f(c.get('latency_s'))} | {_f(d.get('latency_s'))} | "
-                         f"{_f(_ratio(a.get('latency_s'), c.get('latency_s')), '{:.2f}x')} | "
-                         f"{_f(None if not d or not c else (d['latency_s'] - c['latency_s']) * 1e3, '{:.0f}')} | "
-                         f"{_f(c.get('peak_gib'), '{:.1f}')} | {_f(a.get('peak_gib'), '{:.1f}')} | "
-                         f"{_f(c.get('max_abs_vs_a'), '{:.3g}')} / {_f(d.get('max_abs_vs_a'), '{:.3g}')} |")
-        lines += ["", f"Model load {m['load_s']:.0f} s in process; both ready {m['ready_s']:.0f} s.", ""]
-    fleet = result.get("fleet", {})
+    phases, fleet = result["phases"], result.get("fleet", {})
+    lines = _header(result)
+    for name, section in (("equivalence", _equivalence), ("methods", _methods), ("load", _load)):
+        if phases.get(name, {}).get("result"):
+            lines += section(phases[name]["result"])
     if fleet.get("result"):
         lines += ["## Fleet", "", f"`bench --fleet{' --smoke' if fleet['smoke'] else ''}` on this machine's CPUs "
                   f"({fleet['wall_s']} s): fleet_cuda.md, and `fleet` in bench_cuda.json.", ""]

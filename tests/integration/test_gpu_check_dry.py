@@ -19,7 +19,7 @@ def test_the_gpu_check_runs_whole_on_the_cpu(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads((tmp_path / "bench_cuda_dry.json").read_text())
     phases = result["phases"]
-    assert set(phases) == {"env", "cuda_imports", "probe", "equivalence", "methods"}
+    assert set(phases) == {"env", "cuda_imports", "probe", "equivalence", "methods", "load"}
     assert all("result" in p for p in phases.values()), {k: p.get("log_tail") for k, p in phases.items()}
 
     imports = phases["cuda_imports"]["result"]
@@ -38,3 +38,9 @@ def test_the_gpu_check_runs_whole_on_the_cpu(tmp_path):
 
     report = (tmp_path / "report_cuda_dry.md").read_text()
     assert "DRY RUN" in report and "| (c) vs (a) at N=8 |" in report
+
+    load = phases["load"]["result"]["modes"]
+    assert set(load) == {"dispatch", "step"}
+    for mode, m in load.items():  # every group of the burst answered done, under both batching modes
+        assert m["statuses"] == {"done": m["groups"]} and m["groups_per_s"] > 0, (mode, m)
+    assert "## Load" in report
