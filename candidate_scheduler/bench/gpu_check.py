@@ -70,6 +70,19 @@ def _full_dir(work: Path) -> Path:
     return work / "full-checkpoint"
 
 
+def run_capped(cmd: list[str], log: Path, cap_s: float, env: dict) -> int | str:
+    """cmd in a session of its own, its output to log; at cap_s it is killed with every process it
+    started (a phase's scheduler and workers too): "timeout"."""
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            return proc.wait(timeout=cap_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return "timeout"
+
+
 class GpuCheck:
     """The phases of one gpu-check: each a child process with a cap; what it returned or why not."""
 
@@ -99,14 +112,7 @@ class GpuCheck:
                "--settings", str(sfile), "--result", str(rfile)]
         self.say(f"{key}: start (cap {cap_s:.0f} s)")
         t = time.monotonic()
-        with open(log, "w") as f:
-            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
-            try:
-                rc = proc.wait(timeout=cap_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                rc = "timeout"
+        rc = run_capped(cmd, log, cap_s, self.env)
         record = {"wall_s": round(time.monotonic() - t, 1), "cap_s": round(cap_s, 1), "rc": rc}
         if rc == 0 and rfile.exists():
             record["result"] = json.loads(rfile.read_text())
@@ -155,14 +161,7 @@ def _fleet(run: GpuCheck, cap_s: float) -> dict:
     cmd += ["--smoke"] if smoke else []
     run.say(f"fleet: start ({'smoke' if smoke else 'full'}, cap {cap_s:.0f} s)")
     t = time.monotonic()
-    with open(run.work / "fleet.log", "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=run.env, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=max(1.0, cap_s))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            rc = "timeout"
+    rc = run_capped(cmd, run.work / "fleet.log", max(1.0, cap_s), run.env)
     found = sorted(dest.rglob("fleet*.json"))
     record = {"rc": rc, "smoke": smoke, "wall_s": round(time.monotonic() - t, 1)}
     if rc == 0 and found:

@@ -134,3 +134,17 @@ def test_the_sphinx_stand_in_says_sphinx_is_not_installed():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "not installed"
     assert Path(SCRIPTS / "gpu_shims" / "sphinx" / "__init__.py").exists()
+
+
+def test_a_phase_past_its_cap_is_killed_with_what_it_started(tmp_path):
+    from candidate_scheduler.bench.gpu_check import run_capped
+
+    marker = tmp_path / "child.pid"
+    # the phase starts a child of its own (as a phase starts a scheduler and workers), then overruns
+    script = f"import subprocess, time; p = subprocess.Popen(['sleep', '60']); open({str(marker)!r}, 'w').write(str(p.pid)); time.sleep(60)"
+    assert run_capped([sys.executable, "-c", script], tmp_path / "log", 1.5, {"PATH": "/usr/bin:/bin"}) == "timeout"
+    child = int(marker.read_text())
+    state = Path(f"/proc/{child}/stat")
+    assert not state.exists() or state.read_text().split()[2] == "Z"  # gone, or a zombie awaiting its reaper
+    assert run_capped([sys.executable, "-c", "print('ok')"], tmp_path / "log2", 30, {"PATH": "/usr/bin:/bin"}) == 0
+    assert (tmp_path / "log2").read_text().strip() == "ok"
