@@ -30,6 +30,7 @@ from pathlib import Path
 
 from candidate_scheduler.bench.common import DEFAULT_MODEL, git_rev, json_default
 from candidate_scheduler.bench.gpu_report import write_outputs
+from candidate_scheduler.service.launcher import child_env
 from candidate_scheduler.worker.cosmos3_sglang import OPS_ENV
 
 FULL_SHAPE = {"height": 480, "width": 832, "steps": 35}
@@ -90,8 +91,7 @@ class GpuCheck:
         self.out, self.work, self.settings = out, work, settings
         self.t0 = time.monotonic()
         self.deadline = self.t0 + budget_s
-        self.env = dict(os.environ, HF_HUB_OFFLINE="1", SGLANG_DISABLE_COSMOS3_GUARDRAILS="1",
-                        TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+        self.env = child_env()
         self.phases: dict[str, dict] = {}
 
     def left(self) -> float:
@@ -100,10 +100,10 @@ class GpuCheck:
     def say(self, text: str) -> None:
         print(f"gpu-check [{time.monotonic() - self.t0:6.1f} s] {text}", flush=True)
 
-    def phase(self, name: str, cap_s: float, key: str | None = None, **extra) -> dict:
+    def phase(self, name: str, cap_s: float, key: str | None = None) -> dict:
         key = key or name
         cap_s = max(1.0, min(cap_s, self.left()))
-        settings = {**self.settings, **extra, "phase_budget_s": cap_s}
+        settings = {**self.settings, "phase_budget_s": cap_s}
         sfile, rfile, log = (self.work / f"{key}.settings.json", self.work / f"{key}.result.json",
                              self.work / f"{key}.log")
         sfile.write_text(json.dumps(settings))
@@ -130,10 +130,10 @@ def _start_checkpoint(run: GpuCheck) -> subprocess.Popen | None:
     if run.settings["dry_run"] or (model / "tiny_checkpoint.json").exists():
         return None
     run.say(f"full checkpoint: writing to {model} in the background")
-    log = open(run.work / "checkpoint.log", "w")
-    return subprocess.Popen([sys.executable, "-m", "candidate_scheduler.cli", "make-checkpoint", str(model),
-                             "--preset", "full"], stdout=log, stderr=subprocess.STDOUT, env=run.env,
-                            start_new_session=True)
+    with open(run.work / "checkpoint.log", "w") as log:  # the child keeps its own descriptor
+        return subprocess.Popen([sys.executable, "-m", "candidate_scheduler.cli", "make-checkpoint", str(model),
+                                 "--preset", "full"], stdout=log, stderr=subprocess.STDOUT, env=run.env,
+                                start_new_session=True)
 
 
 def _wait_checkpoint(run: GpuCheck, proc: subprocess.Popen | None, started: float, cap_s: float) -> dict:

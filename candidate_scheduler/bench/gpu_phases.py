@@ -134,22 +134,6 @@ def equivalence(settings: dict) -> dict:
     return out
 
 
-def _peak_gib(device: str) -> float | None:
-    if not device.startswith("cuda"):
-        return None
-    import torch
-
-    return round(torch.cuda.max_memory_allocated() / 2**30, 2)
-
-
-def _reset_peak(device: str) -> None:
-    if device.startswith("cuda"):
-        import torch
-
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-
-
 def choose_steps(per_candidate_step_s: float, budget_s: float, ns, methods: int, most: int, least: int = 2) -> int:
     """The most denoise steps (<= most) whose timed pass fits budget_s: every method runs every N once,
     and a candidate-step costs per_candidate_step_s whether batched or not (the bound when the
@@ -162,6 +146,7 @@ def choose_steps(per_candidate_step_s: float, budget_s: float, ns, methods: int,
 
 def methods(settings: dict) -> dict:
     """(a), (c), (d) at one shape for every N, one timed run each after one warm-up per method."""
+    from candidate_scheduler.bench.memory import MemoryProbe
     from candidate_scheduler.bench.methods import Bench
     from candidate_scheduler.service.launcher import Launcher
 
@@ -177,6 +162,7 @@ def methods(settings: dict) -> dict:
         service.wait_workers(1, timeout_s=max(30.0, deadline - time.perf_counter()), poll_s=0.2)
         ready_s = time.perf_counter() - t_start
         bench = Bench(adapter, service, device)
+        mem = MemoryProbe(device)
         warm_steps = int(settings["warmup_steps"])
         bench.set_shape({**shape, "steps": warm_steps})
         warm = {}
@@ -194,11 +180,13 @@ def methods(settings: dict) -> dict:
             runs = {}
             for method in order:
                 bench.fresh_conditioning()
-                _reset_peak(device)
+                # this process's peak (CUDA: max allocated; CPU: RSS); (d)'s model runs in the worker
+                token = None if method == "d_scheduler_e2e" else mem.begin()
                 run = bench.run(method, n)
+                peak = None if token is None else mem.end(token)["peak_bytes"] / 2**30
                 runs[method] = run
                 rows.append({"method": method, "n": n, "latency_s": run.latency_s, "forwards": run.forwards,
-                             "peak_gib": _peak_gib(device) if method != "d_scheduler_e2e" else None,
+                             "peak_gib": peak,
                              **{k2: v for k2, v in (run.extra or {}).items() if isinstance(v, (int, float, str))}})
             ref = runs["a_sequential"].actions.astype(np.float64)
             for row in rows[-len(order):]:

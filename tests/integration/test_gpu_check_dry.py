@@ -34,6 +34,9 @@ def test_the_gpu_check_runs_whole_on_the_cpu(tmp_path):
     rows = {(r["method"], r["n"]): r for r in methods["rows"]}
     assert set(rows) == {(m, n) for m in ("a_sequential", "c_worker_batch", "d_scheduler_e2e") for n in (1, 2)}
     assert all(r["latency_s"] > 0 and r["max_abs_vs_a"] == 0.0 for r in rows.values())
+    # this process's peak for (a) and (c); (d)'s model runs in the worker process
+    assert all((r["peak_gib"] is None) == (m == "d_scheduler_e2e") for (m, _n), r in rows.items())
+    assert all(r["peak_gib"] > 0 for (m, _n), r in rows.items() if m != "d_scheduler_e2e")
     assert 2 <= methods["shape"]["steps"] <= 4
 
     report = (tmp_path / "report_cuda_dry.md").read_text()
