@@ -52,8 +52,7 @@ def _header(result: dict) -> list[str]:
             f"- torch {env.get('torch', '-')} (CUDA {env.get('torch_cuda', '-')}), sglang {env.get('sglang', '-')}, "
             f"python {env.get('python', '-')}, {env.get('cpu_count', '-')} CPUs",
             f"- sgl_kernel: {env.get('sgl_kernel', '-')}; sglang ops: "
-            + ("native (sglang's own PyTorch forward for every CustomOp: its CUDA kernels failed in the probe)"
-               if meta["ops"] == "native" else "as shipped"),
+            + _ops_line(meta["ops"], result["phases"]),
             f"- checkpoint: {ckpt.get('written_by')}"
             + (f", {ckpt['bytes'] / 2**30:.1f} GiB in {ckpt['wall_s']} s to `{ckpt['dir']}`" if ckpt.get("bytes") else ""),
             "", "## Headline (issue 24's targets)", "",
@@ -64,6 +63,16 @@ def _header(result: dict) -> list[str]:
             f"| equivalence max abs diff | {_f(h['equivalence_max_abs'], '{:.3g}')}"
             f"{' (bitwise)' if h['equivalence_bitwise'] else ''} | within atol/rtol "
             f"{(h['equivalence_bound'] or {}).get('atol', '-')} (declared by the adapter) |", ""]
+
+
+def _ops_line(ops: str, phases: dict) -> str:
+    shipped = phases.get("probe_shipped", {})
+    built = ("ran in the probe" if "result" in shipped
+             else f"did not finish in the probe ({shipped['rc']})" if shipped else "not probed")
+    if ops == "native":
+        return ("native (sglang's own PyTorch forms, no custom CUDA kernel: a conservative latency); "
+                f"the shipped kernels {built}, in {shipped.get('wall_s', '-')} s")
+    return {"shipped": "as shipped (the native probe failed)", "none": "none ran"}.get(ops, ops)
 
 
 def _equivalence(eq: dict) -> list[str]:

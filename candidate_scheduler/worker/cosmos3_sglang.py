@@ -39,15 +39,33 @@ def _init_one_process_world(init, attempts: int = 5) -> None:
             os.environ["MASTER_PORT"] = str(free_port())
 
 
-# "native": every sglang CustomOp runs its own PyTorch forward_native instead of its CUDA kernels
-# (`make gpu-check`'s fallback on a machine where sglang's JIT kernels cannot be built).
+# "native": sglang's own PyTorch forms instead of its CUDA kernels (`make gpu-check`'s fallback on a
+# machine where sglang's JIT kernels cannot be built, or not in the time a check has).
 OPS_ENV = "CANDIDATE_SCHEDULER_SGLANG_OPS"
 
 
-def _native_custom_ops() -> None:
-    """Must run before the pipeline is built: a CustomOp picks its forward in __init__."""
-    from sglang.multimodal_gen.runtime.layers.custom_op import CustomOp
+def _relu2_native(x, out=None, *, fast_math: bool = True):
+    import torch
 
+    y = torch.relu(x)
+    return torch.mul(y, y, out=out)
+
+
+def _native_ops() -> None:
+    """Must run before the pipeline is built: a CustomOp picks its forward in __init__.
+
+    Besides the CustomOps, Cosmos3's DiT and the Wan VAE call some of sglang's kernels directly on
+    CUDA. The gated ones (can_use_*) fall back to PyTorch when a JIT build is refused, which sglang's
+    own SGLANG_CRASH_ON_JIT_COMPILE does at once instead of compiling; the ungated ones are swapped
+    for their PyTorch forms here (the VAE's are None on platforms without them, a path it has)."""
+    from sglang.multimodal_gen.runtime.layers.custom_op import CustomOp
+    from sglang.multimodal_gen.runtime.models.dits import cosmos3video
+    from sglang.multimodal_gen.runtime.models.vaes import wanvae
+
+    os.environ["SGLANG_CRASH_ON_JIT_COMPILE"] = "1"
+    cosmos3video.relu2 = _relu2_native
+    for name in ("cat_pad_channels_last_3d", "dup_up3d_add", "conv_bias_epilogue"):
+        setattr(wanvae, name, None)
     if getattr(CustomOp, "_candidate_scheduler_native", False):
         return
     shipped = CustomOp.dispatch_forward
@@ -102,7 +120,7 @@ def load_sglang_pipeline(model_dir: str | os.PathLike, device: str = "cpu"):
 
     server_args = sglang_server_args(model_dir, device)
     if os.environ.get(OPS_ENV) == "native":
-        _native_custom_ops()
+        _native_ops()
     set_global_server_args(server_args)
     _init_one_process_world(maybe_init_distributed_environment_and_model_parallel)
     pipeline = build_pipeline(server_args)

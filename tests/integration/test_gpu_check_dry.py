@@ -19,14 +19,17 @@ def test_the_gpu_check_runs_whole_on_the_cpu(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads((tmp_path / "bench_cuda_dry.json").read_text())
     phases = result["phases"]
-    assert set(phases) == {"env", "cuda_imports", "probe", "equivalence", "methods", "load"}
+    assert set(phases) == {"env", "cuda_imports", "probe_shipped", "probe_native", "equivalence", "methods", "load"}
     assert all("result" in p for p in phases.values()), {k: p.get("log_tail") for k, p in phases.items()}
 
     imports = phases["cuda_imports"]["result"]
     assert "Cuda" in imports["platform"] and imports["uncovered"] == [] and imports["resident"]
     assert {"torch", "diffusers", "pyzmq"} <= {d.lower() for d in imports["distributions"]}
 
-    for name in ("probe", "equivalence"):  # bitwise on the CPU, with CFG
+    # both probes ran, one with sglang's native ops (swapped in, JIT builds refused); later phases use them
+    assert phases["probe_shipped"]["result"]["ops"] == "shipped"
+    assert phases["probe_native"]["result"]["ops"] == "native" and result["meta"]["ops"] == "native"
+    for name in ("probe_shipped", "probe_native", "equivalence"):  # bitwise on the CPU, with CFG
         eq = phases[name]["result"]
         assert eq["bitwise"] and eq["max_abs_diff"] == 0.0 and eq["sampling"]["guidance_scale"] == 2.0, (name, eq)
 
@@ -41,9 +44,38 @@ def test_the_gpu_check_runs_whole_on_the_cpu(tmp_path):
 
     report = (tmp_path / "report_cuda_dry.md").read_text()
     assert "DRY RUN" in report and "| (c) vs (a) at N=8 |" in report
+    assert "sglang ops: native" in report and "the shipped kernels ran in the probe" in report
 
     load = phases["load"]["result"]["modes"]
     assert set(load) == {"dispatch", "step"}
     for mode, m in load.items():  # every group of the burst answered done, under both batching modes
         assert m["statuses"] == {"done": m["groups"]} and m["groups_per_s"] > 0, (mode, m)
     assert "## Load" in report
+
+
+def test_native_ops_leave_no_custom_kernel_on_the_cosmos3_path():
+    """What CANDIDATE_SCHEDULER_SGLANG_OPS=native swaps in before the pipeline is built: sglang's JIT builds
+    refused (its gated kernels then take their PyTorch path), the DiT's ungated relu2 and the Wan VAE's
+    kernels replaced, every CustomOp on forward_native. In a child process: it patches sglang."""
+    code = """
+import os, torch
+from candidate_scheduler.worker import cosmos3_sglang as cs
+cs._native_ops()
+from sglang.multimodal_gen.runtime.layers.layernorm import RMSNorm
+from sglang.multimodal_gen.runtime.models.dits import cosmos3video
+from sglang.multimodal_gen.runtime.models.vaes import wanvae
+from sglang.kernels.ops.layernorm.norm import can_use_fused_inplace_qknorm
+assert os.environ["SGLANG_CRASH_ON_JIT_COMPILE"] == "1"
+x = torch.randn(4, 64, dtype=torch.bfloat16)
+ref = torch.nn.functional.relu(x)
+assert torch.equal(cosmos3video.relu2(x, fast_math=False), ref * ref)
+assert all(getattr(wanvae, n) is None for n in ("cat_pad_channels_last_3d", "dup_up3d_add", "conv_bias_epilogue"))
+norm = RMSNorm(64)
+assert norm._forward_method.__func__ is RMSNorm.forward_native, norm._forward_method
+assert can_use_fused_inplace_qknorm(128, torch.bfloat16) is False  # a build refused, not attempted
+print("native ok")
+"""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-c", code], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "native ok" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -81,13 +81,25 @@ def test_headline_ratios_come_from_the_method_rows():
 
 def test_a_run_whose_phases_failed_reports_dashes_not_figures():
     result = _result(None, None)
-    result["phases"]["probe"] = {"wall_s": 15, "cap_s": 120, "rc": 1, "log_tail": ["ImportError"]}
+    result["phases"]["probe_shipped"] = {"wall_s": 15, "cap_s": 120, "rc": "timeout", "log_tail": ["nvcc"]}
+    result["phases"]["probe_native"] = {"wall_s": 15, "cap_s": 120, "rc": 1, "log_tail": ["ImportError"]}
+    result["meta"]["ops"] = "none"
     h = headline(result)
     assert h["c_n8_over_n1"] is None and h["equivalence_max_abs"] is None
     result["headline"] = h
     text = markdown(result)
     assert "| (c) latency N=8 / N=1 | - | <= 1.3x |" in text
-    assert "| probe | 15 | 120 | 1 |" in text
+    assert "| probe_native | 15 | 120 | 1 |" in text and "| probe_shipped | 15 | 120 | timeout |" in text
+    assert "sglang ops: none ran" in text
+
+
+def test_the_report_says_which_ops_ran_and_whether_the_shipped_kernels_built():
+    result = _result(None, None)
+    result["meta"]["ops"] = "native"
+    result["phases"]["probe_shipped"] = {"wall_s": 200, "cap_s": 240, "rc": "timeout", "log_tail": ["nvcc"]}
+    result["headline"] = headline(result)
+    assert "sglang ops: native (sglang's own PyTorch forms" in markdown(result)
+    assert "the shipped kernels did not finish in the probe (timeout), in 200 s" in markdown(result)
 
 
 def _run_with_shims(code: str) -> subprocess.CompletedProcess:
