@@ -20,11 +20,14 @@ else
   make setup
   PY=.venv/bin/python
 fi
-# sglang imports sgl_kernel at module level on CUDA; where it is not installed, the stand-in (its
-# rmsnorm family in torch; any other function raises when called) takes its place, and the report says so.
-if ! "$PY" -c "import sgl_kernel" 2>/dev/null; then
-  export PYTHONPATH="$PWD/scripts/gpu_shims${PYTHONPATH:+:$PYTHONPATH}"
-fi
+# Stand-ins (scripts/gpu_shims), each only where its module is missing, so none shadows a real one:
+# sgl_kernel, which sglang imports at module level on CUDA (its rmsnorm family in torch; any other
+# function raises when called; the report says so), with sphinx (the lent image holds an empty folder);
+# imageio_ffmpeg, imported beside sglang's output helpers (its wheel is too large to carry).
+SHIMS=$(mktemp -d /tmp/cs-gpu-shims.XXXXXX)
+"$PY" -c "import sgl_kernel" 2>/dev/null || ln -s "$PWD/scripts/gpu_shims/sgl_kernel" "$PWD/scripts/gpu_shims/sphinx" "$SHIMS/"
+"$PY" -c "import imageio_ffmpeg" 2>/dev/null || ln -s "$PWD/scripts/gpu_shims/imageio_ffmpeg" "$SHIMS/"
+export PYTHONPATH="$SHIMS${PYTHONPATH:+:$PYTHONPATH}"
 [ -f .cache/tiny-cosmos3/tiny_checkpoint.json ] || "$PY" -m candidate_scheduler.cli make-checkpoint .cache/tiny-cosmos3
 ARGS=(--out "$OUT_DIR")
 if [ "${DRY_RUN:-0}" = 1 ]; then

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from candidate_scheduler.bench.common import PROMPT, package_version
-from candidate_scheduler.bench.gpu_rehearsal import cuda_imports
+from candidate_scheduler.bench.gpu_rehearsal import cuda_imports, uncovered_now
 from candidate_scheduler.bench.settings import BASE_SEED
 
 METHOD_ORDER = ("a_sequential", "c_worker_batch", "d_scheduler_e2e")
@@ -121,6 +121,11 @@ def probe(settings: dict) -> dict:
     out = compare(adapter, _sampling(settings["probe_shape"], guidance=settings["cfg_guidance"]), 4, settings["device"])
     out["load_s"] = load_s
     out["ops"] = os.environ.get("CANDIDATE_SCHEDULER_SGLANG_OPS", "shipped")
+    # what sglang imported only while generating; the rehearsal must know it before a device does
+    out["uncovered"] = uncovered_now()
+    if settings["dry_run"] and out["uncovered"]:
+        raise RuntimeError(f"imported while generating, absent on the lent machine: {out['uncovered']} "
+                           "(carry them in scripts/gpu_wheels.txt or stand in for them in scripts/gpu_shims)")
     return out
 
 

@@ -6,7 +6,9 @@ IPython) or holds broken (an empty `sphinx` folder). This phase imports the work
 with sglang's platform forced to CUDA and torch told it has an H200 (imports only: nothing runs), through
 the same stand-ins the device run uses, builds the worker's sglang ServerArgs as on the device, and
 lists every distribution imported that is neither in the lent image (scripts/gpu_image_packages.txt)
-nor carried (scripts/gpu_wheels.txt) nor ours.
+nor carried (scripts/gpu_wheels.txt) nor stood in for (scripts/gpu_shims) nor ours. The dry run's probe
+checks the same once a generation has run: sglang imports some modules only then (imageio_ffmpeg, on
+the second loan).
 """
 
 from __future__ import annotations
@@ -45,9 +47,11 @@ def read_names(path: Path) -> set[str]:
 
 
 def uncovered(imported: set[str], image: set[str], carried: set[str]) -> list[str]:
-    """The imported distributions that would be missing on the lent machine."""
+    """The imported distributions that would be missing on the lent machine (a stand-in covers one)."""
+    stand_ins = {normalise(p.name) for p in (SCRIPTS / "gpu_shims").iterdir() if p.is_dir()}
+
     def covered(dist: str) -> bool:
-        if dist in image or dist in carried or dist in {normalise(o) for o in OURS}:
+        if dist in image or dist in carried or dist in stand_ins or dist in {normalise(o) for o in OURS}:
             return True
         return any(dist == p or (p.endswith("*") and dist.startswith(p[:-1])) for p in IMAGE_TORCH)
 
@@ -80,6 +84,12 @@ def imported_distributions() -> set[str]:
     return {dist for top in tops for dist in by_module.get(top, ())}
 
 
+def uncovered_now() -> list[str]:
+    """What this process has imported so far that the lent machine would lack."""
+    return uncovered(imported_distributions(), read_names(SCRIPTS / "gpu_image_packages.txt"),
+                     read_names(SCRIPTS / "gpu_wheels.txt"))
+
+
 def cuda_imports(settings: dict) -> dict:
     """The phase: import CHAIN as on CUDA; fails on an import error or an uncovered distribution."""
     os.environ["SGLANG_DIFFUSION_PLATFORM_OVERRIDE"] = "cuda"
@@ -97,7 +107,7 @@ def cuda_imports(settings: dict) -> dict:
     if not resident:
         raise RuntimeError("the worker's ServerArgs on CUDA would move a component off the device")
     dists = imported_distributions()
-    missing = uncovered(dists, read_names(SCRIPTS / "gpu_image_packages.txt"), read_names(SCRIPTS / "gpu_wheels.txt"))
+    missing = uncovered_now()
     if missing:
         raise RuntimeError(f"imported on the CUDA path, absent on the lent machine: {missing} "
                            "(add them to scripts/gpu_wheels.txt)")

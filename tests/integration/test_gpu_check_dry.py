@@ -28,6 +28,8 @@ def test_the_gpu_check_runs_whole_on_the_cpu(tmp_path):
 
     # both probes ran, one with sglang's native ops (swapped in, JIT builds refused); later phases use them
     assert phases["probe_shipped"]["result"]["ops"] == "shipped"
+    # nothing sglang imported while generating is missing on the lent machine (stand-ins count)
+    assert phases["probe_shipped"]["result"]["uncovered"] == [] == phases["probe_native"]["result"]["uncovered"]
     assert phases["probe_native"]["result"]["ops"] == "native" and result["meta"]["ops"] == "native"
     for name in ("probe_shipped", "probe_native", "equivalence"):  # bitwise on the CPU, with CFG
         eq = phases[name]["result"]

@@ -31,8 +31,21 @@ def test_uncovered_names_what_the_lent_machine_lacks():
     image = {normalise(n) for n in ("numpy", "Jinja2", "typing_extensions")}
     carried = {normalise(n) for n in ("truststore",)}
     imported = {"numpy", "jinja2", "typing-extensions", "truststore", "torch", "nvidia-cublas", "cuda-bindings",
-                "sglang", "candidate-scheduler", "ipython", "gguf"}
+                "sglang", "candidate-scheduler", "ipython", "gguf", "imageio_ffmpeg", "sgl-kernel"}
+    # imageio_ffmpeg and sgl_kernel have stand-ins in scripts/gpu_shims
     assert uncovered(imported, image, carried) == ["gguf", "ipython"]
+
+
+def test_the_imageio_ffmpeg_stand_in_imports_and_says_why_it_cannot_run():
+    proc = _run_with_shims("""
+        import imageio_ffmpeg
+        assert imageio_ffmpeg.STAND_IN
+        try:
+            imageio_ffmpeg.get_ffmpeg_exe()
+        except RuntimeError as exc:
+            print("refused:", exc)
+    """)
+    assert proc.returncode == 0 and "refused: imageio_ffmpeg stand-in" in proc.stdout, proc.stderr
 
 
 def test_the_lists_are_read_without_comments():
