@@ -1,0 +1,172 @@
+"""`python -m candidate_scheduler.bench.gpu_ceiling`: what the device itself allows a batched Cosmos3
+denoise step, measured without the model: the figures behind issue 24's batching targets.
+
+For the full preset's generation layers (full_checkpoint.FULL_TRANSFORMER_CONFIG) and the tokens one
+candidate carries at a shape (TOKENS: measured on the tiny checkpoint, whose VAE factors and patch size
+are the full preset's), it measures with torch alone (no sglang, no checkpoint):
+- the layer's GEMMs at M = tokens x N rows: TFLOP/s, and the least time a forward of N candidates can
+  take at that rate (attention and elementwise work left out: a lower bound), so the least N=8 / N=1
+  latency ratio batching can give;
+- batch invariance: whether candidate 0's rows come out bitwise the same computed alone or beside N-1
+  others, for a GEMM (with and without bf16 reduced-precision reductions, which sglang's ServerArgs
+  allow by default) and for SDPA (the worker's attention backend).
+
+`--dry-run`: the same on the CPU with small dimensions (no figures), for `make test`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+# Generation-path tokens per candidate (the DiT's gen_layers input) and the cached text/image tokens
+# they attend to, from a forward hook on the tiny checkpoint (2026-12-04).
+TOKENS = {"480x832": 1966, "256x256": 336}
+UND_TOKENS = 298
+NS = (1, 2, 4, 8, 16)
+
+
+def dims(dry_run: bool) -> dict:
+    from candidate_scheduler.worker.full_checkpoint import FULL_TRANSFORMER_CONFIG as cfg
+
+    if dry_run:
+        return {"hidden": 64, "heads": 4, "kv_heads": 2, "head_dim": 16, "intermediate": 128, "layers": 2}
+    return {"hidden": cfg["hidden_size"], "heads": cfg["num_attention_heads"], "kv_heads": cfg["num_key_value_heads"],
+            "head_dim": cfg["head_dim"], "intermediate": cfg["intermediate_size"], "layers": cfg["num_hidden_layers"]}
+
+
+def gemm_shapes(d: dict) -> dict[str, tuple[int, int]]:
+    """(in, out) of each generation-layer GEMM: q, k+v, o, and the dense relu2 MLP's up and down."""
+    q, kv = d["heads"] * d["head_dim"], 2 * d["kv_heads"] * d["head_dim"]
+    return {"q": (d["hidden"], q), "kv": (d["hidden"], kv), "o": (q, d["hidden"]),
+            "up": (d["hidden"], d["intermediate"]), "down": (d["intermediate"], d["hidden"])}
+
+
+class Timer:
+    def __init__(self, device: str):
+        import torch
+
+        self.torch, self.cuda = torch, device.startswith("cuda")
+
+    def ms(self, fn, reps: int) -> float:
+        fn()  # warm-up: cuBLAS picks and caches its algorithm
+        if self.cuda:
+            start, end = self.torch.cuda.Event(enable_timing=True), self.torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(reps):
+                fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / reps
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return (time.perf_counter() - t0) * 1e3 / reps
+
+
+def gemm_rates(d: dict, device: str, reps: int, ns=NS, tokens=TOKENS) -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+
+    timer = Timer(device)
+    shapes = gemm_shapes(d)
+    weights = {k: torch.randn(o, i, device=device, dtype=torch.bfloat16) * 0.02 for k, (i, o) in shapes.items()}
+    layer_flop_per_row = 2 * sum(i * o for i, o in shapes.values())
+    rows = []
+    for shape, t in tokens.items():
+        for n in ns:
+            m = t * n
+            xs = {k: torch.randn(m, i, device=device, dtype=torch.bfloat16) for k, (i, _o) in shapes.items()}
+            layer_ms = sum(timer.ms(lambda k=k: F.linear(xs[k], weights[k]), reps) for k in shapes)
+            flop = layer_flop_per_row * m
+            rows.append({"shape": shape, "n": n, "rows": m, "layer_gemm_ms": layer_ms,
+                         "tflops": flop / (layer_ms * 1e-3) / 1e12,
+                         "forward_gemm_ms": layer_ms * d["layers"]})
+            del xs
+    for row in rows:
+        one = next(r for r in rows if r["shape"] == row["shape"] and r["n"] == 1)
+        row["over_n1"] = row["forward_gemm_ms"] / one["forward_gemm_ms"]
+    return rows
+
+
+def invariance(d: dict, device: str, t: int, n: int) -> list[dict]:
+    """Candidate 0's outputs alone against beside n-1 others (the worker stacks candidates on the batch
+    dimension, so a GEMM sees their rows together)."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    out = []
+    i, o = gemm_shapes(d)["up"]
+    x = torch.randn(n * t, i, device=device, dtype=torch.bfloat16)
+    w = torch.randn(o, i, device=device, dtype=torch.bfloat16) * 0.02
+    saved = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
+    try:
+        for reduced in (True, False):
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = reduced
+            alone, batched = F.linear(x[:t], w), F.linear(x, w)[:t]
+            out.append({"op": "gemm (mlp up)", "tokens": t, "setting": f"allow_bf16_reduced_precision_reduction={reduced}",
+                        "n": n, "bitwise": bool(torch.equal(alone, batched)),
+                        "max_abs": float((alone.float() - batched.float()).abs().max())})
+    finally:
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = saved
+    h, hd = d["heads"], d["head_dim"]
+    q = torch.randn(n, h, t, hd, device=device, dtype=torch.bfloat16)
+    k = torch.randn(n, h, t + UND_TOKENS, hd, device=device, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    alone, batched = F.scaled_dot_product_attention(q[:1], k[:1], v[:1]), F.scaled_dot_product_attention(q, k, v)[:1]
+    out.append({"op": "sdpa", "tokens": t, "setting": "torch default backend", "n": n, "bitwise": bool(torch.equal(alone, batched)),
+                "max_abs": float((alone.float() - batched.float()).abs().max())})
+    return out
+
+
+def measure(dry_run: bool) -> dict:
+    import torch
+
+    device = "cpu" if dry_run else "cuda"
+    d = dims(dry_run)
+    tokens = {k: (8 if dry_run else v) for k, v in TOKENS.items()}
+    t0 = time.perf_counter()
+    result = {"dry_run": dry_run, "torch": torch.__version__, "dims": d, "tokens": tokens, "und_tokens": UND_TOKENS,
+              "device": torch.cuda.get_device_name(0) if not dry_run else "cpu",
+              "gemm": gemm_rates(d, device, 2 if dry_run else 10, (1, 2) if dry_run else NS, tokens),
+              "invariance": [r for shape_t in tokens.values() for r in invariance(d, device, shape_t, 8)]}
+    result["wall_s"] = time.perf_counter() - t0
+    return result
+
+
+def markdown(r: dict) -> str:
+    lines = [f"# Device ceiling for a batched Cosmos3 denoise step ({'DRY RUN' if r['dry_run'] else r['device']})", "",
+             f"torch {r['torch']}; the full preset's generation layers ({r['dims']}); tokens per candidate "
+             f"{r['tokens']}. GEMMs only: attention and elementwise work are left out, so a forward takes at "
+             "least this long.", "",
+             "| shape | N | rows | GEMM TFLOP/s | least forward ms | / N=1 |", "|---|---|---|---|---|---|"]
+    for g in r["gemm"]:
+        lines.append(f"| {g['shape']} | {g['n']} | {g['rows']} | {g['tflops']:.0f} | {g['forward_gemm_ms']:.1f} | "
+                     f"{g['over_n1']:.2f}x |")
+    lines += ["", "## Batch invariance (candidate 0 alone against beside 7 others)", "",
+              "| op | tokens per candidate | setting | bitwise | max abs diff |", "|---|---|---|---|---|"]
+    for v in r["invariance"]:
+        lines.append(f"| {v['op']} | {v['tokens']} | {v['setting']} | {v['bitwise']} | {v['max_abs']:.3g} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m candidate_scheduler.bench.gpu_ceiling", description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="bench/results", help="where gpu_ceiling.json and gpu_ceiling.md go")
+    p.add_argument("--dry-run", action="store_true", help="on the CPU with small dimensions: no figures")
+    args = p.parse_args(argv)
+    result = measure(args.dry_run)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    suffix = "_dry" if args.dry_run else ""
+    (out / f"gpu_ceiling{suffix}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / f"gpu_ceiling{suffix}.md").write_text(markdown(result))
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
