@@ -7,9 +7,10 @@ are the full preset's), it measures with torch alone (no sglang, no checkpoint):
 - the layer's GEMMs at M = tokens x N rows: TFLOP/s, and the least time a forward of N candidates can
   take at that rate (attention and elementwise work left out: a lower bound), so the least N=8 / N=1
   latency ratio batching can give;
-- batch invariance: whether candidate 0's rows come out bitwise the same computed alone or beside N-1
-  others, for a GEMM (with and without bf16 reduced-precision reductions, which sglang's ServerArgs
-  allow by default) and for SDPA (the worker's attention backend).
+- the layer's attention (SDPA with grouped-query heads, as sglang's torch_sdpa backend calls it) at N;
+- batch invariance: whether each candidate's rows come out bitwise the same computed alone or beside
+  N-1 others, for every GEMM of a layer (with and without bf16 reduced-precision reductions, which
+  sglang's ServerArgs allow by default) and for that attention.
 
 `--dry-run`: the same on the CPU with small dimensions (no figures), for `make test`.
 """
@@ -79,7 +80,10 @@ def gemm_rates(d: dict, device: str, reps: int, ns=NS, tokens=TOKENS) -> list[di
         for n in ns:
             m = t * n
             xs = {k: torch.randn(m, i, device=device, dtype=torch.bfloat16) for k, (i, _o) in shapes.items()}
-            layer_ms = sum(timer.ms(lambda k=k: F.linear(xs[k], weights[k]), reps) for k in shapes)
+            layer_ms = 0.0
+            for k in shapes:
+                x, w = xs[k], weights[k]
+                layer_ms += timer.ms(lambda x=x, w=w: F.linear(x, w), reps)
             flop = layer_flop_per_row * m
             rows.append({"shape": shape, "n": n, "rows": m, "layer_gemm_ms": layer_ms,
                          "tflops": flop / (layer_ms * 1e-3) / 1e12,
@@ -91,35 +95,60 @@ def gemm_rates(d: dict, device: str, reps: int, ns=NS, tokens=TOKENS) -> list[di
     return rows
 
 
+def _compare(op: str, t: int, setting: str, n: int, pairs) -> dict:
+    """pairs: (alone, beside the others) for every candidate."""
+    diffs = [float((a.float() - b.float()).abs().max()) for a, b in pairs]
+    return {"op": op, "tokens": t, "setting": setting, "n": n, "bitwise": all(d == 0.0 for d in diffs),
+            "max_abs": max(diffs), "candidates_differing": sum(d != 0.0 for d in diffs)}
+
+
 def invariance(d: dict, device: str, t: int, n: int) -> list[dict]:
-    """Candidate 0's outputs alone against beside n-1 others (the worker stacks candidates on the batch
-    dimension, so a GEMM sees their rows together)."""
+    """Each candidate's outputs computed alone against beside n-1 others (the worker stacks candidates
+    on the batch dimension, so a GEMM sees their rows together), for every GEMM of a layer and for the
+    layer's attention as sglang's SDPA backend calls it (grouped-query heads, enable_gqa)."""
     import torch
     import torch.nn.functional as F
 
     torch.manual_seed(0)
     out = []
-    i, o = gemm_shapes(d)["up"]
-    x = torch.randn(n * t, i, device=device, dtype=torch.bfloat16)
-    w = torch.randn(o, i, device=device, dtype=torch.bfloat16) * 0.02
     saved = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
     try:
-        for reduced in (True, False):
-            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = reduced
-            alone, batched = F.linear(x[:t], w), F.linear(x, w)[:t]
-            out.append({"op": "gemm (mlp up)", "tokens": t, "setting": f"allow_bf16_reduced_precision_reduction={reduced}",
-                        "n": n, "bitwise": bool(torch.equal(alone, batched)),
-                        "max_abs": float((alone.float() - batched.float()).abs().max())})
+        for name, (i, o) in gemm_shapes(d).items():
+            x = torch.randn(n * t, i, device=device, dtype=torch.bfloat16)
+            w = torch.randn(o, i, device=device, dtype=torch.bfloat16) * 0.02
+            for reduced in (True, False):
+                torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = reduced
+                batched = F.linear(x, w)
+                pairs = [(F.linear(x[j * t:(j + 1) * t], w), batched[j * t:(j + 1) * t]) for j in range(n)]
+                out.append(_compare(f"gemm {name}", t, f"allow_bf16_reduced_precision_reduction={reduced}", n, pairs))
     finally:
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = saved
-    h, hd = d["heads"], d["head_dim"]
+    h, kvh, hd = d["heads"], d["kv_heads"], d["head_dim"]
     q = torch.randn(n, h, t, hd, device=device, dtype=torch.bfloat16)
-    k = torch.randn(n, h, t + UND_TOKENS, hd, device=device, dtype=torch.bfloat16)
+    k = torch.randn(n, kvh, t + UND_TOKENS, hd, device=device, dtype=torch.bfloat16)
     v = torch.randn_like(k)
-    alone, batched = F.scaled_dot_product_attention(q[:1], k[:1], v[:1]), F.scaled_dot_product_attention(q, k, v)[:1]
-    out.append({"op": "sdpa", "tokens": t, "setting": "torch default backend", "n": n, "bitwise": bool(torch.equal(alone, batched)),
-                "max_abs": float((alone.float() - batched.float()).abs().max())})
+    batched = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    pairs = [(F.scaled_dot_product_attention(q[j:j + 1], k[j:j + 1], v[j:j + 1], enable_gqa=True), batched[j:j + 1])
+             for j in range(n)]
+    out.append(_compare("sdpa (gqa)", t, "torch's default backend choice", n, pairs))
     return out
+
+
+def attention_ms(d: dict, device: str, reps: int, ns, tokens) -> list[dict]:
+    """The layer's attention as sglang's SDPA backend calls it, per forward (x layers), at each N."""
+    import torch
+    import torch.nn.functional as F
+
+    timer, rows = Timer(device), []
+    h, kvh, hd = d["heads"], d["kv_heads"], d["head_dim"]
+    for shape, t in tokens.items():
+        for n in ns:
+            q = torch.randn(n, h, t, hd, device=device, dtype=torch.bfloat16)
+            k = torch.randn(n, kvh, t + UND_TOKENS, hd, device=device, dtype=torch.bfloat16)
+            v = torch.randn_like(k)
+            ms = timer.ms(lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), reps)
+            rows.append({"shape": shape, "n": n, "forward_attention_ms": ms * d["layers"]})
+    return rows
 
 
 def measure(dry_run: bool) -> dict:
@@ -132,6 +161,7 @@ def measure(dry_run: bool) -> dict:
     result = {"dry_run": dry_run, "torch": torch.__version__, "dims": d, "tokens": tokens, "und_tokens": UND_TOKENS,
               "device": torch.cuda.get_device_name(0) if not dry_run else "cpu",
               "gemm": gemm_rates(d, device, 2 if dry_run else 10, (1, 2) if dry_run else NS, tokens),
+              "attention": attention_ms(d, device, 2 if dry_run else 10, (1, 2) if dry_run else NS, tokens),
               "invariance": [r for shape_t in tokens.values() for r in invariance(d, device, shape_t, 8)]}
     result["wall_s"] = time.perf_counter() - t0
     return result
@@ -142,14 +172,19 @@ def markdown(r: dict) -> str:
              f"torch {r['torch']}; the full preset's generation layers ({r['dims']}); tokens per candidate "
              f"{r['tokens']}. GEMMs only: attention and elementwise work are left out, so a forward takes at "
              "least this long.", "",
-             "| shape | N | rows | GEMM TFLOP/s | least forward ms | / N=1 |", "|---|---|---|---|---|---|"]
+             "| shape | N | rows | GEMM TFLOP/s | least forward ms | / N=1 | SDPA ms per forward |",
+             "|---|---|---|---|---|---|---|"]
+    attention = {(a["shape"], a["n"]): a["forward_attention_ms"] for a in r.get("attention", [])}
     for g in r["gemm"]:
+        sdpa = attention.get((g["shape"], g["n"]))
         lines.append(f"| {g['shape']} | {g['n']} | {g['rows']} | {g['tflops']:.0f} | {g['forward_gemm_ms']:.1f} | "
-                     f"{g['over_n1']:.2f}x |")
-    lines += ["", "## Batch invariance (candidate 0 alone against beside 7 others)", "",
-              "| op | tokens per candidate | setting | bitwise | max abs diff |", "|---|---|---|---|---|"]
+                     f"{g['over_n1']:.2f}x | {'-' if sdpa is None else f'{sdpa:.1f}'} |")
+    lines += ["", "## Batch invariance (each candidate alone against beside 7 others)", "",
+              "| op | tokens per candidate | setting | bitwise | candidates differing | max abs diff |",
+              "|---|---|---|---|---|---|"]
     for v in r["invariance"]:
-        lines.append(f"| {v['op']} | {v['tokens']} | {v['setting']} | {v['bitwise']} | {v['max_abs']:.3g} |")
+        lines.append(f"| {v['op']} | {v['tokens']} | {v['setting']} | {v['bitwise']} | "
+                     f"{v.get('candidates_differing', '-')} | {v['max_abs']:.3g} |")
     return "\n".join(lines) + "\n"
 
 

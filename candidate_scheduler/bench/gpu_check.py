@@ -5,8 +5,8 @@ The full-size checkpoint (`make-checkpoint --preset full`, random bf16 weights, 
 by parallel generator threads while the first phases run, to /dev/shm when it has room (sglang's loader
 reads a model directory, so the weights go through files; shared memory keeps them off the disk). Each
 phase (gpu_phases.py) runs in a child process with its own time cap, so that a phase that fails or
-overruns costs only itself and whatever finished is written: env, cuda_imports (the rehearsal only:
-gpu_rehearsal.py), probe (the tiny checkpoint on the
+overruns costs only itself and whatever finished is written: env, ceiling (gpu_ceiling.py),
+cuda_imports (the rehearsal only: gpu_rehearsal.py), probe (the tiny checkpoint on the
 device, twice at once: with sglang's shipped kernels and with its own PyTorch-native ops; every later
 phase uses native ops where they ran, which the report says), equivalence, methods, load, fleet.
 Writes bench_cuda.json and report_cuda.md (and the fleet benchmark's own files).
@@ -195,6 +195,7 @@ def orchestrate(args) -> int:
     started = time.monotonic()
     writer = _start_checkpoint(run)
     run.phase("env", 60)
+    run.phase("ceiling", 60)
     if args.dry_run:
         run.phase("cuda_imports", 120)
     # Both probes at once, on the tiny checkpoint: sglang's shipped kernels (JIT-built on first use,
@@ -246,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="every phase on the CPU, tiny checkpoint, 64x64: no figures")
     p.add_argument("--model", default=None, help="a full-size checkpoint already written (default: write one)")
     p.add_argument("--no-fleet", dest="fleet", action="store_false", help="skip the fleet benchmark")
-    p.add_argument("--phase", choices=["env", "cuda_imports", "probe", "equivalence", "methods", "load"], help=argparse.SUPPRESS)
+    p.add_argument("--phase", choices=["env", "ceiling", "cuda_imports", "probe", "equivalence", "methods", "load"], help=argparse.SUPPRESS)
     p.add_argument("--settings", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     return p

@@ -2,6 +2,7 @@
 
 Each phase takes the settings dict the parent wrote and returns a JSON-able dict:
 - env: the device, the driver, torch, CUDA, sglang;
+- ceiling: the device's GEMM rate and batch invariance at the full preset's dimensions (gpu_ceiling.py);
 - cuda_imports (the CPU rehearsal only): gpu_rehearsal.py;
 - probe: the tiny checkpoint on the device (does sglang's Cosmos3 run here at all), with the
   equivalence check at a small shape;
@@ -252,4 +253,11 @@ def load(settings: dict) -> dict:
     return out
 
 
-PHASES = {"env": env, "cuda_imports": cuda_imports, "probe": probe, "equivalence": equivalence, "methods": methods, "load": load}
+def ceiling(settings: dict) -> dict:
+    """The device's GEMM rate and batch invariance at the full preset's dimensions (gpu_ceiling.py)."""
+    from candidate_scheduler.bench.gpu_ceiling import measure
+
+    return measure(settings["dry_run"])
+
+
+PHASES = {"env": env, "cuda_imports": cuda_imports, "ceiling": ceiling, "probe": probe, "equivalence": equivalence, "methods": methods, "load": load}

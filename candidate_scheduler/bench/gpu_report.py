@@ -1,9 +1,12 @@
-"""bench_cuda.json and report_cuda.md of `make gpu-check`: the headline ratios against issue 24's targets,
-the equivalence bound, the method table and what each phase cost."""
+"""bench_cuda.json, report_cuda.md and gpu_latency.png of `make gpu-check`: the headline ratios against
+issue 24's targets, the equivalence bound, the method table, the device's ceiling and what each phase
+cost. `python -m candidate_scheduler.bench.gpu_report DIR` draws the plot again from DIR's files (and
+DIR/gpu_ceiling.json where the ceiling was a run of its own)."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from candidate_scheduler.bench.common import json_default
@@ -118,10 +121,17 @@ def _load(ld: dict) -> list[str]:
     return lines + [""]
 
 
+def _ceiling(c: dict) -> list[str]:
+    from candidate_scheduler.bench.gpu_ceiling import markdown as ceiling_markdown
+
+    return ["## Device ceiling"] + ceiling_markdown(c).splitlines()[1:] + [""]
+
+
 def markdown(result: dict) -> str:
     phases, fleet = result["phases"], result.get("fleet", {})
     lines = _header(result)
-    for name, section in (("equivalence", _equivalence), ("methods", _methods), ("load", _load)):
+    for name, section in (("equivalence", _equivalence), ("methods", _methods), ("load", _load),
+                          ("ceiling", _ceiling)):
         if phases.get(name, {}).get("result"):
             lines += section(phases[name]["result"])
     if fleet.get("result"):
@@ -135,10 +145,66 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_plot(result: dict, path: Path, ceiling: dict | None = None) -> Path | None:
+    """Time per denoise step against N for (a), (c), (d), beside the least time the device's GEMMs
+    alone allow (the ceiling) and issue 24's target for (c)."""
+    methods = result["phases"].get("methods", {}).get("result")
+    ceiling = ceiling or result["phases"].get("ceiling", {}).get("result")
+    if not methods:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = methods["shape"]
+    shape = f"{s['height']}x{s['width']}"
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
+    for method, label in LABELS.items():
+        rows = sorted((r["n"], r["latency_s"]) for r in methods["rows"] if r["method"] == method)
+        ax.plot([n for n, _ in rows], [t / s["steps"] * 1e3 for _, t in rows], marker="o", label=label)
+    c1 = _latency(methods["rows"], "c_worker_batch", 1)
+    ns = sorted({r["n"] for r in methods["rows"]})
+    if c1:
+        ax.plot(ns, [1.3 * c1 / s["steps"] * 1e3] * len(ns), ":", color="black", label="issue 24's target for (c): 1.3x N=1")
+    bound = [(g["n"], g["forward_gemm_ms"]) for g in (ceiling or {}).get("gemm", []) if g["shape"] == shape]
+    if bound:
+        ax.plot([n for n, _ in bound if n <= max(ns)], [ms for n, ms in bound if n <= max(ns)], "--", color="gray",
+                label="the layers' GEMMs alone on this device")
+    ax.set_xlabel("candidates N")
+    ax.set_ylabel("ms per denoise step (latency / steps)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"{shape}, {s['steps']} steps, full-size Cosmos3 ({result['phases']['env']['result'].get('device_name', '?')})",
+                 fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def write_outputs(result: dict, out: Path) -> list[Path]:
     result["headline"] = headline(result)
     suffix = "_dry" if result["meta"]["dry_run"] else ""
     files = [out / f"bench_cuda{suffix}.json", out / f"report_cuda{suffix}.md"]
     files[0].write_text(json.dumps(result, indent=2, default=json_default) + "\n")
     files[1].write_text(markdown(result))
-    return files
+    try:
+        plot = write_plot(result, out / f"gpu_latency{suffix}.png")
+    except ImportError:  # a lent machine without matplotlib: the plot can be drawn here from the JSON
+        plot = None
+    return files + ([plot] if plot else [])
+
+
+def main(argv: list[str]) -> int:
+    folder = Path(argv[0])
+    ceiling = folder / "gpu_ceiling.json"
+    plot = write_plot(json.loads((folder / "bench_cuda.json").read_text()), folder / "gpu_latency.png",
+                      json.loads(ceiling.read_text()) if ceiling.exists() else None)
+    print(plot or "no method rows: no plot")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -19,7 +19,8 @@ def test_the_gpu_check_runs_whole_on_the_cpu(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     result = json.loads((tmp_path / "bench_cuda_dry.json").read_text())
     phases = result["phases"]
-    assert set(phases) == {"env", "cuda_imports", "probe_shipped", "probe_native", "equivalence", "methods", "load"}
+    assert set(phases) == {"env", "ceiling", "cuda_imports", "probe_shipped", "probe_native", "equivalence", "methods",
+                           "load"}
     assert all("result" in p for p in phases.values()), {k: p.get("log_tail") for k, p in phases.items()}
 
     imports = phases["cuda_imports"]["result"]
@@ -53,6 +54,12 @@ def test_the_gpu_check_runs_whole_on_the_cpu(tmp_path):
     for mode, m in load.items():  # every group of the burst answered done, under both batching modes
         assert m["statuses"] == {"done": m["groups"]} and m["groups_per_s"] > 0, (mode, m)
     assert "## Load" in report
+
+    ceiling = phases["ceiling"]["result"]
+    assert {(g["shape"], g["n"]) for g in ceiling["gemm"]} == {(s, n) for s in ("480x832", "256x256") for n in (1, 2)}
+    assert all(g["forward_gemm_ms"] > 0 for g in ceiling["gemm"]) and len(ceiling["attention"]) == 4
+    assert {v["op"] for v in ceiling["invariance"]} == {"gemm q", "gemm kv", "gemm o", "gemm up", "gemm down", "sdpa (gqa)"}
+    assert "## Device ceiling" in report and (tmp_path / "gpu_latency_dry.png").stat().st_size > 0
 
 
 def test_native_ops_leave_no_custom_kernel_on_the_cosmos3_path():
