@@ -10,7 +10,8 @@ are the full preset's), it measures with torch alone (no sglang, no checkpoint):
 - the layer's attention (SDPA with grouped-query heads, as sglang's torch_sdpa backend calls it) at N;
 - batch invariance: whether each candidate's rows come out bitwise the same computed alone or beside
   N-1 others, for every GEMM of a layer (with and without bf16 reduced-precision reductions, which
-  sglang's ServerArgs allow by default) and for that attention.
+  sglang's ServerArgs allow by default, and with sglang's batch-invariant matmul where sglang is
+  importable on CUDA, timed too) and for that attention.
 
 `--dry-run`: the same on the CPU with small dimensions (no figures), for `make test`.
 """
@@ -45,6 +46,17 @@ def gemm_shapes(d: dict) -> dict[str, tuple[int, int]]:
             "up": (d["hidden"], d["intermediate"]), "down": (d["intermediate"], d["hidden"])}
 
 
+def batch_invariant_mode(device: str):
+    """sglang's batch-invariant kernels as a context manager (CUDA, with sglang importable), else None."""
+    if not device.startswith("cuda"):
+        return None
+    try:
+        from sglang.srt.batch_invariant_ops import set_batch_invariant_mode
+    except Exception:  # sglang absent, or not importable on this machine: the other rows still stand
+        return None
+    return set_batch_invariant_mode
+
+
 class Timer:
     def __init__(self, device: str):
         import torch
@@ -67,9 +79,18 @@ class Timer:
         return (time.perf_counter() - t0) * 1e3 / reps
 
 
+def _layer_ms(timer: Timer, xs: dict, weights: dict, reps: int) -> float:
+    import torch.nn.functional as F
+
+    total = 0.0
+    for k in weights:
+        x, w = xs[k], weights[k]
+        total += timer.ms(lambda x=x, w=w: F.linear(x, w), reps)
+    return total
+
+
 def gemm_rates(d: dict, device: str, reps: int, ns=NS, tokens=TOKENS) -> list[dict]:
     import torch
-    import torch.nn.functional as F
 
     timer = Timer(device)
     shapes = gemm_shapes(d)
@@ -80,14 +101,15 @@ def gemm_rates(d: dict, device: str, reps: int, ns=NS, tokens=TOKENS) -> list[di
         for n in ns:
             m = t * n
             xs = {k: torch.randn(m, i, device=device, dtype=torch.bfloat16) for k, (i, _o) in shapes.items()}
-            layer_ms = 0.0
-            for k in shapes:
-                x, w = xs[k], weights[k]
-                layer_ms += timer.ms(lambda x=x, w=w: F.linear(x, w), reps)
+            layer_ms = _layer_ms(timer, xs, weights, reps)
             flop = layer_flop_per_row * m
-            rows.append({"shape": shape, "n": n, "rows": m, "layer_gemm_ms": layer_ms,
-                         "tflops": flop / (layer_ms * 1e-3) / 1e12,
-                         "forward_gemm_ms": layer_ms * d["layers"]})
+            row = {"shape": shape, "n": n, "rows": m, "layer_gemm_ms": layer_ms,
+                   "tflops": flop / (layer_ms * 1e-3) / 1e12, "forward_gemm_ms": layer_ms * d["layers"]}
+            mode = batch_invariant_mode(device)
+            if mode is not None:
+                with mode(True):
+                    row["forward_gemm_ms_batch_invariant"] = _layer_ms(timer, xs, weights, reps) * d["layers"]
+            rows.append(row)
             del xs
     for row in rows:
         one = next(r for r in rows if r["shape"] == row["shape"] and r["n"] == 1)
@@ -121,6 +143,12 @@ def invariance(d: dict, device: str, t: int, n: int) -> list[dict]:
                 batched = F.linear(x, w)
                 pairs = [(F.linear(x[j * t:(j + 1) * t], w), batched[j * t:(j + 1) * t]) for j in range(n)]
                 out.append(_compare(f"gemm {name}", t, f"allow_bf16_reduced_precision_reduction={reduced}", n, pairs))
+            mode = batch_invariant_mode(device)
+            if mode is not None:
+                with mode(True):
+                    batched = F.linear(x, w)
+                    pairs = [(F.linear(x[j * t:(j + 1) * t], w), batched[j * t:(j + 1) * t]) for j in range(n)]
+                out.append(_compare(f"gemm {name}", t, "sglang batch-invariant matmul", n, pairs))
     finally:
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = saved
     h, kvh, hd = d["heads"], d["kv_heads"], d["head_dim"]
@@ -172,13 +200,14 @@ def markdown(r: dict) -> str:
              f"torch {r['torch']}; the full preset's generation layers ({r['dims']}); tokens per candidate "
              f"{r['tokens']}. GEMMs only: attention and elementwise work are left out, so a forward takes at "
              "least this long.", "",
-             "| shape | N | rows | GEMM TFLOP/s | least forward ms | / N=1 | SDPA ms per forward |",
-             "|---|---|---|---|---|---|---|"]
+             "| shape | N | rows | GEMM TFLOP/s | least forward ms | / N=1 | SDPA ms per forward | "
+             "GEMMs ms, batch-invariant kernels |", "|---|---|---|---|---|---|---|---|"]
     attention = {(a["shape"], a["n"]): a["forward_attention_ms"] for a in r.get("attention", [])}
     for g in r["gemm"]:
-        sdpa = attention.get((g["shape"], g["n"]))
+        sdpa, bi = attention.get((g["shape"], g["n"])), g.get("forward_gemm_ms_batch_invariant")
         lines.append(f"| {g['shape']} | {g['n']} | {g['rows']} | {g['tflops']:.0f} | {g['forward_gemm_ms']:.1f} | "
-                     f"{g['over_n1']:.2f}x | {'-' if sdpa is None else f'{sdpa:.1f}'} |")
+                     f"{g['over_n1']:.2f}x | {'-' if sdpa is None else f'{sdpa:.1f}'} | "
+                     f"{'-' if bi is None else f'{bi:.1f}'} |")
     lines += ["", "## Batch invariance (each candidate alone against beside 7 others)", "",
               "| op | tokens per candidate | setting | bitwise | candidates differing | max abs diff |",
               "|---|---|---|---|---|---|"]

@@ -131,12 +131,28 @@ def probe(settings: dict) -> dict:
 
 
 def equivalence(settings: dict) -> dict:
+    """The comparison as the worker runs by default, then again with sglang's batch-invariant kernels
+    (sglang.srt.batch_invariant_ops: Triton matmuls whose result for a row does not depend on the
+    others, in place of cuBLAS) for both sides: does that make a candidate depend on its seed alone,
+    and at what cost. CUDA only; the CPU's path is bitwise already."""
     adapter, load_s = _adapter(settings, settings["model"], 8)
-    shape = settings["shape"]
-    compare(adapter, _sampling(shape, steps=2, guidance=settings["cfg_guidance"]), 1, settings["device"])  # warm-up
-    out = compare(adapter, _sampling(shape, steps=settings["equivalence_steps"], guidance=settings["cfg_guidance"]),
-                  settings["equivalence_n"], settings["device"])
+    shape, device = settings["shape"], settings["device"]
+    warm = _sampling(shape, steps=2, guidance=settings["cfg_guidance"])
+    timed = _sampling(shape, steps=settings["equivalence_steps"], guidance=settings["cfg_guidance"])
+    compare(adapter, warm, 1, device)
+    out = compare(adapter, timed, settings["equivalence_n"], device)
     out["load_s"] = load_s
+    if not device.startswith("cuda"):
+        out["batch_invariant"] = {"skipped": "not CUDA"}
+        return out
+    from sglang.srt.batch_invariant_ops import disable_batch_invariant_mode, enable_batch_invariant_mode
+
+    enable_batch_invariant_mode()
+    try:
+        compare(adapter, warm, 2, device)  # its Triton kernels compile here
+        out["batch_invariant"] = compare(adapter, timed, settings["equivalence_n"], device)
+    finally:
+        disable_batch_invariant_mode()
     return out
 
 

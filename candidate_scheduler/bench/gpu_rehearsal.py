@@ -32,6 +32,7 @@ CHAIN = (
     "sglang.multimodal_gen.runtime.layers.layernorm",
     "sglang.multimodal_gen.runtime.layers.activation",
     "candidate_scheduler.worker.cosmos3",
+    "sglang.srt.batch_invariant_ops",  # the equivalence phase's batch-invariant kernels (Triton)
 )
 # torch and its CUDA stack are the image's own (never carried: a gigabyte).
 IMAGE_TORCH = ("torch", "torchvision", "triton", "nvidia-*", "cuda-*")

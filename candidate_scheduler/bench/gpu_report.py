@@ -37,7 +37,8 @@ def headline(result: dict) -> dict:
             "c_vs_a_speedup_n8": _ratio(a8, c8), "c_vs_a_speedup_n8_target": ">= 4.5",
             "d_over_c_n8": _ratio(d8, c8), "d_minus_c_n8_ms": None if d8 is None or c8 is None else (d8 - c8) * 1e3,
             "equivalence_max_abs": eq and eq["max_abs_diff"], "equivalence_bitwise": eq and eq["bitwise"],
-            "equivalence_bound": eq and eq["bound"], "equivalence_within_bound": eq and eq["within_bound"]}
+            "equivalence_bound": eq and eq["bound"], "equivalence_within_bound": eq and eq["within_bound"],
+            "equivalence_batch_invariant_max_abs": ((eq or {}).get("batch_invariant") or {}).get("max_abs_diff")}
 
 
 def _f(v, fmt: str = "{:.3f}") -> str:
@@ -65,7 +66,9 @@ def _header(result: dict) -> list[str]:
             f"| (d) / (c) at N=8 | {_f(h['d_over_c_n8'], '{:.3f}x')} ({_f(h['d_minus_c_n8_ms'], '{:.0f}')} ms) | - |",
             f"| equivalence max abs diff | {_f(h['equivalence_max_abs'], '{:.3g}')}"
             f"{' (bitwise)' if h['equivalence_bitwise'] else ''} | within atol/rtol "
-            f"{(h['equivalence_bound'] or {}).get('atol', '-')} (declared by the adapter) |", ""]
+            f"{(h['equivalence_bound'] or {}).get('atol', '-')} (declared by the adapter) |",
+            f"| the same with sglang's batch-invariant kernels | "
+            f"{_f(h['equivalence_batch_invariant_max_abs'], '{:.3g}')} | 0 (bitwise) |", ""]
 
 
 def _ops_line(ops: str, phases: dict) -> str:
@@ -86,7 +89,18 @@ def _equivalence(eq: dict) -> list[str]:
             f"- max abs diff {eq['max_abs_diff']:.3g}, max relative (to max |action|) {eq['max_rel_diff']:.3g}, "
             f"bitwise: {eq['bitwise']}, within the declared bound: {eq['within_bound']}, finite: {eq['finite']}",
             f"- per candidate max abs: {', '.join(f'{v:.3g}' for v in eq['per_candidate_max_abs'])}",
-            f"- batched {eq['batched_s']:.2f} s, alone x{eq['n']} {eq['alone_s']:.2f} s", ""]
+            f"- batched {eq['batched_s']:.2f} s, alone x{eq['n']} {eq['alone_s']:.2f} s", ""] + _invariant(eq)
+
+
+def _invariant(eq: dict) -> list[str]:
+    bi = eq.get("batch_invariant") or {}
+    if "max_abs_diff" not in bi:
+        return [f"With sglang's batch-invariant kernels: {bi.get('skipped', 'not run')}.", ""]
+    return ["With sglang's batch-invariant kernels (sglang.srt.batch_invariant_ops) on both sides:", "",
+            f"- max abs diff {bi['max_abs_diff']:.3g}, bitwise: {bi['bitwise']}, within the declared bound: "
+            f"{bi['within_bound']}",
+            f"- batched {bi['batched_s']:.2f} s ({bi['batched_s'] / eq['batched_s']:.2f}x the default kernels), "
+            f"alone x{bi['n']} {bi['alone_s']:.2f} s ({bi['alone_s'] / eq['alone_s']:.2f}x)", ""]
 
 
 def _methods(m: dict) -> list[str]:

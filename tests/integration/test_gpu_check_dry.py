@@ -36,6 +36,8 @@ def test_the_gpu_check_runs_whole_on_the_cpu(tmp_path):
         eq = phases[name]["result"]
         assert eq["bitwise"] and eq["max_abs_diff"] == 0.0 and eq["sampling"]["guidance_scale"] == 2.0, (name, eq)
 
+    # sglang's batch-invariant kernels are Triton on CUDA: the CPU's path (bitwise already) skips them
+    assert phases["equivalence"]["result"]["batch_invariant"] == {"skipped": "not CUDA"}
     methods = phases["methods"]["result"]
     rows = {(r["method"], r["n"]): r for r in methods["rows"]}
     assert set(rows) == {(m, n) for m in ("a_sequential", "c_worker_batch", "d_scheduler_e2e") for n in (1, 2)}

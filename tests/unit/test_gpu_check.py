@@ -92,6 +92,19 @@ def test_headline_ratios_come_from_the_method_rows():
     assert "| 8 | 8.000 | 2.000 | 2.050 | 4.00x | 50 |" in text
 
 
+def test_the_report_compares_the_batch_invariant_kernels_with_the_default_ones():
+    eq = {"n": 4, "sampling": {"height": 480, "width": 832, "steps": 10, "guidance_scale": 2.0}, "max_abs_diff": 0.5,
+          "max_rel_diff": 0.04, "bitwise": False, "bound": {"atol": 0.05, "rtol": 0.05}, "within_bound": False,
+          "finite": True, "per_candidate_max_abs": [0.5] * 4, "batched_s": 2.0, "alone_s": 3.0}
+    eq["batch_invariant"] = {**eq, "max_abs_diff": 0.0, "bitwise": True, "within_bound": True, "batched_s": 3.0,
+                             "alone_s": 3.3}
+    result = _result(None, eq)
+    result["headline"] = headline(result)
+    text = markdown(result)
+    assert "| the same with sglang's batch-invariant kernels | 0 | 0 (bitwise) |" in text
+    assert "- batched 3.00 s (1.50x the default kernels), alone x4 3.30 s (1.10x)" in text
+
+
 def test_a_run_whose_phases_failed_reports_dashes_not_figures():
     result = _result(None, None)
     result["phases"]["probe_shipped"] = {"wall_s": 15, "cap_s": 120, "rc": "timeout", "log_tail": ["nvcc"]}
