@@ -25,6 +25,7 @@ fi
 # function raises when called; the report says so), with sphinx (the lent image holds an empty folder);
 # imageio_ffmpeg, imported beside sglang's output helpers (its wheel is too large to carry).
 SHIMS=$(mktemp -d /tmp/cs-gpu-shims.XXXXXX)
+trap 'rm -rf "$SHIMS"' EXIT
 "$PY" -c "import sgl_kernel" 2>/dev/null || ln -s "$PWD/scripts/gpu_shims/sgl_kernel" "$PWD/scripts/gpu_shims/sphinx" "$SHIMS/"
 "$PY" -c "import imageio_ffmpeg" 2>/dev/null || ln -s "$PWD/scripts/gpu_shims/imageio_ffmpeg" "$SHIMS/"
 export PYTHONPATH="$SHIMS${PYTHONPATH:+:$PYTHONPATH}"
@@ -35,4 +36,4 @@ if [ "${DRY_RUN:-0}" = 1 ]; then
 else
   ARGS+=(--budget-s "${GPU_CHECK_BUDGET_S:-540}")
 fi
-exec "$PY" -m candidate_scheduler.bench.gpu_check "${ARGS[@]}" "$@"
+"$PY" -m candidate_scheduler.bench.gpu_check "${ARGS[@]}" "$@"

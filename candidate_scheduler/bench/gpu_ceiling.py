@@ -46,15 +46,29 @@ def gemm_shapes(d: dict) -> dict[str, tuple[int, int]]:
             "up": (d["hidden"], d["intermediate"]), "down": (d["intermediate"], d["hidden"])}
 
 
-def batch_invariant_mode(device: str):
-    """sglang's batch-invariant kernels as a context manager (CUDA, with sglang importable), else None."""
-    if not device.startswith("cuda"):
-        return None
-    try:
-        from sglang.srt.batch_invariant_ops import set_batch_invariant_mode
-    except Exception:  # sglang absent, or not importable on this machine: the other rows still stand
-        return None
-    return set_batch_invariant_mode
+class BatchInvariant:
+    """sglang's batch-invariant kernels (Triton matmuls in place of cuBLAS), on and off again whole:
+    its own context manager leaves torch.bmm patched. `available` is False off CUDA or without sglang."""
+
+    def __init__(self, device: str):
+        self.ops = None
+        if device.startswith("cuda"):
+            try:
+                from sglang.srt import batch_invariant_ops
+            except Exception:  # sglang absent, or not importable on this machine: the other rows still stand
+                batch_invariant_ops = None
+            self.ops = batch_invariant_ops
+
+    @property
+    def available(self) -> bool:
+        return self.ops is not None
+
+    def __enter__(self):
+        self.ops.enable_batch_invariant_mode()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.ops.disable_batch_invariant_mode()
 
 
 class Timer:
@@ -105,9 +119,9 @@ def gemm_rates(d: dict, device: str, reps: int, ns=NS, tokens=TOKENS) -> list[di
             flop = layer_flop_per_row * m
             row = {"shape": shape, "n": n, "rows": m, "layer_gemm_ms": layer_ms,
                    "tflops": flop / (layer_ms * 1e-3) / 1e12, "forward_gemm_ms": layer_ms * d["layers"]}
-            mode = batch_invariant_mode(device)
-            if mode is not None:
-                with mode(True):
+            invariant = BatchInvariant(device)
+            if invariant.available:
+                with invariant:
                     row["forward_gemm_ms_batch_invariant"] = _layer_ms(timer, xs, weights, reps) * d["layers"]
             rows.append(row)
             del xs
@@ -122,6 +136,23 @@ def _compare(op: str, t: int, setting: str, n: int, pairs) -> dict:
     diffs = [float((a.float() - b.float()).abs().max()) for a, b in pairs]
     return {"op": op, "tokens": t, "setting": setting, "n": n, "bitwise": all(d == 0.0 for d in diffs),
             "max_abs": max(diffs), "candidates_differing": sum(d != 0.0 for d in diffs)}
+
+
+def _gemm_pairs(x, w, t: int, n: int) -> list:
+    """(alone, beside the others) for each candidate's t rows of x."""
+    import torch.nn.functional as F
+
+    batched = F.linear(x, w)
+    return [(F.linear(x[j * t:(j + 1) * t], w), batched[j * t:(j + 1) * t]) for j in range(n)]
+
+
+def _qkv(d: dict, device: str, t: int, n: int):
+    """A layer's attention inputs for n candidates: grouped-query heads, keys over the cached prefix too."""
+    import torch
+
+    q = torch.randn(n, d["heads"], t, d["head_dim"], device=device, dtype=torch.bfloat16)
+    k = torch.randn(n, d["kv_heads"], t + UND_TOKENS, d["head_dim"], device=device, dtype=torch.bfloat16)
+    return q, k, torch.randn_like(k)
 
 
 def invariance(d: dict, device: str, t: int, n: int) -> list[dict]:
@@ -140,21 +171,16 @@ def invariance(d: dict, device: str, t: int, n: int) -> list[dict]:
             w = torch.randn(o, i, device=device, dtype=torch.bfloat16) * 0.02
             for reduced in (True, False):
                 torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = reduced
-                batched = F.linear(x, w)
-                pairs = [(F.linear(x[j * t:(j + 1) * t], w), batched[j * t:(j + 1) * t]) for j in range(n)]
-                out.append(_compare(f"gemm {name}", t, f"allow_bf16_reduced_precision_reduction={reduced}", n, pairs))
-            mode = batch_invariant_mode(device)
-            if mode is not None:
-                with mode(True):
-                    batched = F.linear(x, w)
-                    pairs = [(F.linear(x[j * t:(j + 1) * t], w), batched[j * t:(j + 1) * t]) for j in range(n)]
+                out.append(_compare(f"gemm {name}", t, f"allow_bf16_reduced_precision_reduction={reduced}", n,
+                                    _gemm_pairs(x, w, t, n)))
+            invariant = BatchInvariant(device)
+            if invariant.available:
+                with invariant:
+                    pairs = _gemm_pairs(x, w, t, n)
                 out.append(_compare(f"gemm {name}", t, "sglang batch-invariant matmul", n, pairs))
     finally:
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = saved
-    h, kvh, hd = d["heads"], d["kv_heads"], d["head_dim"]
-    q = torch.randn(n, h, t, hd, device=device, dtype=torch.bfloat16)
-    k = torch.randn(n, kvh, t + UND_TOKENS, hd, device=device, dtype=torch.bfloat16)
-    v = torch.randn_like(k)
+    q, k, v = _qkv(d, device, t, n)
     batched = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     pairs = [(F.scaled_dot_product_attention(q[j:j + 1], k[j:j + 1], v[j:j + 1], enable_gqa=True), batched[j:j + 1])
              for j in range(n)]
@@ -164,16 +190,12 @@ def invariance(d: dict, device: str, t: int, n: int) -> list[dict]:
 
 def attention_ms(d: dict, device: str, reps: int, ns, tokens) -> list[dict]:
     """The layer's attention as sglang's SDPA backend calls it, per forward (x layers), at each N."""
-    import torch
     import torch.nn.functional as F
 
     timer, rows = Timer(device), []
-    h, kvh, hd = d["heads"], d["kv_heads"], d["head_dim"]
     for shape, t in tokens.items():
         for n in ns:
-            q = torch.randn(n, h, t, hd, device=device, dtype=torch.bfloat16)
-            k = torch.randn(n, kvh, t + UND_TOKENS, hd, device=device, dtype=torch.bfloat16)
-            v = torch.randn_like(k)
+            q, k, v = _qkv(d, device, t, n)
             ms = timer.ms(lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), reps)
             rows.append({"shape": shape, "n": n, "forward_attention_ms": ms * d["layers"]})
     return rows
@@ -208,7 +230,10 @@ def markdown(r: dict) -> str:
         lines.append(f"| {g['shape']} | {g['n']} | {g['rows']} | {g['tflops']:.0f} | {g['forward_gemm_ms']:.1f} | "
                      f"{g['over_n1']:.2f}x | {'-' if sdpa is None else f'{sdpa:.1f}'} | "
                      f"{'-' if bi is None else f'{bi:.1f}'} |")
-    lines += ["", "## Batch invariance (each candidate alone against beside 7 others)", "",
+    inv = r["invariance"]
+    n = inv[0]["n"] if inv else 1
+    who = "each candidate" if inv and "candidates_differing" in inv[0] else "candidate 0"  # older files: 0 only
+    lines += ["", f"## Batch invariance ({who} alone against beside {n - 1} others)", "",
               "| op | tokens per candidate | setting | bitwise | candidates differing | max abs diff |",
               "|---|---|---|---|---|---|"]
     for v in r["invariance"]:

@@ -119,25 +119,43 @@ class GpuCheck:
                              self.work / f"{key}.log")
         sfile.write_text(json.dumps(settings))
         rfile.unlink(missing_ok=True)
+        rfile.with_suffix(".partial.json").unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "candidate_scheduler.bench.gpu_check", "--phase", name,
                "--settings", str(sfile), "--result", str(rfile)]
         self.say(f"{key}: start (cap {cap_s:.0f} s)")
-        return {"key": key, "cap_s": cap_s, "t": time.monotonic(), "rfile": rfile, "log": log,
-                "proc": start_capped(cmd, log, env or self.env)}
+        return {"key": key, "cap_s": cap_s, "t": time.monotonic(), "t_wall": time.time(), "rfile": rfile,
+                "log": log, "proc": start_capped(cmd, log, env or self.env)}
 
     def collect(self, running: dict) -> dict:
+        """Wait for a phase (until its cap) and record it. Its time is its own, also when it is collected
+        late (the shipped probe, after the checkpoint): until its result, or its log's last line, was
+        written. A phase that wrote a partial result before it failed keeps that, marked partial."""
         key, rfile, log = running["key"], running["rfile"], running["log"]
         rc = wait_capped(running["proc"], running["cap_s"] - (time.monotonic() - running["t"]))
-        record = {"wall_s": round(time.monotonic() - running["t"], 1), "cap_s": round(running["cap_s"], 1), "rc": rc}
+        partial = rfile.with_suffix(".partial.json")
+        wall = time.monotonic() - running["t"]
+        if rc != "timeout":
+            last = next((f.stat().st_mtime for f in (rfile, log) if f.exists()), None)
+            wall = min(wall, max(0.0, last - running["t_wall"])) if last is not None else wall
+        record = {"wall_s": round(wall, 1), "cap_s": round(running["cap_s"], 1), "rc": rc}
         if rc == 0 and rfile.exists():
             record["result"] = json.loads(rfile.read_text())
         else:
             record["log_tail"] = log.read_text(errors="replace").splitlines()[-30:]
+            if partial.exists():
+                record.update(result=json.loads(partial.read_text()), partial=True)
         self.phases[key] = record
-        self.say(f"{key}: {'ok' if 'result' in record else f'FAILED ({rc})'} in {record['wall_s']} s")
+        outcome = "ok" if rc == 0 and "result" in record else f"{'PARTIAL' if 'result' in record else 'FAILED'} ({rc})"
+        self.say(f"{key}: {outcome} in {record['wall_s']} s")
         if "log_tail" in record:
             print("\n".join("    " + line for line in record["log_tail"]), flush=True)
         return record
+
+    def kill(self, running: dict) -> None:
+        """A phase started and never collected (the orchestration raised): it must not outlive the run."""
+        if running["proc"].poll() is None:
+            os.killpg(running["proc"].pid, signal.SIGKILL)
+            running["proc"].wait()
 
     def phase(self, name: str, cap_s: float, key: str | None = None, env: dict | None = None) -> dict:
         return self.collect(self.spawn(name, cap_s, key, env))
@@ -204,10 +222,13 @@ def orchestrate(args) -> int:
     # the shipped probe says whether those kernels build and run here, and how long that took. It
     # may go on while the checkpoint is written, and no longer (GRACE_S after).
     shipped_run = run.spawn("probe", 240, key="probe_shipped")
-    native = run.phase("probe", 150, key="probe_native", env={**run.env, OPS_ENV: "native"})
-    checkpoint = _wait_checkpoint(run, writer, started, run.left() - 240)
-    shipped = run.collect({**shipped_run, "cap_s": min(shipped_run["cap_s"],
-                                                       time.monotonic() - shipped_run["t"] + GRACE_S)})
+    try:
+        native = run.phase("probe", 150, key="probe_native", env={**run.env, OPS_ENV: "native"})
+        checkpoint = _wait_checkpoint(run, writer, started, run.left() - 240)
+        shipped = run.collect({**shipped_run, "cap_s": min(shipped_run["cap_s"],
+                                                           time.monotonic() - shipped_run["t"] + GRACE_S)})
+    finally:
+        run.kill(shipped_run)
     ops = "native" if "result" in native else "shipped" if "result" in shipped else "none"
     probe = native if ops == "native" else shipped
     if ops == "native":
@@ -234,6 +255,8 @@ def run_child(args) -> int:
     from candidate_scheduler.bench.gpu_phases import PHASES
 
     settings = json.loads(Path(args.settings).read_text())
+    # where a phase may leave what it has before a riskier part (collect() keeps it if that part fails)
+    settings["partial_result"] = str(Path(args.result).with_suffix(".partial.json"))
     result = PHASES[args.phase](settings)
     Path(args.result).write_text(json.dumps(result, default=json_default))
     return 0

@@ -15,6 +15,7 @@ Each phase takes the settings dict the parent wrote and returns a JSON-able dict
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from candidate_scheduler.bench.common import PROMPT, package_version
+from candidate_scheduler.bench.common import PROMPT, json_default, package_version
 from candidate_scheduler.bench.gpu_rehearsal import cuda_imports, uncovered_now
 from candidate_scheduler.bench.settings import BASE_SEED
 
@@ -145,14 +146,20 @@ def equivalence(settings: dict) -> dict:
     if not device.startswith("cuda"):
         out["batch_invariant"] = {"skipped": "not CUDA"}
         return out
-    from sglang.srt.batch_invariant_ops import disable_batch_invariant_mode, enable_batch_invariant_mode
-
-    enable_batch_invariant_mode()
+    # kept if the pass below overruns the phase's cap (its Triton kernels compile on first use)
+    Path(settings["partial_result"]).write_text(json.dumps({**out, "batch_invariant": {"error": "did not finish"}},
+                                                              default=json_default))
     try:
-        compare(adapter, warm, 2, device)  # its Triton kernels compile here
-        out["batch_invariant"] = compare(adapter, timed, settings["equivalence_n"], device)
-    finally:
-        disable_batch_invariant_mode()
+        from sglang.srt.batch_invariant_ops import disable_batch_invariant_mode, enable_batch_invariant_mode
+
+        enable_batch_invariant_mode()
+        try:
+            compare(adapter, warm, 2, device)
+            out["batch_invariant"] = compare(adapter, timed, settings["equivalence_n"], device)
+        finally:
+            disable_batch_invariant_mode()
+    except Exception as exc:  # an experiment beside the measurement: the default comparison stands
+        out["batch_invariant"] = {"error": f"{type(exc).__name__}: {exc}"}
     return out
 
 

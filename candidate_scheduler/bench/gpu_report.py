@@ -73,11 +73,12 @@ def _header(result: dict) -> list[str]:
 
 def _ops_line(ops: str, phases: dict) -> str:
     shipped = phases.get("probe_shipped", {})
-    built = ("ran in the probe" if "result" in shipped
-             else f"did not finish in the probe ({shipped['rc']})" if shipped else "not probed")
+    built = (f"ran in the probe, in {shipped['wall_s']} s" if "result" in shipped
+             else f"did not finish in the probe ({shipped['rc']}), in {shipped['wall_s']} s" if shipped
+             else "were not probed")
     if ops == "native":
         return ("native (sglang's own PyTorch forms, no custom CUDA kernel: a conservative latency); "
-                f"the shipped kernels {built}, in {shipped.get('wall_s', '-')} s")
+                f"the shipped kernels {built}")
     return {"shipped": "as shipped (the native probe failed)", "none": "none ran"}.get(ops, ops)
 
 
@@ -153,7 +154,8 @@ def markdown(result: dict) -> str:
                   f"({fleet['wall_s']} s): fleet_cuda.md, and `fleet` in bench_cuda.json.", ""]
     lines += ["## Phases", "", "| phase | wall s | cap s | outcome |", "|---|---|---|---|"]
     for name, rec in phases.items():
-        lines.append(f"| {name} | {rec['wall_s']} | {rec['cap_s']} | {'ok' if 'result' in rec else rec['rc']} |")
+        outcome = f"partial ({rec['rc']})" if rec.get("partial") else "ok" if "result" in rec else rec["rc"]
+        lines.append(f"| {name} | {rec['wall_s']} | {rec['cap_s']} | {outcome} |")
     if fleet:
         lines.append(f"| fleet | {fleet.get('wall_s', '-')} | - | {fleet.get('rc', fleet.get('skipped'))} |")
     return "\n".join(lines) + "\n"
@@ -188,8 +190,8 @@ def write_plot(result: dict, path: Path, ceiling: dict | None = None) -> Path | 
     ax.set_xlabel("candidates N")
     ax.set_ylabel("ms per denoise step (latency / steps)")
     ax.set_ylim(bottom=0)
-    ax.set_title(f"{shape}, {s['steps']} steps, full-size Cosmos3 ({result['phases']['env']['result'].get('device_name', '?')})",
-                 fontsize=10)
+    device = result["phases"].get("env", {}).get("result", {}).get("device_name", "?")
+    ax.set_title(f"{shape}, {s['steps']} steps, full-size Cosmos3 ({device})", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -206,7 +208,8 @@ def write_outputs(result: dict, out: Path) -> list[Path]:
     files[1].write_text(markdown(result))
     try:
         plot = write_plot(result, out / f"gpu_latency{suffix}.png")
-    except ImportError:  # a lent machine without matplotlib: the plot can be drawn here from the JSON
+    except Exception as exc:  # the figures are in the JSON and the report; `main` draws the plot again
+        print(f"gpu-check: no plot ({type(exc).__name__}: {exc})", flush=True)
         plot = None
     return files + ([plot] if plot else [])
 

@@ -186,3 +186,42 @@ def test_a_phase_past_its_cap_is_killed_with_what_it_started(tmp_path):
     assert not state.exists() or state.read_text().split()[2] == "Z"  # gone, or a zombie awaiting its reaper
     assert run_capped([sys.executable, "-c", "print('ok')"], tmp_path / "log2", 30, {"PATH": "/usr/bin:/bin"}) == 0
     assert (tmp_path / "log2").read_text().strip() == "ok"
+
+
+def _running(tmp_path, code: str, key: str = "p") -> tuple:
+    import time
+
+    from candidate_scheduler.bench.gpu_check import GpuCheck, start_capped
+
+    run = GpuCheck(tmp_path, tmp_path, 60, {})
+    rfile, log = tmp_path / f"{key}.result.json", tmp_path / f"{key}.log"
+    code = code.replace("RESULT", str(rfile)).replace("PARTIAL", str(rfile.with_suffix(".partial.json")))
+    return run, {"key": key, "cap_s": 30.0, "t": time.monotonic(), "t_wall": time.time(), "rfile": rfile, "log": log,
+                 "proc": start_capped([sys.executable, "-c", code], log, None)}
+
+
+def test_a_phase_collected_late_is_timed_to_its_own_end(tmp_path):
+    """The shipped probe is collected after the checkpoint: its time must be its own, not the wait's."""
+    import time
+
+    run, running = _running(tmp_path, "open('RESULT', 'w').write('{\"ok\": 1}')")
+    time.sleep(2.0)
+    record = run.collect(running)
+    assert record["rc"] == 0 and record["result"] == {"ok": 1}
+    assert record["wall_s"] < 1.5, record
+
+
+def test_a_phase_that_fails_after_a_partial_result_keeps_it_marked_partial(tmp_path):
+    run, running = _running(tmp_path, "open('PARTIAL', 'w').write('{\"max_abs_diff\": 0.5}'); raise SystemExit(3)")
+    record = run.collect(running)
+    assert record["rc"] == 3 and record["partial"] is True and record["result"] == {"max_abs_diff": 0.5}
+    result = _result(None, None)  # the report's table says so
+    result["phases"]["load"] = {"wall_s": 1, "cap_s": 2, "rc": 3, "partial": True, "result": {}}
+    result["headline"] = headline(result)
+    assert "| load | 1 | 2 | partial (3) |" in markdown(result)
+
+
+def test_a_phase_never_collected_is_killed(tmp_path):
+    run, running = _running(tmp_path, "import time; time.sleep(60)")
+    run.kill(running)
+    assert running["proc"].poll() is not None
