@@ -55,6 +55,7 @@ def settings_for(dry_run: bool, work: Path, model: str | None) -> dict:
         "cfg_guidance": 2.0,
         "equivalence_n": 2 if dry_run else 4,
         "equivalence_steps": 4 if dry_run else 10,
+        "profile_ns": [1, 2] if dry_run else [1, 8],
         "warmup_steps": 2,
         "load_shape": {"height": 64, "width": 64, "steps": 4} if dry_run else {"height": 256, "width": 256, "steps": 20},
         "load_groups": 4 if dry_run else 16,

@@ -6,7 +6,8 @@ Each phase takes the settings dict the parent wrote and returns a JSON-able dict
 - cuda_imports (the CPU rehearsal only): gpu_rehearsal.py;
 - probe: the tiny checkpoint on the device (does sglang's Cosmos3 run here at all), with the
   equivalence check at a small shape;
-- equivalence: batched candidates against sglang's pipeline run alone per seed, with CFG;
+- equivalence: batched candidates against sglang's pipeline run alone per seed, with CFG (and again
+  with sglang's batch-invariant kernels on CUDA), and where a group's device time goes (gpu_profile.py);
 - methods: (a) sequential sglang, (c) the worker's batched group, (d) end to end through the
   scheduler, for each N, with peak device memory; the step count is the largest that fits the
   phase's time, measured from a warm-up;
@@ -26,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from candidate_scheduler.bench.common import PROMPT, json_default, package_version
+from candidate_scheduler.bench.gpu_profile import kernel_profile
 from candidate_scheduler.bench.gpu_rehearsal import cuda_imports, uncovered_now
 from candidate_scheduler.bench.settings import BASE_SEED
 
@@ -83,17 +85,24 @@ def _adapter(settings: dict, model: str, capacity: int):
     return adapter, time.perf_counter() - t0
 
 
-def compare(adapter, sampling, n: int, device: str) -> dict:
-    """N candidates in one batched forward against sglang's pipeline run alone for each seed."""
+def group_work(sampling, n: int, request_id: str = "gpu-check-eq"):
+    """One group of n candidates (the check's seeds) on a synthetic observation, as the worker gets it."""
     from candidate_scheduler.core import rng
     from candidate_scheduler.core.work import CandidateWork, GroupWork
     from candidate_scheduler.service.client import synthetic_image
-    from candidate_scheduler.worker.cosmos3 import sglang_reference_actions
 
     image = synthetic_image(sampling.height, sampling.width, seed=1)
     seeds = rng.candidate_seeds(BASE_SEED, n, "per_candidate")
-    item = GroupWork(request_id="gpu-check-eq", images=image[None], prompts=[PROMPT], sampling=sampling,
+    return GroupWork(request_id=request_id, images=image[None], prompts=[PROMPT], sampling=sampling,
                      candidates=[CandidateWork(i, s) for i, s in enumerate(seeds)])
+
+
+def compare(adapter, sampling, n: int, device: str) -> dict:
+    """N candidates in one batched forward against sglang's pipeline run alone for each seed."""
+    from candidate_scheduler.worker.cosmos3 import sglang_reference_actions
+
+    item = group_work(sampling, n)
+    image, seeds = item.images[0], [c.seed for c in item.candidates]
     t0 = time.perf_counter()
     outputs, _report = adapter.run_batch([item])
     _sync(device)
@@ -143,6 +152,10 @@ def equivalence(settings: dict) -> dict:
     compare(adapter, warm, 1, device)
     out = compare(adapter, timed, settings["equivalence_n"], device)
     out["load_s"] = load_s
+    # the loaded model is here already: where one step's time goes, at the methods' shape (no CFG)
+    steps = _sampling(shape, steps=2)
+    out["profile"] = [kernel_profile(adapter, group_work(steps, n, f"gpu-check-profile-{n}"), device)
+                      for n in settings["profile_ns"]]
     if not device.startswith("cuda"):
         out["batch_invariant"] = {"skipped": "not CUDA"}
         return out

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from candidate_scheduler.bench.common import json_default
+from candidate_scheduler.bench.gpu_profile import markdown as profile_markdown
 
 LABELS = {"a_sequential": "(a) sequential sglang", "c_worker_batch": "(c) worker batch",
           "d_scheduler_e2e": "(d) scheduler end to end"}
@@ -90,7 +91,8 @@ def _equivalence(eq: dict) -> list[str]:
             f"- max abs diff {eq['max_abs_diff']:.3g}, max relative (to max |action|) {eq['max_rel_diff']:.3g}, "
             f"bitwise: {eq['bitwise']}, within the declared bound: {eq['within_bound']}, finite: {eq['finite']}",
             f"- per candidate max abs: {', '.join(f'{v:.3g}' for v in eq['per_candidate_max_abs'])}",
-            f"- batched {eq['batched_s']:.2f} s, alone x{eq['n']} {eq['alone_s']:.2f} s", ""] + _invariant(eq)
+            f"- batched {eq['batched_s']:.2f} s, alone x{eq['n']} {eq['alone_s']:.2f} s", ""] + _invariant(eq) + (
+        profile_markdown(eq["profile"]) if eq.get("profile") else [])
 
 
 def _invariant(eq: dict) -> list[str]:

@@ -38,6 +38,10 @@ def test_the_gpu_check_runs_whole_on_the_cpu(tmp_path):
 
     # sglang's batch-invariant kernels are Triton on CUDA: the CPU's path (bitwise already) skips them
     assert phases["equivalence"]["result"]["batch_invariant"] == {"skipped": "not CUDA"}
+    # where a group's time goes, N=1 and N=2 (CPU operators here, CUDA kernels on the device)
+    profile = phases["equivalence"]["result"]["profile"]
+    assert [p["n"] for p in profile] == [1, 2] and all(p["total_ms"] > 0 and p["top"] for p in profile)
+    assert abs(sum(profile[0]["by_kind_ms"].values()) - profile[0]["total_ms"]) < 1e-6 * profile[0]["total_ms"] + 1e-3
     methods = phases["methods"]["result"]
     rows = {(r["method"], r["n"]): r for r in methods["rows"]}
     assert set(rows) == {(m, n) for m in ("a_sequential", "c_worker_batch", "d_scheduler_e2e") for n in (1, 2)}

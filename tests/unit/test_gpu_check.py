@@ -225,3 +225,26 @@ def test_a_phase_never_collected_is_killed(tmp_path):
     run, running = _running(tmp_path, "import time; time.sleep(60)")
     run.kill(running)
     assert running["proc"].poll() is not None
+
+
+def test_kernels_are_classed_by_name():
+    from candidate_scheduler.bench.gpu_profile import kind_of
+
+    assert kind_of("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64") == "gemm"
+    assert kind_of("void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm>") == "gemm"
+    assert kind_of("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128>>") == "attention"
+    assert kind_of("fmha_cutlassF_bf16_aligned_64x128_rf_sm80") == "attention"
+    assert kind_of("void at::native::vectorized_elementwise_kernel<4, at::native::mul>") == "other"
+    assert kind_of("aten::cudnn_convolution") == "conv"
+    assert kind_of("aten::mm") == kind_of("aten::addmm") == kind_of("aten::bmm") == "gemm"  # the CPU's operators
+    assert kind_of("aten::mul") == kind_of("aten::empty_strided") == "other"
+
+
+def test_the_profile_table_sums_by_kind():
+    from candidate_scheduler.bench.gpu_profile import markdown as profile_markdown
+
+    p = {"n": 8, "clock": "device", "total_ms": 600.0, "by_kind_ms": {"gemm": 200.0, "other": 350.0, "attention": 50.0},
+         "top": [{"kernel": "elementwise_kernel", "ms": 300.0, "calls": 5000, "kind": "other"}]}
+    text = "\n".join(profile_markdown([p]))
+    assert "| 8 | device | 600.0 | 200.0 | 50.0 | 0.0 | 350.0 |" in text
+    assert "| `elementwise_kernel` | other | 300.0 | 5000 |" in text
