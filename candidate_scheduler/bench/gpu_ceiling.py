@@ -50,9 +50,9 @@ class BatchInvariant:
     """sglang's batch-invariant kernels (Triton matmuls in place of cuBLAS), on and off again whole:
     its own context manager leaves torch.bmm patched. `available` is False off CUDA or without sglang."""
 
-    def __init__(self, device: str):
+    def __init__(self, device: str, wanted: bool = True):
         self.ops = None
-        if device.startswith("cuda"):
+        if wanted and device.startswith("cuda"):
             try:
                 from sglang.srt import batch_invariant_ops
             except Exception:  # sglang absent, or not importable on this machine: the other rows still stand
@@ -103,7 +103,7 @@ def _layer_ms(timer: Timer, xs: dict, weights: dict, reps: int) -> float:
     return total
 
 
-def gemm_rates(d: dict, device: str, reps: int, ns=NS, tokens=TOKENS) -> list[dict]:
+def gemm_rates(d: dict, device: str, reps: int, ns=NS, tokens=TOKENS, invariant_kernels: bool = True) -> list[dict]:
     import torch
 
     timer = Timer(device)
@@ -119,7 +119,7 @@ def gemm_rates(d: dict, device: str, reps: int, ns=NS, tokens=TOKENS) -> list[di
             flop = layer_flop_per_row * m
             row = {"shape": shape, "n": n, "rows": m, "layer_gemm_ms": layer_ms,
                    "tflops": flop / (layer_ms * 1e-3) / 1e12, "forward_gemm_ms": layer_ms * d["layers"]}
-            invariant = BatchInvariant(device)
+            invariant = BatchInvariant(device, invariant_kernels)
             if invariant.available:
                 with invariant:
                     row["forward_gemm_ms_batch_invariant"] = _layer_ms(timer, xs, weights, reps) * d["layers"]
@@ -155,7 +155,7 @@ def _qkv(d: dict, device: str, t: int, n: int):
     return q, k, torch.randn_like(k)
 
 
-def invariance(d: dict, device: str, t: int, n: int) -> list[dict]:
+def invariance(d: dict, device: str, t: int, n: int, invariant_kernels: bool = True) -> list[dict]:
     """Each candidate's outputs computed alone against beside n-1 others (the worker stacks candidates
     on the batch dimension, so a GEMM sees their rows together), for every GEMM of a layer and for the
     layer's attention as sglang's SDPA backend calls it (grouped-query heads, enable_gqa)."""
@@ -173,7 +173,7 @@ def invariance(d: dict, device: str, t: int, n: int) -> list[dict]:
                 torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = reduced
                 out.append(_compare(f"gemm {name}", t, f"allow_bf16_reduced_precision_reduction={reduced}", n,
                                     _gemm_pairs(x, w, t, n)))
-            invariant = BatchInvariant(device)
+            invariant = BatchInvariant(device, invariant_kernels)
             if invariant.available:
                 with invariant:
                     pairs = _gemm_pairs(x, w, t, n)
@@ -201,7 +201,9 @@ def attention_ms(d: dict, device: str, reps: int, ns, tokens) -> list[dict]:
     return rows
 
 
-def measure(dry_run: bool) -> dict:
+def measure(dry_run: bool, invariant_kernels: bool = True) -> dict:
+    """Everything above; `invariant_kernels` False leaves out sglang's batch-invariant kernels (their
+    Triton builds are the slow part: gpu_phases.ceiling keeps a result without them first)."""
     import torch
 
     device = "cpu" if dry_run else "cuda"
@@ -210,9 +212,11 @@ def measure(dry_run: bool) -> dict:
     t0 = time.perf_counter()
     result = {"dry_run": dry_run, "torch": torch.__version__, "dims": d, "tokens": tokens, "und_tokens": UND_TOKENS,
               "device": torch.cuda.get_device_name(0) if not dry_run else "cpu",
-              "gemm": gemm_rates(d, device, 2 if dry_run else 10, (1, 2) if dry_run else NS, tokens),
+              "gemm": gemm_rates(d, device, 2 if dry_run else 10, (1, 2) if dry_run else NS, tokens,
+                                 invariant_kernels),
               "attention": attention_ms(d, device, 2 if dry_run else 10, (1, 2) if dry_run else NS, tokens),
-              "invariance": [r for shape_t in tokens.values() for r in invariance(d, device, shape_t, 8)]}
+              "invariance": [r for shape_t in tokens.values()
+                             for r in invariance(d, device, shape_t, 8, invariant_kernels)]}
     result["wall_s"] = time.perf_counter() - t0
     return result
 

@@ -214,7 +214,7 @@ def orchestrate(args) -> int:
     started = time.monotonic()
     writer = _start_checkpoint(run)
     run.phase("env", 60)
-    run.phase("ceiling", 60)
+    run.phase("ceiling", 90)
     if args.dry_run:
         run.phase("cuda_imports", 120)
     # Both probes at once, on the tiny checkpoint: sglang's shipped kernels (JIT-built on first use,
