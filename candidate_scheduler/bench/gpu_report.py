@@ -92,7 +92,8 @@ def _equivalence(eq: dict) -> list[str]:
             f"bitwise: {eq['bitwise']}, within the declared bound: {eq['within_bound']}, finite: {eq['finite']}",
             f"- per candidate max abs: {', '.join(f'{v:.3g}' for v in eq['per_candidate_max_abs'])}",
             f"- batched {eq['batched_s']:.2f} s, alone x{eq['n']} {eq['alone_s']:.2f} s", ""] + _invariant(eq) + (
-        profile_markdown(eq["profile"]) if eq.get("profile") else [])
+        profile_markdown(eq["profile"]) if eq.get("profile")
+        else [f"No profile: {eq['profile_error']}.", ""] if eq.get("profile_error") else [])
 
 
 def _invariant(eq: dict) -> list[str]:
