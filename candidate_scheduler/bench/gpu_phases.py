@@ -179,14 +179,27 @@ def equivalence(settings: dict) -> dict:
     return out
 
 
-def choose_steps(per_candidate_step_s: float, budget_s: float, ns, methods: int, most: int, least: int = 2) -> int:
+def choose_steps(per_candidate_step_s: float, budget_s: float, ns, methods: int, most: int, least: int = 2,
+                 fixed_s: float = 0.0) -> int:
     """The most denoise steps (<= most) whose timed pass fits budget_s: every method runs every N once,
-    and a candidate-step costs per_candidate_step_s whether batched or not (the bound when the
-    device is saturated, so an over-estimate for batched methods)."""
+    each run pays `fixed_s` whatever its steps (a fresh observation's conditioning, the decode), and a
+    candidate-step costs per_candidate_step_s whether batched or not (the bound when the device is
+    saturated, so an over-estimate for batched methods)."""
     per_step = per_candidate_step_s * sum(ns) * methods
     if per_step <= 0:
         return most
-    return int(max(least, min(most, budget_s // per_step)))
+    return int(max(least, min(most, (budget_s - fixed_s * len(ns) * methods) // per_step)))
+
+
+def step_cost(short_s: float, long_s: float, short_steps: int, long_steps: int) -> tuple[float, float]:
+    """(seconds a step, seconds a run pays besides its steps) from two runs of one candidate that differ
+    only in their step count. The second H200 loan took a 2-step run's time over 2 as a step's: 142 ms
+    against 79 ms, the run's fixed part counted as steps, and fitted 16 steps where about 30 would have fit
+    (its timed runs took 90 s, and the phase ended 85 s inside its cap)."""
+    per_step = max(0.0, (long_s - short_s) / max(1, long_steps - short_steps))
+    if per_step == 0.0:  # timer noise on a fast device: no better than the short run's own average
+        return short_s / max(1, short_steps), 0.0
+    return per_step, max(0.0, short_s - short_steps * per_step)
 
 
 def methods(settings: dict) -> dict:
@@ -214,9 +227,13 @@ def methods(settings: dict) -> dict:
         for method, n in (("c_worker_batch", max(ns)), ("a_sequential", 1), ("d_scheduler_e2e", 1)):
             bench.fresh_conditioning()
             warm[f"{method}/N={n}"] = bench.run(method, n).latency_s
-        per_candidate_step = warm["a_sequential/N=1"] / warm_steps
+        bench.set_shape({**shape, "steps": 2 * warm_steps})
+        bench.fresh_conditioning()
+        warm[f"a_sequential/N=1/{2 * warm_steps} steps"] = bench.run("a_sequential", 1).latency_s
+        per_candidate_step, fixed = step_cost(warm["a_sequential/N=1"], warm[f"a_sequential/N=1/{2 * warm_steps} steps"],
+                                              warm_steps, 2 * warm_steps)
         left = deadline - time.perf_counter() - float(settings["reserve_s"])
-        steps = choose_steps(per_candidate_step, left, ns, len(METHOD_ORDER), int(shape["steps"]))
+        steps = choose_steps(per_candidate_step, left, ns, len(METHOD_ORDER), int(shape["steps"]), fixed_s=fixed)
         bench.set_shape({**shape, "steps": steps})
         rows = []
         for k, n in enumerate(ns):
@@ -237,7 +254,8 @@ def methods(settings: dict) -> dict:
             for row in rows[-len(order):]:
                 row["max_abs_vs_a"] = float(np.max(np.abs(runs[row["method"]].actions.astype(np.float64) - ref)))
         return {"shape": {**shape, "steps": steps}, "steps_most": int(shape["steps"]), "warmup_steps": warm_steps,
-                "warmup_s": warm, "per_candidate_step_s": per_candidate_step, "load_s": load_s, "ready_s": ready_s,
+                "warmup_s": warm, "per_candidate_step_s": per_candidate_step, "fixed_per_run_s": fixed,
+                "load_s": load_s, "ready_s": ready_s,
                 "rows": rows, "wall_s": time.perf_counter() - t_start}
     finally:
         if bench is not None:

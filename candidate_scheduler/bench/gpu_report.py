@@ -107,12 +107,18 @@ def _invariant(eq: dict) -> list[str]:
             f"alone x{bi['n']} {bi['alone_s']:.2f} s ({bi['alone_s'] / eq['alone_s']:.2f}x)", ""]
 
 
+def _fixed(m: dict) -> str:
+    fixed = m.get("fixed_per_run_s")  # older results have none
+    return "" if fixed is None else f", and a run {fixed * 1e3:.0f} ms besides its steps"
+
+
 def _methods(m: dict) -> list[str]:
     s = m["shape"]
     lines = ["## Methods", "",
              f"{s['height']}x{s['width']}, {s['steps']} steps (the most that fit the phase's time, of "
              f"{m['steps_most']}; a candidate-step took {m['per_candidate_step_s'] * 1e3:.1f} ms in (a)'s "
-             f"warm-up), guidance 1 (no CFG), one timed run per (method, N) after one warm-up per method.", "",
+             f"warm-ups{_fixed(m)}), guidance 1 (no CFG), one timed run per (method, N) after one warm-up per "
+             "method.", "",
              "| N | (a) s | (c) s | (d) s | (c)/(a) speed-up | (d)-(c) ms | (c) peak GiB | (a) peak GiB | "
              "max abs vs (a) (c) / (d) |", "|---|---|---|---|---|---|---|---|---|"]
     for n in sorted({r["n"] for r in m["rows"]}):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from candidate_scheduler.bench.gpu_phases import choose_steps
+from candidate_scheduler.bench.gpu_phases import choose_steps, step_cost
 from candidate_scheduler.bench.gpu_rehearsal import SCRIPTS, normalise, read_names, uncovered
 from candidate_scheduler.bench.gpu_report import headline, markdown
 
@@ -25,6 +25,17 @@ NS = (1, 2, 4, 8, 10)
 ])
 def test_choose_steps_fits_the_budget(per_step, budget, most, expected):
     assert choose_steps(per_step, budget, NS, 3, most) == expected
+
+
+def test_a_steps_cost_is_the_difference_of_two_runs_not_a_short_runs_average():
+    # the second loan's (a) warm-up: 2 steps in 0.285 s, of which 0.128 s is paid whatever the steps
+    per_step, fixed = step_cost(0.2849, 0.4421, 2, 4)
+    assert per_step == pytest.approx(0.0786) and fixed == pytest.approx(0.1277, abs=1e-3)
+    # with that, the phase's 125 s fit 20 steps (15 runs each pay the fixed part); a short run's
+    # average (0.142 s a step) would have fitted 11
+    assert choose_steps(per_step, 125.0, NS, 3, 35, fixed_s=fixed) == 20
+    assert choose_steps(0.2849 / 2, 125.0, NS, 3, 35) == 11
+    assert step_cost(0.30, 0.29, 2, 4) == (0.15, 0.0)  # noise: the longer run was faster; the average stands
 
 
 def test_uncovered_names_what_the_lent_machine_lacks():
