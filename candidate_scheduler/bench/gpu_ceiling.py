@@ -106,7 +106,7 @@ def _layer_ms(timer: Timer, xs: dict, weights: dict, reps: int) -> float:
 def gemm_rates(d: dict, device: str, reps: int, ns=NS, tokens=TOKENS, invariant_kernels: bool = True) -> list[dict]:
     import torch
 
-    timer = Timer(device)
+    timer, invariant = Timer(device), BatchInvariant(device, invariant_kernels)
     shapes = gemm_shapes(d)
     weights = {k: torch.randn(o, i, device=device, dtype=torch.bfloat16) * 0.02 for k, (i, o) in shapes.items()}
     layer_flop_per_row = 2 * sum(i * o for i, o in shapes.values())
@@ -119,7 +119,6 @@ def gemm_rates(d: dict, device: str, reps: int, ns=NS, tokens=TOKENS, invariant_
             flop = layer_flop_per_row * m
             row = {"shape": shape, "n": n, "rows": m, "layer_gemm_ms": layer_ms,
                    "tflops": flop / (layer_ms * 1e-3) / 1e12, "forward_gemm_ms": layer_ms * d["layers"]}
-            invariant = BatchInvariant(device, invariant_kernels)
             if invariant.available:
                 with invariant:
                     row["forward_gemm_ms_batch_invariant"] = _layer_ms(timer, xs, weights, reps) * d["layers"]
@@ -163,7 +162,7 @@ def invariance(d: dict, device: str, t: int, n: int, invariant_kernels: bool = T
     import torch.nn.functional as F
 
     torch.manual_seed(0)
-    out = []
+    out, invariant = [], BatchInvariant(device, invariant_kernels)
     saved = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
     try:
         for name, (i, o) in gemm_shapes(d).items():
@@ -173,7 +172,6 @@ def invariance(d: dict, device: str, t: int, n: int, invariant_kernels: bool = T
                 torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = reduced
                 out.append(_compare(f"gemm {name}", t, f"allow_bf16_reduced_precision_reduction={reduced}", n,
                                     _gemm_pairs(x, w, t, n)))
-            invariant = BatchInvariant(device, invariant_kernels)
             if invariant.available:
                 with invariant:
                     pairs = _gemm_pairs(x, w, t, n)

@@ -99,7 +99,7 @@ def _equivalence(eq: dict) -> list[str]:
 def _invariant(eq: dict) -> list[str]:
     bi = eq.get("batch_invariant") or {}
     if "max_abs_diff" not in bi:
-        return [f"With sglang's batch-invariant kernels: {bi.get('skipped', 'not run')}.", ""]
+        return [f"With sglang's batch-invariant kernels: {bi.get('skipped') or bi.get('error') or 'not run'}.", ""]
     return ["With sglang's batch-invariant kernels (sglang.srt.batch_invariant_ops) on both sides:", "",
             f"- max abs diff {bi['max_abs_diff']:.3g}, bitwise: {bi['bitwise']}, within the declared bound: "
             f"{bi['within_bound']}",

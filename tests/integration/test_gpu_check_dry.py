@@ -41,7 +41,7 @@ def test_the_gpu_check_runs_whole_on_the_cpu(tmp_path):
     # where a group's time goes, N=1 and N=2 (CPU operators here, CUDA kernels on the device)
     profile = phases["equivalence"]["result"]["profile"]
     assert [p["n"] for p in profile] == [1, 2] and all(p["total_ms"] > 0 and p["top"] for p in profile)
-    assert abs(sum(profile[0]["by_kind_ms"].values()) - profile[0]["total_ms"]) < 1e-6 * profile[0]["total_ms"] + 1e-3
+    assert all(p["by_kind_ms"].get("gemm", 0.0) > 0 for p in profile)  # the model's matmuls are found and classed
     methods = phases["methods"]["result"]
     rows = {(r["method"], r["n"]): r for r in methods["rows"]}
     assert set(rows) == {(m, n) for m in ("a_sequential", "c_worker_batch", "d_scheduler_e2e") for n in (1, 2)}
@@ -79,7 +79,7 @@ cs._native_ops()
 from sglang.multimodal_gen.runtime.layers.layernorm import RMSNorm
 from sglang.multimodal_gen.runtime.models.dits import cosmos3video
 from sglang.multimodal_gen.runtime.models.vaes import wanvae
-from sglang.kernels.ops.layernorm.norm import can_use_fused_inplace_qknorm
+from sglang.kernels.ops.layernorm.norm import _jit_qknorm_module  # what can_use_fused_inplace_qknorm tries
 assert os.environ["SGLANG_CRASH_ON_JIT_COMPILE"] == "1"
 x = torch.randn(4, 64, dtype=torch.bfloat16)
 ref = torch.nn.functional.relu(x)
@@ -87,7 +87,11 @@ assert torch.equal(cosmos3video.relu2(x, fast_math=False), ref * ref)
 assert all(getattr(wanvae, n) is None for n in ("cat_pad_channels_last_3d", "dup_up3d_add", "conv_bias_epilogue"))
 norm = RMSNorm(64)
 assert norm._forward_method.__func__ is RMSNorm.forward_native, norm._forward_method
-assert can_use_fused_inplace_qknorm(128, torch.bfloat16) is False  # a build refused, not attempted
+try:  # a build refused by sglang's own switch, not attempted (and failing some other way)
+    _jit_qknorm_module(128, torch.bfloat16)
+    raise AssertionError("a JIT kernel was built")
+except RuntimeError as exc:
+    assert "SGLANG_CRASH_ON_JIT_COMPILE" in str(exc), exc
 print("native ok")
 """
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}

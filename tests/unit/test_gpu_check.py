@@ -259,3 +259,13 @@ def test_the_profile_table_sums_by_kind():
     text = "\n".join(profile_markdown([p]))
     assert "| 8 | device | 600.0 | 200.0 | 50.0 | 0.0 | 350.0 |" in text
     assert "| `elementwise_kernel` | other | 300.0 | 5000 |" in text
+
+
+def test_the_report_says_why_the_batch_invariant_pass_did_not_finish():
+    eq = {"n": 4, "sampling": {"height": 480, "width": 832, "steps": 10, "guidance_scale": 2.0}, "max_abs_diff": 0.5,
+          "max_rel_diff": 0.04, "bitwise": False, "bound": {"atol": 0.05, "rtol": 0.05}, "within_bound": False,
+          "finite": True, "per_candidate_max_abs": [0.5] * 4, "batched_s": 2.0, "alone_s": 3.0,
+          "batch_invariant": {"error": "OutOfResources: shared memory"}}
+    result = _result(None, eq)
+    result["headline"] = headline(result)
+    assert "With sglang's batch-invariant kernels: OutOfResources: shared memory." in markdown(result)
