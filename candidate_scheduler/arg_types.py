@@ -8,6 +8,7 @@ import argparse
 from candidate_scheduler.core.access import check_name
 from candidate_scheduler.core.cost_model import check_margin_quantile
 from candidate_scheduler.core.tenants import TenantPolicy
+from candidate_scheduler.worker import call_rows as call_rows_rule
 
 
 def margin_quantile(text: str) -> float:
@@ -16,6 +17,15 @@ def margin_quantile(text: str) -> float:
         return check_margin_quantile(float(text))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def call_rows(text: str) -> str:
+    """argparse type of `worker --call-rows` (the adapter resolves it against its device)."""
+    try:
+        call_rows_rule.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def tenant_name(text: str) -> str:

@@ -9,7 +9,14 @@ import logging
 import sys
 
 from candidate_scheduler import commands
-from candidate_scheduler.arg_types import margin_quantile, principal_name, tenant_limit, tenant_name, tenant_weight
+from candidate_scheduler.arg_types import (
+    call_rows,
+    margin_quantile,
+    principal_name,
+    tenant_limit,
+    tenant_name,
+    tenant_weight,
+)
 from candidate_scheduler.core.access import DEFAULT_TENANT, Role
 from candidate_scheduler.service import server
 from candidate_scheduler.service.keys import KeyDirError
@@ -111,6 +118,9 @@ def _add_worker_args(p: argparse.ArgumentParser, with_scheduler: bool) -> None:
                    help="HxW shapes the worker times before registering: the scheduler's first cost model ('' = none)")
     p.add_argument("--memory-budget-mb", type=float, default=0.0,
                    help="device memory a worker may use; caps its rows by the predicted peak per row (0 = no cap)")
+    p.add_argument("--call-rows", default="auto", type=call_rows,
+                   help="the most candidate rows one transformer call carries: auto (1 on CUDA, where batched "
+                        "calls are not bitwise sglang's alone; all on the CPU, where they are), all, or N")
     p.add_argument("--conditioning", default="thread", choices=["thread", "inline"],
                    help="thread: groups that arrive while others run are conditioned (VAE encode, text pathway) on "
                         "their own thread while the running batch keeps stepping; inline: on the compute thread, "

@@ -151,7 +151,8 @@ def worker_flags(args) -> list[str]:
     if args.capacity:
         cmd += ["--capacity", str(args.capacity)]
     cmd += ["--warmup-shapes", args.warmup_shapes, "--conditioning-cache-mb", str(args.conditioning_cache_mb),
-            "--memory-budget-mb", str(args.memory_budget_mb), "--conditioning", args.conditioning]
+            "--memory-budget-mb", str(args.memory_budget_mb), "--conditioning", args.conditioning,
+            "--call-rows", args.call_rows]
     if getattr(args, "curve_dir", None):
         cmd += ["--curve-dir", args.curve_dir]  # a CURVE-protected link refuses keyless local workers too
     return cmd
@@ -188,7 +189,8 @@ def cmd_worker(args) -> int:
     from candidate_scheduler.worker.loop import Worker, build_adapter
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
-    adapter = build_adapter(args.adapter, args.model, args.device, args.capacity, args.conditioning_cache_mb)
+    adapter = build_adapter(args.adapter, args.model, args.device, args.capacity, args.conditioning_cache_mb,
+                            args.call_rows)
     if getattr(args, "fault", None):
         from candidate_scheduler.worker.faults import wrap
 

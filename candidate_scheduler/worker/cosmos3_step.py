@@ -15,11 +15,17 @@ once, and calls the stage's own `_run_transformer` so the model math stays sglan
   (notes §5b), and elementwise ops do not care which rows sit beside them. Groups in lockstep (same
   schedule, same step) step their solvers once over all their rows (cosmos3_solvers); between steps
   each group keeps its own solver state.
+- Row independence holds on the CPU, not on CUDA: there a GEMM's kernel, and so its reduction order,
+  depends on how many rows it multiplies, and batched candidates came out up to 0.56 away from sglang
+  alone on an H200 while N=1 was bitwise (bench/results/gpu_check_20261204b). `model.call_rows` caps
+  the candidate rows one transformer call carries: at 1 each candidate's call has the shape of
+  sglang's own request (B=1, or B=2 [uncond; cond] under batched CFG), while the cohort still shares
+  its conditioning, its solver steps and the worker's running batch (`call_spans`).
 - `proj_out` gets the input layout sglang's own request would give it: contiguous where the reference
   forward runs at B=1 (no CFG, serial CFG), as it comes in the batched-CFG path (the reference forward
   itself is B=2 on a non-contiguous slice there).
 - The transformer caches UND K/V per cache key. Every distinct cohort (its forward key and its members)
-  gets cache keys of its own, never reused for other rows; when the membership changes the new cohort
+  gets cache keys of its own (one per call span), never reused for other rows; when the membership changes the new cohort
   rebuilds its K/V from the rows its groups made live when they joined (cosmos3_conditioning).
 - `transformer.set_denoising_step` selects per-step precision with a step precision controller (FP8);
   then only groups at the same step share a forward (the forward key says so).
@@ -27,7 +33,7 @@ once, and calls the stage's own `_run_transformer` so the model math stays sglan
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -55,6 +61,7 @@ class Cohort:
     latents: torch.Tensor | None = None  # buffers: None when the single member's tensors are used
     action_latents: torch.Tensor | None = None
     timestep: torch.Tensor | None = None
+    cache_keys: set = field(default_factory=set)  # its UND K/V keys in the transformer (one per call span)
 
 
 def _stack(members, name: str, copies: int = 1) -> torch.Tensor:
@@ -91,8 +98,6 @@ class Cohorts:
     """The cohorts of the last step, by signature (forward key, member uids); each has UND K/V cache
     keys of its own in the transformer, dropped when the cohort is."""
 
-    BRANCHES = ("cond", "uncond", "cfg")
-
     def __init__(self, transformer):
         self.transformer = transformer
         self._cohorts: dict[tuple, Cohort] = {}
@@ -119,8 +124,8 @@ class Cohorts:
 
     def _drop(self, signature: tuple) -> None:
         cohort = self._cohorts.pop(signature)
-        for branch in self.BRANCHES:
-            self.transformer.reset_cache(f"{cohort.name}:{branch}")
+        for key in cohort.cache_keys:
+            self.transformer.reset_cache(key)
 
 
 def plan_cohorts(groups, step_sensitive: bool) -> dict[tuple, list[Cosmos3Group]]:
@@ -176,62 +181,112 @@ def _step_inputs(cohort: Cohort):
     return cohort.latents, cohort.action_latents, cohort.timestep
 
 
+def call_spans(rows: int, limit: int | None) -> list[tuple[int, int]]:
+    """The (first, end) candidate rows of each transformer call over `rows` rows, at most `limit` a call
+    (None: one call for them all)."""
+    if not limit or limit >= rows:
+        return [(0, rows)]
+    return [(a, min(a + limit, rows)) for a in range(0, rows, limit)]
+
+
+def _rows_of(x: torch.Tensor, copies: int, rows: int, a: int, b: int) -> torch.Tensor:
+    """Rows a:b of a cohort input, of each copy ([uncond; cond] under batched CFG), in a fresh tensor: a
+    call's inputs then look as sglang's own request's do, not like a view into a larger batch."""
+    if copies == 1:
+        return x[a:b].clone()
+    return torch.cat([x[off + a : off + b] for off in range(0, copies * rows, rows)])
+
+
+_ROW_INPUTS = ("velocity_mask", "action_velocity_mask", "action_domain_ids")  # what a call reads of `inputs`
+
+
+def _calls(cohort: Cohort, forward, spans, step_inputs, text_ids, text_mask, branch: str, text_len: int) -> tuple:
+    """One forward over the cohort's rows, as one transformer call or one call per span; each output in
+    the cohort's row layout either way."""
+    latents, action_latents, timestep = step_inputs
+    if len(spans) == 1:
+        return forward(latents, action_latents, timestep, cohort.inputs, text_ids, text_mask, branch, text_len)
+    copies, rows = cohort.copies, cohort.rows
+    outs = []
+    for a, b in spans:
+        def pick(x, a=a, b=b):
+            return _rows_of(x, copies, rows, a, b)
+
+        inputs = {name: pick(cohort.inputs[name]) for name in _ROW_INPUTS}
+        # a cache key of its own per span: the transformer keeps UND K/V per key, for the key's rows
+        outs.append(forward(pick(latents), pick(action_latents), pick(timestep), inputs, pick(text_ids),
+                            pick(text_mask), f"{branch}:{a}-{b}", text_len))
+    # back in the cohort's layout: [rows] per output, or [uncond rows; cond rows] under batched CFG
+    joined = []
+    for k in range(len(outs[0])):
+        parts = [o[k][c * (b - a) : (c + 1) * (b - a)] for c in range(copies) for o, (a, b) in zip(outs, spans)]
+        joined.append(torch.cat(parts))
+    return tuple(joined)
+
+
 def _run_cohort(model, cohort: Cohort, step_sensitive: bool) -> tuple[int, list]:
-    """The cohort's forwards: (how many, each member's (video, action) prediction)."""
+    """The cohort's forwards: (how many transformer calls, each member's (video, action) prediction)."""
     stage = model.denoise_stage
-    members, bounds, inputs = cohort.members, cohort.bounds, cohort.inputs
+    members, bounds = cohort.members, cohort.bounds
     lead = members[0]
-    latents, action_latents, timestep = _step_inputs(cohort)
     stage._share_vision_temporal_positions = lead.share_vision
     stage._extra_transformer_kwargs = {}
     if step_sensitive:
         model.transformer.set_denoising_step(step_index=lead.step_index, num_steps=lead.steps)
+    spans = call_spans(cohort.rows, model.call_rows)
+    step_inputs = _step_inputs(cohort)
 
-    def forward(text_ids, text_mask, branch, text_len):
+    def forward(latents, action_latents, timestep, inputs, text_ids, text_mask, branch, text_len):
+        cache_key = f"{cohort.name}:{branch}"
+        cohort.cache_keys.add(cache_key)
         return stage._run_transformer(
             latents=latents, timestep=timestep, text_ids=text_ids, text_mask=text_mask,
-            video_shape=lead.video_shape, fps=lead.fps, cache_key=f"{cohort.name}:{branch}",
+            video_shape=lead.video_shape, fps=lead.fps, cache_key=cache_key,
             noisy_frame_mask=inputs["velocity_mask"], max_text_seq_len=text_len, current_timestep=lead.step_index,
             action_latents=action_latents, action_domain_ids=inputs["action_domain_ids"],
             action_noisy_mask=inputs["action_velocity_mask"], action_fps=lead.action_fps,
             action_start_frame_offset=lead.action_offset,
         )
 
+    def call(branch: str, text_len: int, ids: str = "", mask: str = ""):
+        ids, mask = ids or f"{branch}_text_ids", mask or f"{branch}_text_mask"
+        return _calls(cohort, forward, spans, step_inputs, cohort.inputs[ids], cohort.inputs[mask], branch, text_len)
+
     model.text.serving = True
     mode = cohort.mode
     if mode == NO_CFG:
         model.proj_out_contiguous = True
-        video, action = forward(inputs["cond_text_ids"], inputs["cond_text_mask"], "cond", lead.cond_len)
+        video, action = call("cond", lead.cond_len)
         if len(members) == 1:
             preds = [(video, action)]
         else:
             preds = [(video[a:b], action[a:b]) for a, b in bounds]
-        forwards = 1
+        branches = 1
     elif mode == SERIAL_CFG:
         model.proj_out_contiguous = True
-        cond = forward(inputs["cond_text_ids"], inputs["cond_text_mask"], "cond", lead.cond_len)
-        uncond = forward(inputs["uncond_text_ids"], inputs["uncond_text_mask"], "uncond", lead.uncond_len)
+        cond = call("cond", lead.cond_len)
+        uncond = call("uncond", lead.uncond_len)
         preds = [
             tuple(_combine(c[a:b], u[a:b], g.cfg_plan[g.step_index][1]) for c, u in zip(cond, uncond, strict=True))
             for g, (a, b) in zip(members, bounds)
         ]
-        forwards = 2
+        branches = 2
     elif mode == BATCHED_CFG:
         # the reference forward is B=2 [uncond, cond] on a non-contiguous proj_out slice too
         model.proj_out_contiguous = False
-        out = forward(inputs["text_ids"], inputs["text_mask"], "cfg", lead.cond_len)
+        out = call("cfg", lead.cond_len, "text_ids", "text_mask")
         rows = cohort.rows
         preds = [
             tuple(_combine(o[rows + a : rows + b], o[a:b], g.cfg_plan[g.step_index][1]) for o in out)
             for g, (a, b) in zip(members, bounds)
         ]
-        forwards = 1
+        branches = 1
     else:  # pragma: no cover - forward_key only makes the three above
         raise ValueError(f"unknown CFG mode {mode!r}")
     model.text.serving = False
-    for g in members:
-        g.report.transformer_forwards += forwards
-    return forwards, preds
+    for g, (a, b) in zip(members, bounds):  # the calls that carried the group's rows
+        g.report.transformer_forwards += branches * sum(1 for s, e in spans if s < b and a < e)
+    return branches * len(spans), preds
 
 
 def advance(groups: list[Cosmos3Group], preds: list, share: bool = True) -> None:

@@ -301,7 +301,7 @@ _FROM_SCHEDULER = frozenset({protocol.Kind.REGISTERED, protocol.Kind.BATCH, prot
 
 
 def build_adapter(kind: str, model_dir: str | None, device: str, capacity: int | None,
-                  conditioning_cache_mb: float = 0.0):
+                  conditioning_cache_mb: float = 0.0, call_rows: str = "auto"):
     if kind == "null":
         from candidate_scheduler.worker.null_adapter import NullAdapter
 
@@ -312,5 +312,5 @@ def build_adapter(kind: str, model_dir: str | None, device: str, capacity: int |
         if model_dir is None:
             raise SystemExit("--model DIR is required for the cosmos3 adapter")
         return Cosmos3CandidateAdapter(model_dir, device=device, max_candidates_per_batch=capacity or 8,
-                                       conditioning_cache_mb=conditioning_cache_mb)
+                                       conditioning_cache_mb=conditioning_cache_mb, call_rows=call_rows)
     raise SystemExit(f"unknown adapter {kind!r}")

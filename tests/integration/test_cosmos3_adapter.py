@@ -459,3 +459,62 @@ def test_bitwise_with_nonzero_biases_and_the_layout_rule_is_load_bearing(adapter
         with proj_out_layout(adapter, wrong_layout):
             wrong = _cobatched_max_diffs(adapter, sampling, refs, items)
         assert max(wrong) > 0.0, f"layout {wrong_layout!r} should break bitwise parity here: {wrong}"
+
+
+# ---- one candidate a transformer call (`call_rows`, the CUDA default) ----------------------------
+@contextmanager
+def call_rows(adapter, rows):
+    before = adapter.call_rows
+    adapter.call_rows = rows
+    try:
+        yield
+    finally:
+        adapter.call_rows = before
+
+
+def test_call_spans_cover_the_rows_once():
+    from candidate_scheduler.worker.cosmos3_step import call_spans
+
+    assert call_spans(5, None) == [(0, 5)] and call_spans(5, 8) == [(0, 5)]
+    assert call_spans(5, 1) == [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]
+    assert call_spans(5, 2) == [(0, 2), (2, 4), (4, 5)]
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize(
+    "sampling, forwards_per_step",
+    [(SAMPLING, 1), (SAMPLING_CFG, 2), (SAMPLING_CFG_BATCHED, 1)],
+    ids=["g1", "g2-serialcfg", "g2-batchedcfg"],
+)
+def test_call_rows_split_the_forward_and_stay_bitwise(adapter, sampling, forwards_per_step, rows):
+    """Co-batched groups of 3 and 2 candidates, each transformer call carrying at most `rows` of the 5:
+    every candidate still bitwise sglang's alone (non-zero biases, where the call's input layout
+    matters), one call per span, and no span's UND K/V left behind in the transformer."""
+    img_a, img_b = image(17), image(18)
+    seeds_a, seeds_b = seeds_for(51, 3), seeds_for(52, 2)
+    items = [group("A", img_a, PROMPT, seeds_a, sampling), group("B", img_b, PROMPT_SAME_LEN, seeds_b, sampling)]
+    spans = -(-5 // rows)
+    with nonzero_one_dim_params(adapter):
+        refs = {("A", s): adapter.reference_actions(img_a, PROMPT, sampling, s) for s in seeds_a}
+        refs.update({("B", s): adapter.reference_actions(img_b, PROMPT_SAME_LEN, sampling, s) for s in seeds_b})
+        keys_before = set(adapter.transformer.cached_kv)
+        with call_rows(adapter, rows), adapter.counting() as calls:
+            assert adapter.capability_dict()["equivalence"]["atol"] == 0.0
+            outputs, report = run_ok(adapter, items)
+        assert calls["forwards"] == spans * forwards_per_step * STEPS == report.transformer_forwards
+        out = {o.request_id: o for o in outputs}
+        for name, seeds in (("A", seeds_a), ("B", seeds_b)):
+            for c, s in enumerate(seeds):
+                assert_bitwise(out[name].actions[c, 0], refs[(name, s)], f"call rows {rows}: {name} candidate {c}")
+        assert set(adapter.transformer.cached_kv) <= keys_before  # each span's key went with its cohort
+
+
+def test_call_rows_resolve_per_device():
+    from candidate_scheduler.worker import call_rows as rule
+
+    assert rule.resolve("auto", "cpu") is None and rule.resolve("auto", "cuda") == 1
+    assert rule.resolve("auto", "cuda:1") == 1 and rule.resolve("all", "cuda") is None
+    assert rule.resolve("4", "cuda") == 4 and rule.resolve(None, "cpu") is None
+    for bad in ("0", "-1", "some", "1.5", ""):
+        with pytest.raises(ValueError, match="call rows must be"):
+            rule.parse(bad)

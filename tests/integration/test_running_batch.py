@@ -388,3 +388,30 @@ def test_groups_started_on_another_thread_while_others_step_equal_sglang(adapter
     # the benchmark's measurement of the same overlap leaves nothing behind either
     assert measure(adapter, n=1, seconds=0.3)["steps_beside"] > 0
     assert_no_cohort_caches(adapter)
+
+
+# ---- one candidate a transformer call (`call_rows`, the CUDA default) ----------------------------------------
+@pytest.mark.parametrize("negative", [None, BATCHED_NEGATIVE], ids=["serial", "batched"])
+def test_one_candidate_a_call_through_joins_and_a_cancel(adapter, ref, negative):
+    """Groups join a running batch and one is cancelled while every transformer call carries one
+    candidate: each stays bitwise sglang alone, each step runs one call per row of each cohort, and
+    every span's UND K/V leaves with its cohort."""
+    img_a, img_b, img_c = image(20), image(21), image(22)
+    a = group("A", img_a, PROMPT, sampling(4, 2.0, negative), [601, 602])
+    b = group("B", img_b, PROMPT_SAME_LEN, sampling(3, 2.0, negative), [603])
+    gone = group("gone", img_c, PROMPT, sampling(4, 2.0, negative), [604, 605])
+    per_row = 2 if negative is None else 1  # serial CFG: a cond and an uncond call per row
+    before = adapter.call_rows
+    adapter.call_rows = 1
+    try:
+        driver = Driver(adapter)
+        out = driver.run((0, a), (0, gone), (1, b), cancels={2: {"gone"}})
+    finally:
+        adapter.call_rows = before
+    assert_matches_reference(ref, out["A"], a, img_a, PROMPT)
+    assert_matches_reference(ref, out["B"], b, img_b, PROMPT_SAME_LEN)
+    assert out["gone"] == "cancelled"
+    rows = [2 + 2, 2 + 2 + 1, 2 + 1, 2 + 1]  # A and gone; B joins at step 1; gone leaves at 2
+    assert driver.forwards == [per_row * r for r in rows]
+    assert driver.groups["B"].report.transformer_forwards == 3 * per_row
+    assert_no_cohort_caches(adapter)

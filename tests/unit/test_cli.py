@@ -63,3 +63,15 @@ def test_the_benchmark_refuses_a_bad_deadline_margin_quantile_as_serve_does():
     assert bench_parser().parse_args(["--deadline", "--deadline-margin-quantile", "0.95"]).deadline_margin_quantile == 0.95
     with pytest.raises(SystemExit):
         bench_parser().parse_args(["--deadline", "--deadline-margin-quantile", "0.2"])
+
+
+def test_call_rows_is_checked_when_parsed_and_handed_to_the_workers_up_starts():
+    from candidate_scheduler.commands import worker_flags
+
+    assert build_parser().parse_args(["worker"]).call_rows == "auto"
+    assert build_parser().parse_args(["worker", "--call-rows", "all"]).call_rows == "all"
+    for bad in ("0", "many"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["worker", "--call-rows", bad])
+    flags = worker_flags(build_parser().parse_args(["up", "--call-rows", "2"]))
+    assert flags[flags.index("--call-rows") + 1] == "2"
