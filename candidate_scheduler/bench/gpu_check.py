@@ -53,6 +53,9 @@ def settings_for(dry_run: bool, work: Path, model: str | None) -> dict:
         "shape": DRY_SHAPE if dry_run else FULL_SHAPE,
         "ns": list(DRY_NS if dry_run else FULL_NS),
         "cfg_guidance": 2.0,
+        # the worker's default on CUDA (one candidate a transformer call); the dry run rehearses it on the
+        # CPU, where the worker's own default would batch them, so that the passes beside it run there too
+        "call_rows": 1 if dry_run else "auto",
         "equivalence_n": 2 if dry_run else 4,
         "equivalence_steps": 4 if dry_run else 10,
         "profile_ns": [1, 2] if dry_run else [1, 8],

@@ -6,11 +6,14 @@ Each phase takes the settings dict the parent wrote and returns a JSON-able dict
 - cuda_imports (the CPU rehearsal only): gpu_rehearsal.py;
 - probe: the tiny checkpoint on the device (does sglang's Cosmos3 run here at all), with the
   equivalence check at a small shape;
-- equivalence: batched candidates against sglang's pipeline run alone per seed, with CFG (and again
-  with sglang's batch-invariant kernels on CUDA), and where a group's device time goes (gpu_profile.py);
-- methods: (a) sequential sglang, (c) the worker's batched group, (d) end to end through the
-  scheduler, for each N, with peak device memory; the step count is the largest that fits the
-  phase's time, measured from a warm-up;
+- equivalence: a group's candidates against sglang's pipeline run alone per seed, with CFG, as the
+  worker runs them by default (on CUDA one candidate a transformer call) and on CUDA with the
+  candidates batched in one call, with and without sglang's batch-invariant kernels; and where a
+  group's device time goes (gpu_profile.py);
+- methods: (a) sequential sglang, (c) the worker's group, (d) end to end through the scheduler, for
+  each N, with peak device memory, and on CUDA (c) again with the candidates batched in one call
+  ("c_batched_calls": what exactness costs); the step count is the largest that fits the phase's
+  time, measured from a warm-up;
 - load: a burst of policy groups at a policy shape under dispatch and under step batching.
 """
 
@@ -22,6 +25,7 @@ import platform
 import subprocess
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -80,7 +84,7 @@ def _adapter(settings: dict, model: str, capacity: int):
 
     t0 = time.perf_counter()
     adapter = Cosmos3CandidateAdapter(model, device=settings["device"], max_candidates_per_batch=capacity,
-                                      conditioning_cache_mb=256)
+                                      conditioning_cache_mb=256, call_rows=settings.get("call_rows", "auto"))
     adapter.server_args.batching_max_size = max(int(getattr(adapter.server_args, "batching_max_size", 1)), capacity)
     return adapter, time.perf_counter() - t0
 
@@ -97,8 +101,10 @@ def group_work(sampling, n: int, request_id: str = "gpu-check-eq"):
                      candidates=[CandidateWork(i, s) for i, s in enumerate(seeds)])
 
 
-def compare(adapter, sampling, n: int, device: str) -> dict:
-    """N candidates in one batched forward against sglang's pipeline run alone for each seed."""
+def compare(adapter, sampling, n: int, device: str, alone: tuple[np.ndarray, float] | None = None) -> dict:
+    """N candidates in one group (as many rows a transformer call as `adapter.call_rows` allows) against
+    sglang's pipeline run alone for each seed; `alone`: those runs' actions and seconds, from a pass
+    whose sglang side is the same (the adapter's calls do not change sglang's)."""
     from candidate_scheduler.worker.cosmos3 import sglang_reference_actions
 
     item = group_work(sampling, n)
@@ -110,26 +116,44 @@ def compare(adapter, sampling, n: int, device: str) -> dict:
     if outputs[0].status != "ok":
         raise RuntimeError(f"batched run failed: {outputs[0].error_code}: {outputs[0].error}")
     batched = np.asarray(outputs[0].actions, dtype=np.float64)[:, 0]
-    t0 = time.perf_counter()
-    alone = np.stack([sglang_reference_actions(adapter.pipeline, adapter.server_args, image, PROMPT, sampling, s)
-                      for s in seeds]).astype(np.float64)
-    _sync(device)
-    alone_s = time.perf_counter() - t0
+    if alone is None:
+        t0 = time.perf_counter()
+        runs = np.stack([sglang_reference_actions(adapter.pipeline, adapter.server_args, image, PROMPT, sampling, s)
+                         for s in seeds]).astype(np.float64)
+        _sync(device)
+        alone = (runs, time.perf_counter() - t0)
     rule = adapter.capability().equivalence
-    diff = np.abs(batched - alone)
-    scale = float(np.max(np.abs(alone))) or 1.0
+    diff = np.abs(batched - alone[0])
+    scale = float(np.max(np.abs(alone[0]))) or 1.0
     return {"n": n, "sampling": sampling.to_dict(), "seeds": list(seeds),
+            "call_rows": adapter.call_rows or "all",
             "max_abs_diff": float(diff.max()), "max_rel_diff": float(diff.max() / scale),
-            "per_candidate_max_abs": [float(d.max()) for d in diff], "bitwise": bool(np.array_equal(batched, alone)),
+            "per_candidate_max_abs": [float(d.max()) for d in diff], "bitwise": bool(np.array_equal(batched, alone[0])),
             "bound": {"atol": rule.atol, "rtol": rule.rtol},
-            "within_bound": bool(np.allclose(batched, alone, atol=rule.atol, rtol=rule.rtol)),
-            "finite": bool(np.isfinite(batched).all() and np.isfinite(alone).all()),
-            "batched_s": batched_s, "alone_s": alone_s}
+            "within_bound": bool(np.allclose(batched, alone[0], atol=rule.atol, rtol=rule.rtol)),
+            "finite": bool(np.isfinite(batched).all() and np.isfinite(alone[0]).all()),
+            "batched_s": batched_s, "alone_s": alone[1], "alone": alone}
+
+
+def _public(result: dict) -> dict:
+    return {k: v for k, v in result.items() if k != "alone"}
+
+
+@contextmanager
+def call_rows(adapter, rows: int | None):
+    """The adapter's transformer calls carry at most `rows` candidates inside (None: all of a cohort)."""
+    before = adapter.call_rows
+    adapter.call_rows = rows
+    try:
+        yield
+    finally:
+        adapter.call_rows = before
 
 
 def probe(settings: dict) -> dict:
     adapter, load_s = _adapter(settings, settings["tiny_model"], 8)
-    out = compare(adapter, _sampling(settings["probe_shape"], guidance=settings["cfg_guidance"]), 4, settings["device"])
+    out = _public(compare(adapter, _sampling(settings["probe_shape"], guidance=settings["cfg_guidance"]), 4,
+                          settings["device"]))
     out["load_s"] = load_s
     out["ops"] = os.environ.get("CANDIDATE_SCHEDULER_SGLANG_OPS", "shipped")
     # what sglang imported only while generating; the rehearsal must know it before a device does
@@ -141,41 +165,54 @@ def probe(settings: dict) -> dict:
 
 
 def equivalence(settings: dict) -> dict:
-    """The comparison as the worker runs by default, then again with sglang's batch-invariant kernels
-    (sglang.srt.batch_invariant_ops: Triton matmuls whose result for a row does not depend on the
-    others, in place of cuBLAS) for both sides: does that make a candidate depend on its seed alone,
-    and at what cost. CUDA only; the CPU's path is bitwise already."""
+    """The comparison as the worker runs by default (on CUDA one candidate a transformer call), then,
+    where that is not one call for them all, with the candidates batched in one call, and on CUDA
+    batched again with sglang's batch-invariant kernels (sglang.srt.batch_invariant_ops: Triton
+    matmuls whose result for a row does not depend on the others, in place of cuBLAS) on both sides:
+    is each way bitwise sglang alone, and at what cost."""
     adapter, load_s = _adapter(settings, settings["model"], 8)
     shape, device = settings["shape"], settings["device"]
     warm = _sampling(shape, steps=2, guidance=settings["cfg_guidance"])
     timed = _sampling(shape, steps=settings["equivalence_steps"], guidance=settings["cfg_guidance"])
+    n = settings["equivalence_n"]
     compare(adapter, warm, 1, device)
-    out = compare(adapter, timed, settings["equivalence_n"], device)
-    out["load_s"] = load_s
+    default = compare(adapter, timed, n, device)
+    out = {**_public(default), "load_s": load_s}
+    partial = Path(settings["partial_result"])
     # kept if what follows fails or overruns the phase's cap: the comparison is the phase's measurement
-    Path(settings["partial_result"]).write_text(json.dumps({**out, "batch_invariant": {"error": "did not finish"}},
-                                                              default=json_default))
+    partial.write_text(json.dumps({**out, "batch_invariant": {"error": "did not finish"}}, default=json_default))
     # the loaded model is here already: where one step's time goes, at the methods' shape (no CFG)
     steps = _sampling(shape, steps=2)
     try:
-        out["profile"] = [kernel_profile(adapter, group_work(steps, n, f"gpu-check-profile-{n}"), device)
-                          for n in settings["profile_ns"]]
+        out["profile"] = [kernel_profile(adapter, group_work(steps, k, f"gpu-check-profile-{k}"), device)
+                          for k in settings["profile_ns"]]
     except Exception as exc:  # a profiler that cannot run here (no CUPTI, say) costs only its table
         out["profile_error"] = f"{type(exc).__name__}: {exc}"
-    if not device.startswith("cuda"):
+    if adapter.call_rows is None:
+        out["batched_calls"] = {"skipped": "the default"}
         out["batch_invariant"] = {"skipped": "not CUDA"}
         return out
-    try:
-        from sglang.srt.batch_invariant_ops import disable_batch_invariant_mode, enable_batch_invariant_mode
-
-        enable_batch_invariant_mode()
+    with call_rows(adapter, None):
         try:
             compare(adapter, warm, 2, device)
-            out["batch_invariant"] = compare(adapter, timed, settings["equivalence_n"], device)
-        finally:
-            disable_batch_invariant_mode()
-    except Exception as exc:  # an experiment beside the measurement: the default comparison stands
-        out["batch_invariant"] = {"error": f"{type(exc).__name__}: {exc}"}
+            out["batched_calls"] = _public(compare(adapter, timed, n, device, alone=default["alone"]))
+        except Exception as exc:  # beside the measurement: the default comparison stands
+            out["batched_calls"] = {"error": f"{type(exc).__name__}: {exc}"}
+        partial.write_text(json.dumps({**out, "batch_invariant": {"error": "did not finish"}}, default=json_default))
+        if not device.startswith("cuda"):
+            out["batch_invariant"] = {"skipped": "not CUDA"}
+            return out
+        try:
+            from sglang.srt.batch_invariant_ops import disable_batch_invariant_mode, enable_batch_invariant_mode
+
+            enable_batch_invariant_mode()
+            try:
+                compare(adapter, warm, 2, device)
+                out["batch_invariant"] = _public(compare(adapter, timed, n, device))
+            finally:
+                disable_batch_invariant_mode()
+        except Exception as exc:  # an experiment beside the measurement
+            out["batch_invariant"] = {"error": f"{type(exc).__name__}: {exc}"}
     return out
 
 
@@ -215,7 +252,8 @@ def methods(settings: dict) -> dict:
     bench = None
     try:
         service = launcher.scheduler(name="scheduler")
-        launcher.worker(service, "cosmos3", max(16, max(ns)), model=settings["model"], device=device)
+        launcher.worker(service, "cosmos3", max(16, max(ns)), "--call-rows", str(settings.get("call_rows", "auto")),
+                        model=settings["model"], device=device)
         adapter, load_s = _adapter(settings, settings["model"], max(16, max(ns)))
         service.wait_workers(1, timeout_s=max(30.0, deadline - time.perf_counter()), poll_s=0.2)
         ready_s = time.perf_counter() - t_start
@@ -233,7 +271,10 @@ def methods(settings: dict) -> dict:
         per_candidate_step, fixed = step_cost(warm["a_sequential/N=1"], warm[f"a_sequential/N=1/{2 * warm_steps} steps"],
                                               warm_steps, 2 * warm_steps)
         left = deadline - time.perf_counter() - float(settings["reserve_s"])
-        steps = choose_steps(per_candidate_step, left, ns, len(METHOD_ORDER), int(shape["steps"]), fixed_s=fixed)
+        # one candidate a call (the worker's default on CUDA): (c) with them batched too, beside it
+        batched_too = adapter.call_rows is not None
+        steps = choose_steps(per_candidate_step, left, ns, len(METHOD_ORDER) + batched_too, int(shape["steps"]),
+                             fixed_s=fixed)
         bench.set_shape({**shape, "steps": steps})
         rows = []
         for k, n in enumerate(ns):
@@ -247,13 +288,18 @@ def methods(settings: dict) -> dict:
                 run = bench.run(method, n)
                 peak = None if token is None else mem.end(token)["peak_bytes"] / 2**30
                 runs[method] = run
-                rows.append({"method": method, "n": n, "latency_s": run.latency_s, "forwards": run.forwards,
-                             "peak_gib": peak,
-                             **{k2: v for k2, v in (run.extra or {}).items() if isinstance(v, (int, float, str))}})
+                rows.append(_method_row(method, n, run, peak))
+            if batched_too:
+                bench.fresh_conditioning()
+                with call_rows(adapter, None):
+                    token = mem.begin()
+                    runs["c_batched_calls"] = run = bench.run("c_worker_batch", n)
+                    rows.append(_method_row("c_batched_calls", n, run, mem.end(token)["peak_bytes"] / 2**30))
             ref = runs["a_sequential"].actions.astype(np.float64)
-            for row in rows[-len(order):]:
+            for row in rows[-len(runs):]:
                 row["max_abs_vs_a"] = float(np.max(np.abs(runs[row["method"]].actions.astype(np.float64) - ref)))
         return {"shape": {**shape, "steps": steps}, "steps_most": int(shape["steps"]), "warmup_steps": warm_steps,
+                "call_rows": adapter.call_rows or "all",
                 "warmup_s": warm, "per_candidate_step_s": per_candidate_step, "fixed_per_run_s": fixed,
                 "load_s": load_s, "ready_s": ready_s,
                 "rows": rows, "wall_s": time.perf_counter() - t_start}
@@ -261,6 +307,11 @@ def methods(settings: dict) -> dict:
         if bench is not None:
             bench.close()
         launcher.close(timeout_s=10)
+
+
+def _method_row(method: str, n: int, run, peak_gib: float | None) -> dict:
+    return {"method": method, "n": n, "latency_s": run.latency_s, "forwards": run.forwards, "peak_gib": peak_gib,
+            **{k: v for k, v in (run.extra or {}).items() if isinstance(v, (int, float, str))}}
 
 
 def _burst(service, shape: dict, groups: int, count: int, timeout_s: float, tag: str) -> dict:
@@ -300,7 +351,8 @@ def load(settings: dict) -> dict:
         deadline = t_start + float(settings["phase_budget_s"]) * (k + 1) / 2
         with Launcher(Path(tempfile.mkdtemp(prefix=f"gpu-check-load-{mode}-")), ready_timeout_s=120) as launcher:
             service = launcher.scheduler("--batching", mode, name=f"scheduler-{mode}")
-            launcher.worker(service, "cosmos3", 16, model=settings["model"], device=device)
+            launcher.worker(service, "cosmos3", 16, "--call-rows", str(settings.get("call_rows", "auto")),
+                            model=settings["model"], device=device)
             t0 = time.perf_counter()
             service.wait_workers(1, timeout_s=max(10.0, deadline - t0 - 10), poll_s=0.2)
             ready_s = time.perf_counter() - t0

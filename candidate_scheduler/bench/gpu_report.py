@@ -13,7 +13,7 @@ from candidate_scheduler.bench.common import json_default
 from candidate_scheduler.bench.gpu_profile import markdown as profile_markdown
 
 LABELS = {"a_sequential": "(a) sequential sglang", "c_worker_batch": "(c) worker batch",
-          "d_scheduler_e2e": "(d) scheduler end to end"}
+          "d_scheduler_e2e": "(d) scheduler end to end", "c_batched_calls": "(c) candidates batched in one call"}
 
 
 def _latency(rows: list[dict], method: str, n: int) -> float | None:
@@ -28,18 +28,23 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def headline(result: dict) -> dict:
-    """Issue 24's four figures (None where a phase did not finish)."""
+    """Issue 24's four figures (None where a phase did not finish), and beside them (c) with the
+    candidates batched in one transformer call where the worker's default is one a call."""
     methods = result["phases"].get("methods", {}).get("result")
-    eq = result["phases"].get("equivalence", {}).get("result")
+    eq = result["phases"].get("equivalence", {}).get("result") or {}
     rows = methods["rows"] if methods else []
     c1, c8 = _latency(rows, "c_worker_batch", 1), _latency(rows, "c_worker_batch", 8)
     a8, d8 = _latency(rows, "a_sequential", 8), _latency(rows, "d_scheduler_e2e", 8)
+    b1, b8 = _latency(rows, "c_batched_calls", 1), _latency(rows, "c_batched_calls", 8)
     return {"c_n8_over_n1": _ratio(c8, c1), "c_n8_over_n1_target": "<= 1.3",
             "c_vs_a_speedup_n8": _ratio(a8, c8), "c_vs_a_speedup_n8_target": ">= 4.5",
             "d_over_c_n8": _ratio(d8, c8), "d_minus_c_n8_ms": None if d8 is None or c8 is None else (d8 - c8) * 1e3,
-            "equivalence_max_abs": eq and eq["max_abs_diff"], "equivalence_bitwise": eq and eq["bitwise"],
-            "equivalence_bound": eq and eq["bound"], "equivalence_within_bound": eq and eq["within_bound"],
-            "equivalence_batch_invariant_max_abs": ((eq or {}).get("batch_invariant") or {}).get("max_abs_diff")}
+            "call_rows": (methods or {}).get("call_rows", eq.get("call_rows")),
+            "batched_calls_n8_over_n1": _ratio(b8, b1), "batched_calls_vs_a_speedup_n8": _ratio(a8, b8),
+            "equivalence_max_abs": eq.get("max_abs_diff"), "equivalence_bitwise": eq.get("bitwise"),
+            "equivalence_bound": eq.get("bound"), "equivalence_within_bound": eq.get("within_bound"),
+            "equivalence_batched_calls_max_abs": (eq.get("batched_calls") or {}).get("max_abs_diff"),
+            "equivalence_batch_invariant_max_abs": (eq.get("batch_invariant") or {}).get("max_abs_diff")}
 
 
 def _f(v, fmt: str = "{:.3f}") -> str:
@@ -61,6 +66,8 @@ def _header(result: dict) -> list[str]:
             f"- checkpoint: {ckpt.get('written_by')}"
             + (f", {ckpt['bytes'] / 2**30:.1f} GiB in {ckpt['wall_s']} s to `{ckpt['dir']}`" if ckpt.get("bytes") else ""),
             "", "## Headline (issue 24's targets)", "",
+            f"The worker's transformer calls carry at most {h['call_rows'] or '-'} candidate rows each (`--call-rows`, "
+            "by default 1 on CUDA: only sglang's own call shape keeps a candidate bitwise there).", "",
             "| figure | measured | target |", "|---|---|---|",
             f"| (c) latency N=8 / N=1 | {_f(h['c_n8_over_n1'], '{:.2f}x')} | <= 1.3x |",
             f"| (c) vs (a) at N=8 | {_f(h['c_vs_a_speedup_n8'], '{:.2f}x')} | >= 4.5x |",
@@ -68,6 +75,10 @@ def _header(result: dict) -> list[str]:
             f"| equivalence max abs diff | {_f(h['equivalence_max_abs'], '{:.3g}')}"
             f"{' (bitwise)' if h['equivalence_bitwise'] else ''} | within atol/rtol "
             f"{(h['equivalence_bound'] or {}).get('atol', '-')} (declared by the adapter) |",
+            f"| (c) with the candidates batched in one call: N=8 / N=1, vs (a) at N=8 | "
+            f"{_f(h['batched_calls_n8_over_n1'], '{:.2f}x')}, {_f(h['batched_calls_vs_a_speedup_n8'], '{:.2f}x')} | - |",
+            f"| equivalence, candidates batched in one call | {_f(h['equivalence_batched_calls_max_abs'], '{:.3g}')} "
+            "| 0 (bitwise) |",
             f"| the same with sglang's batch-invariant kernels | "
             f"{_f(h['equivalence_batch_invariant_max_abs'], '{:.3g}')} | 0 (bitwise) |", ""]
 
@@ -86,24 +97,29 @@ def _ops_line(ops: str, phases: dict) -> str:
 def _equivalence(eq: dict) -> list[str]:
     s = eq["sampling"]
     return ["## Equivalence", "",
-            f"N={eq['n']} candidates in one batched forward against sglang's pipeline run alone per seed, "
+            f"N={eq['n']} candidates of one group against sglang's pipeline run alone per seed, "
             f"{s['height']}x{s['width']}, {s['steps']} steps, guidance {s['guidance_scale']} (CFG).", "",
+            f"As the worker runs them by default ({eq.get('call_rows', 'all')} candidate rows a transformer call):", "",
             f"- max abs diff {eq['max_abs_diff']:.3g}, max relative (to max |action|) {eq['max_rel_diff']:.3g}, "
             f"bitwise: {eq['bitwise']}, within the declared bound: {eq['within_bound']}, finite: {eq['finite']}",
             f"- per candidate max abs: {', '.join(f'{v:.3g}' for v in eq['per_candidate_max_abs'])}",
-            f"- batched {eq['batched_s']:.2f} s, alone x{eq['n']} {eq['alone_s']:.2f} s", ""] + _invariant(eq) + (
+            f"- the group {eq['batched_s']:.2f} s, alone x{eq['n']} {eq['alone_s']:.2f} s", ""] + _pass(
+        eq, "batched_calls", "With the candidates batched in one transformer call") + _pass(
+        eq, "batch_invariant", "Batched in one call, with sglang's batch-invariant kernels "
+        "(sglang.srt.batch_invariant_ops) on both sides") + (
         profile_markdown(eq["profile"]) if eq.get("profile")
         else [f"No profile: {eq['profile_error']}.", ""] if eq.get("profile_error") else [])
 
 
-def _invariant(eq: dict) -> list[str]:
-    bi = eq.get("batch_invariant") or {}
+def _pass(eq: dict, key: str, title: str) -> list[str]:
+    """One more comparison of the equivalence phase, its times against the default pass's."""
+    bi = eq.get(key) or {}
     if "max_abs_diff" not in bi:
-        return [f"With sglang's batch-invariant kernels: {bi.get('skipped') or bi.get('error') or 'not run'}.", ""]
-    return ["With sglang's batch-invariant kernels (sglang.srt.batch_invariant_ops) on both sides:", "",
+        return [f"{title}: {bi.get('skipped') or bi.get('error') or 'not run'}.", ""]
+    return [f"{title}:", "",
             f"- max abs diff {bi['max_abs_diff']:.3g}, bitwise: {bi['bitwise']}, within the declared bound: "
             f"{bi['within_bound']}",
-            f"- batched {bi['batched_s']:.2f} s ({bi['batched_s'] / eq['batched_s']:.2f}x the default kernels), "
+            f"- the group {bi['batched_s']:.2f} s ({bi['batched_s'] / eq['batched_s']:.2f}x the default), "
             f"alone x{bi['n']} {bi['alone_s']:.2f} s ({bi['alone_s'] / eq['alone_s']:.2f}x)", ""]
 
 
@@ -114,21 +130,26 @@ def _fixed(m: dict) -> str:
 
 def _methods(m: dict) -> list[str]:
     s = m["shape"]
+    batched = any(r["method"] == "c_batched_calls" for r in m["rows"])
     lines = ["## Methods", "",
              f"{s['height']}x{s['width']}, {s['steps']} steps (the most that fit the phase's time, of "
              f"{m['steps_most']}; a candidate-step took {m['per_candidate_step_s'] * 1e3:.1f} ms in (a)'s "
              f"warm-ups{_fixed(m)}), guidance 1 (no CFG), one timed run per (method, N) after one warm-up per "
-             "method.", "",
+             f"method. (c) and (d) at {m.get('call_rows', 'all')} candidate rows a transformer call"
+             + ("; (c'): (c) with the candidates batched in one call." if batched else "."), "",
              "| N | (a) s | (c) s | (d) s | (c)/(a) speed-up | (d)-(c) ms | (c) peak GiB | (a) peak GiB | "
-             "max abs vs (a) (c) / (d) |", "|---|---|---|---|---|---|---|---|---|"]
+             "max abs vs (a) (c) / (d) |" + (" (c') s | (c')/(a) | (c') max abs vs (a) |" if batched else ""),
+             "|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if batched else "")]
     for n in sorted({r["n"] for r in m["rows"]}):
         row = {r["method"]: r for r in m["rows"] if r["n"] == n}
-        a, c, d = (row.get(k, {}) for k in ("a_sequential", "c_worker_batch", "d_scheduler_e2e"))
+        a, c, d, b = (row.get(k, {}) for k in ("a_sequential", "c_worker_batch", "d_scheduler_e2e", "c_batched_calls"))
         lines.append(f"| {n} | {_f(a.get('latency_s'))} | {_f(c.get('latency_s'))} | {_f(d.get('latency_s'))} | "
                      f"{_f(_ratio(a.get('latency_s'), c.get('latency_s')), '{:.2f}x')} | "
                      f"{_f(None if not d or not c else (d['latency_s'] - c['latency_s']) * 1e3, '{:.0f}')} | "
                      f"{_f(c.get('peak_gib'), '{:.1f}')} | {_f(a.get('peak_gib'), '{:.1f}')} | "
-                     f"{_f(c.get('max_abs_vs_a'), '{:.3g}')} / {_f(d.get('max_abs_vs_a'), '{:.3g}')} |")
+                     f"{_f(c.get('max_abs_vs_a'), '{:.3g}')} / {_f(d.get('max_abs_vs_a'), '{:.3g}')} |"
+                     + (f" {_f(b.get('latency_s'))} | {_f(_ratio(a.get('latency_s'), b.get('latency_s')), '{:.2f}x')} | "
+                        f"{_f(b.get('max_abs_vs_a'), '{:.3g}')} |" if batched else ""))
     return lines + ["", f"Model load {m['load_s']:.0f} s in process; both ready {m['ready_s']:.0f} s.", ""]
 
 
@@ -187,6 +208,8 @@ def write_plot(result: dict, path: Path, ceiling: dict | None = None) -> Path | 
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
     for method, label in LABELS.items():
         rows = sorted((r["n"], r["latency_s"]) for r in methods["rows"] if r["method"] == method)
+        if not rows:
+            continue
         ax.plot([n for n, _ in rows], [t / s["steps"] * 1e3 for _, t in rows], marker="o", label=label)
     c1 = _latency(methods["rows"], "c_worker_batch", 1)
     ns = sorted({r["n"] for r in methods["rows"]})

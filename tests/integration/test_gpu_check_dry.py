@@ -38,13 +38,18 @@ def test_the_gpu_check_runs_whole_on_the_cpu(tmp_path):
 
     # sglang's batch-invariant kernels are Triton on CUDA: the CPU's path (bitwise already) skips them
     assert phases["equivalence"]["result"]["batch_invariant"] == {"skipped": "not CUDA"}
+    # the dry run rehearses CUDA's default, one candidate a transformer call, and the batched pass beside it
+    eq = phases["equivalence"]["result"]
+    assert eq["call_rows"] == 1 and eq["batched_calls"]["call_rows"] == "all"
+    assert eq["batched_calls"]["bitwise"] and eq["batched_calls"]["alone_s"] == eq["alone_s"]
     # where a group's time goes, N=1 and N=2 (CPU operators here, CUDA kernels on the device)
     profile = phases["equivalence"]["result"]["profile"]
     assert [p["n"] for p in profile] == [1, 2] and all(p["total_ms"] > 0 and p["top"] for p in profile)
     assert all(p["by_kind_ms"].get("gemm", 0.0) > 0 for p in profile)  # the model's matmuls are found and classed
     methods = phases["methods"]["result"]
     rows = {(r["method"], r["n"]): r for r in methods["rows"]}
-    assert set(rows) == {(m, n) for m in ("a_sequential", "c_worker_batch", "d_scheduler_e2e") for n in (1, 2)}
+    methods_run = ("a_sequential", "c_worker_batch", "d_scheduler_e2e", "c_batched_calls")
+    assert set(rows) == {(m, n) for m in methods_run for n in (1, 2)} and methods["call_rows"] == 1
     assert all(r["latency_s"] > 0 and r["max_abs_vs_a"] == 0.0 for r in rows.values())
     # this process's peak for (a) and (c); (d)'s model runs in the worker process
     assert all((r["peak_gib"] is None) == (m == "d_scheduler_e2e") for (m, _n), r in rows.items())

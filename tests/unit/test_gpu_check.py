@@ -103,17 +103,38 @@ def test_headline_ratios_come_from_the_method_rows():
     assert "| 8 | 8.000 | 2.000 | 2.050 | 4.00x | 50 |" in text
 
 
-def test_the_report_compares_the_batch_invariant_kernels_with_the_default_ones():
-    eq = {"n": 4, "sampling": {"height": 480, "width": 832, "steps": 10, "guidance_scale": 2.0}, "max_abs_diff": 0.5,
-          "max_rel_diff": 0.04, "bitwise": False, "bound": {"atol": 0.05, "rtol": 0.05}, "within_bound": False,
-          "finite": True, "per_candidate_max_abs": [0.5] * 4, "batched_s": 2.0, "alone_s": 3.0}
+def test_the_report_compares_each_way_of_calling_the_model_with_the_default():
+    eq = {"n": 4, "sampling": {"height": 480, "width": 832, "steps": 10, "guidance_scale": 2.0}, "max_abs_diff": 0.0,
+          "max_rel_diff": 0.0, "bitwise": True, "bound": {"atol": 0.0, "rtol": 0.0}, "within_bound": True,
+          "finite": True, "per_candidate_max_abs": [0.0] * 4, "batched_s": 2.0, "alone_s": 3.0, "call_rows": 1}
+    eq["batched_calls"] = {**eq, "max_abs_diff": 0.5, "bitwise": False, "within_bound": False, "batched_s": 1.6,
+                           "alone_s": 3.0, "call_rows": "all"}
     eq["batch_invariant"] = {**eq, "max_abs_diff": 0.0, "bitwise": True, "within_bound": True, "batched_s": 3.0,
-                             "alone_s": 3.3}
+                             "alone_s": 3.3, "call_rows": "all"}
     result = _result(None, eq)
     result["headline"] = headline(result)
     text = markdown(result)
+    assert "| equivalence max abs diff | 0 (bitwise) | within atol/rtol 0.0 (declared by the adapter) |" in text
+    assert "| equivalence, candidates batched in one call | 0.5 | 0 (bitwise) |" in text
     assert "| the same with sglang's batch-invariant kernels | 0 | 0 (bitwise) |" in text
-    assert "- batched 3.00 s (1.50x the default kernels), alone x4 3.30 s (1.10x)" in text
+    assert "As the worker runs them by default (1 candidate rows a transformer call):" in text
+    assert "- the group 1.60 s (0.80x the default), alone x4 3.00 s (1.00x)" in text
+    assert "- the group 3.00 s (1.50x the default), alone x4 3.30 s (1.10x)" in text
+
+
+def test_the_methods_table_shows_batched_calls_beside_one_candidate_a_call():
+    result = _result({("a_sequential", 1): 1.0, ("c_worker_batch", 1): 1.0, ("d_scheduler_e2e", 1): 1.01,
+                      ("c_batched_calls", 1): 1.0, ("a_sequential", 8): 8.0, ("c_worker_batch", 8): 7.8,
+                      ("d_scheduler_e2e", 8): 7.82, ("c_batched_calls", 8): 7.2}, None)
+    result["phases"]["methods"]["result"]["call_rows"] = 1
+    h = headline(result)
+    assert h["batched_calls_n8_over_n1"] == pytest.approx(7.2) and h["batched_calls_vs_a_speedup_n8"] == pytest.approx(8 / 7.2)
+    assert h["call_rows"] == 1
+    result["headline"] = h
+    text = markdown(result)
+    assert "| (c) with the candidates batched in one call: N=8 / N=1, vs (a) at N=8 | 7.20x, 1.11x | - |" in text
+    assert "(c) and (d) at 1 candidate rows a transformer call; (c'): (c) with the candidates batched" in text
+    assert "| 8 | 8.000 | 7.800 | 7.820 | 1.03x | 20 | 30.0 | 30.0 | 0 / 0 | 7.200 | 1.11x | 0 |" in text
 
 
 def test_a_run_whose_phases_failed_reports_dashes_not_figures():
@@ -268,4 +289,7 @@ def test_the_report_says_why_the_batch_invariant_pass_did_not_finish():
           "batch_invariant": {"error": "OutOfResources: shared memory"}}
     result = _result(None, eq)
     result["headline"] = headline(result)
-    assert "With sglang's batch-invariant kernels: OutOfResources: shared memory." in markdown(result)
+    text = markdown(result)
+    assert ("Batched in one call, with sglang's batch-invariant kernels (sglang.srt.batch_invariant_ops) on both "
+            "sides: OutOfResources: shared memory.") in text
+    assert "With the candidates batched in one transformer call: not run." in text
