@@ -191,6 +191,9 @@ def cmd_worker(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
     adapter = build_adapter(args.adapter, args.model, args.device, args.capacity, args.conditioning_cache_mb,
                             args.call_rows)
+    if hasattr(adapter, "call_rows"):  # what decides exactness on CUDA: say it where the operator looks
+        logging.getLogger(__name__).info("transformer calls carry %s candidate rows at most (--call-rows %s on %s)",
+                                         adapter.call_rows or "all", args.call_rows, args.device)
     if getattr(args, "fault", None):
         from candidate_scheduler.worker.faults import wrap
 

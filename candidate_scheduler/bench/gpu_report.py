@@ -47,6 +47,13 @@ def headline(result: dict) -> dict:
             "equivalence_batch_invariant_max_abs": (eq.get("batch_invariant") or {}).get("max_abs_diff")}
 
 
+def _per_call(rows) -> str:
+    """A call_rows value in words: how many candidates one transformer call carries."""
+    if rows is None:
+        return "-"
+    return "all of a cohort's candidates" if rows == "all" else f"{rows} candidate{'' if rows == 1 else 's'}"
+
+
 def _f(v, fmt: str = "{:.3f}") -> str:
     return "-" if v is None else fmt.format(v)
 
@@ -66,8 +73,8 @@ def _header(result: dict) -> list[str]:
             f"- checkpoint: {ckpt.get('written_by')}"
             + (f", {ckpt['bytes'] / 2**30:.1f} GiB in {ckpt['wall_s']} s to `{ckpt['dir']}`" if ckpt.get("bytes") else ""),
             "", "## Headline (issue 24's targets)", "",
-            f"The worker's transformer calls carry at most {h['call_rows'] or '-'} candidate rows each (`--call-rows`, "
-            "by default 1 on CUDA: only sglang's own call shape keeps a candidate bitwise there).", "",
+            f"One transformer call of the worker carries {_per_call(h['call_rows'])} at most (`--call-rows`, by "
+            "default 1 on CUDA: only sglang's own call shape keeps a candidate bitwise there).", "",
             "| figure | measured | target |", "|---|---|---|",
             f"| (c) latency N=8 / N=1 | {_f(h['c_n8_over_n1'], '{:.2f}x')} | <= 1.3x |",
             f"| (c) vs (a) at N=8 | {_f(h['c_vs_a_speedup_n8'], '{:.2f}x')} | >= 4.5x |",
@@ -99,7 +106,7 @@ def _equivalence(eq: dict) -> list[str]:
     return ["## Equivalence", "",
             f"N={eq['n']} candidates of one group against sglang's pipeline run alone per seed, "
             f"{s['height']}x{s['width']}, {s['steps']} steps, guidance {s['guidance_scale']} (CFG).", "",
-            f"As the worker runs them by default ({eq.get('call_rows', 'all')} candidate rows a transformer call):", "",
+            f"As the worker runs them by default ({_per_call(eq.get('call_rows', 'all'))} a transformer call):", "",
             f"- max abs diff {eq['max_abs_diff']:.3g}, max relative (to max |action|) {eq['max_rel_diff']:.3g}, "
             f"bitwise: {eq['bitwise']}, within the declared bound: {eq['within_bound']}, finite: {eq['finite']}",
             f"- per candidate max abs: {', '.join(f'{v:.3g}' for v in eq['per_candidate_max_abs'])}",
@@ -135,7 +142,7 @@ def _methods(m: dict) -> list[str]:
              f"{s['height']}x{s['width']}, {s['steps']} steps (the most that fit the phase's time, of "
              f"{m['steps_most']}; a candidate-step took {m['per_candidate_step_s'] * 1e3:.1f} ms in (a)'s "
              f"warm-ups{_fixed(m)}), guidance 1 (no CFG), one timed run per (method, N) after one warm-up per "
-             f"method. (c) and (d) at {m.get('call_rows', 'all')} candidate rows a transformer call"
+             f"method. (c) and (d) at {_per_call(m.get('call_rows', 'all'))} a transformer call"
              + ("; (c'): (c) with the candidates batched in one call." if batched else "."), "",
              "| N | (a) s | (c) s | (d) s | (c)/(a) speed-up | (d)-(c) ms | (c) peak GiB | (a) peak GiB | "
              "max abs vs (a) (c) / (d) |" + (" (c') s | (c')/(a) | (c') max abs vs (a) |" if batched else ""),

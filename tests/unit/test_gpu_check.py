@@ -117,7 +117,8 @@ def test_the_report_compares_each_way_of_calling_the_model_with_the_default():
     assert "| equivalence max abs diff | 0 (bitwise) | within atol/rtol 0.0 (declared by the adapter) |" in text
     assert "| equivalence, candidates batched in one call | 0.5 | 0 (bitwise) |" in text
     assert "| the same with sglang's batch-invariant kernels | 0 | 0 (bitwise) |" in text
-    assert "As the worker runs them by default (1 candidate rows a transformer call):" in text
+    assert "As the worker runs them by default (1 candidate a transformer call):" in text
+    assert "One transformer call of the worker carries 1 candidate at most" in text
     assert "- the group 1.60 s (0.80x the default), alone x4 3.00 s (1.00x)" in text
     assert "- the group 3.00 s (1.50x the default), alone x4 3.30 s (1.10x)" in text
 
@@ -133,7 +134,7 @@ def test_the_methods_table_shows_batched_calls_beside_one_candidate_a_call():
     result["headline"] = h
     text = markdown(result)
     assert "| (c) with the candidates batched in one call: N=8 / N=1, vs (a) at N=8 | 7.20x, 1.11x | - |" in text
-    assert "(c) and (d) at 1 candidate rows a transformer call; (c'): (c) with the candidates batched" in text
+    assert "(c) and (d) at 1 candidate a transformer call; (c'): (c) with the candidates batched" in text
     assert "| 8 | 8.000 | 7.800 | 7.820 | 1.03x | 20 | 30.0 | 30.0 | 0 / 0 | 7.200 | 1.11x | 0 |" in text
 
 
