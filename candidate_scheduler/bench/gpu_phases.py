@@ -25,7 +25,6 @@ import platform
 import subprocess
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -139,17 +138,6 @@ def _public(result: dict) -> dict:
     return {k: v for k, v in result.items() if k != "alone"}
 
 
-@contextmanager
-def call_rows(adapter, rows: int | None):
-    """The adapter's transformer calls carry at most `rows` candidates inside (None: all of a cohort)."""
-    before = adapter.call_rows
-    adapter.call_rows = rows
-    try:
-        yield
-    finally:
-        adapter.call_rows = before
-
-
 def probe(settings: dict) -> dict:
     adapter, load_s = _adapter(settings, settings["tiny_model"], 8)
     out = _public(compare(adapter, _sampling(settings["probe_shape"], guidance=settings["cfg_guidance"]), 4,
@@ -192,7 +180,7 @@ def equivalence(settings: dict) -> dict:
         out["batched_calls"] = {"skipped": "the default"}
         out["batch_invariant"] = {"skipped": "not CUDA"}
         return out
-    with call_rows(adapter, None):
+    with adapter.with_call_rows(None):
         try:
             compare(adapter, warm, 2, device)
             out["batched_calls"] = _public(compare(adapter, timed, n, device, alone=default["alone"]))
@@ -291,7 +279,7 @@ def methods(settings: dict) -> dict:
                 rows.append(_method_row(method, n, run, peak))
             if batched_too:
                 bench.fresh_conditioning()
-                with call_rows(adapter, None):
+                with adapter.with_call_rows(None):
                     token = mem.begin()
                     runs["c_batched_calls"] = run = bench.run("c_worker_batch", n)
                     rows.append(_method_row("c_batched_calls", n, run, mem.end(token)["peak_bytes"] / 2**30))

@@ -227,6 +227,17 @@ class Cosmos3CandidateAdapter:
             return sglang_reference_actions(self.pipeline, self.server_args, image, prompt, sampling, seed)
 
     @contextmanager
+    def with_call_rows(self, rows: int | None):
+        """Inside the block the transformer calls carry at most `rows` candidates (None: all of a cohort);
+        for benchmarks and tests that compare ways of calling on one loaded model."""
+        before = self.call_rows
+        self.call_rows = rows
+        try:
+            yield
+        finally:
+            self.call_rows = before
+
+    @contextmanager
     def counting(self):
         """Yields a dict that holds the forward/text/vae call counts made inside the block."""
         before = dict(self._counts)

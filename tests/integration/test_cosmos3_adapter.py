@@ -462,16 +462,6 @@ def test_bitwise_with_nonzero_biases_and_the_layout_rule_is_load_bearing(adapter
 
 
 # ---- one candidate a transformer call (`call_rows`, the CUDA default) ----------------------------
-@contextmanager
-def call_rows(adapter, rows):
-    before = adapter.call_rows
-    adapter.call_rows = rows
-    try:
-        yield
-    finally:
-        adapter.call_rows = before
-
-
 def test_call_spans_cover_the_rows_once():
     from candidate_scheduler.worker.cosmos3_step import call_spans
 
@@ -498,7 +488,7 @@ def test_call_rows_split_the_forward_and_stay_bitwise(adapter, sampling, forward
         refs = {("A", s): adapter.reference_actions(img_a, PROMPT, sampling, s) for s in seeds_a}
         refs.update({("B", s): adapter.reference_actions(img_b, PROMPT_SAME_LEN, sampling, s) for s in seeds_b})
         keys_before = set(adapter.transformer.cached_kv)
-        with call_rows(adapter, rows), adapter.counting() as calls:
+        with adapter.with_call_rows(rows), adapter.counting() as calls:
             assert adapter.capability_dict()["equivalence"]["atol"] == 0.0
             outputs, report = run_ok(adapter, items)
         assert calls["forwards"] == spans * forwards_per_step * STEPS == report.transformer_forwards

@@ -401,13 +401,9 @@ def test_one_candidate_a_call_through_joins_and_a_cancel(adapter, ref, negative)
     b = group("B", img_b, PROMPT_SAME_LEN, sampling(3, 2.0, negative), [603])
     gone = group("gone", img_c, PROMPT, sampling(4, 2.0, negative), [604, 605])
     per_row = 2 if negative is None else 1  # serial CFG: a cond and an uncond call per row
-    before = adapter.call_rows
-    adapter.call_rows = 1
-    try:
-        driver = Driver(adapter)
+    driver = Driver(adapter)
+    with adapter.with_call_rows(1):
         out = driver.run((0, a), (0, gone), (1, b), cancels={2: {"gone"}})
-    finally:
-        adapter.call_rows = before
     assert_matches_reference(ref, out["A"], a, img_a, PROMPT)
     assert_matches_reference(ref, out["B"], b, img_b, PROMPT_SAME_LEN)
     assert out["gone"] == "cancelled"
