@@ -105,7 +105,9 @@ class Cosmos3CandidateAdapter:
         self.concurrent_start = True
         self._uids = itertools.count(1)
         self.proj_out_contiguous = False  # set only around our forwards whose reference runs at B=1
-        self.text = TextPathway(self.transformer.language_model, self._counts, model_cache)
+        # off the CPU a text row's K/V may depend on how many rows its call computed (cosmos3_conditioning)
+        self.text = TextPathway(self.transformer.language_model, self._counts, model_cache,
+                                by_call_rows=device != "cpu")
         self.vae = VaeEncoder(self.latent_stage, self._counts, model_cache)
         self.cohorts = Cohorts(self.transformer)
         # groups in lockstep step their UniPC solvers once over all their rows (cosmos3_solvers); off:

@@ -252,8 +252,8 @@ def _run_cohort(model, cohort: Cohort, step_sensitive: bool) -> tuple[int, list]
         ids, mask = ids or f"{branch}_text_ids", mask or f"{branch}_text_mask"
         return _calls(cohort, forward, spans, step_inputs, cohort.inputs[ids], cohort.inputs[mask], branch, text_len)
 
-    model.text.serving = True
     mode = cohort.mode
+    model.text.serve(2 if mode == BATCHED_CFG else 1)  # the rows of the calls its text rows were acquired in
     if mode == NO_CFG:
         model.proj_out_contiguous = True
         video, action = call("cond", lead.cond_len)

@@ -508,3 +508,30 @@ def test_call_rows_resolve_per_device():
     for bad in ("0", "-1", "some", "1.5", ""):
         with pytest.raises(ValueError, match="call rows must be"):
             rule.parse(bad)
+
+
+def test_text_rows_keyed_by_their_call_where_the_device_needs_it(adapter, reference):
+    """`by_call_rows` (on for CUDA, forced here): a text row computed in a call of 1 row is not served
+    where sglang's request computes it in a call of 2 ([uncond; cond]), and a group missing one row of
+    its call computes the whole call. Bitwise either way on the CPU; the rows computed tell the keying."""
+    batched_y = SamplingSpec(height=64, width=64, steps=STEPS, horizon=16, guidance_scale=2.0, negative_prompt="y" * 274)
+    items = [group("plain", image(19), PROMPT, seeds_for(61, 1)),
+             group("cfg-x", image(20), PROMPT, seeds_for(62, 2), SAMPLING_CFG_BATCHED),
+             group("cfg-y", image(21), PROMPT, seeds_for(63, 1), batched_y)]
+    computed = {}
+    for keyed in (False, True):
+        before = adapter.text.by_call_rows
+        adapter.text.by_call_rows = keyed
+        try:
+            with text_rows(adapter) as rows:
+                outputs, _ = run_ok(adapter, items)
+        finally:
+            adapter.text.by_call_rows = before
+        computed[keyed] = rows["rows"]
+        for item, out in zip(items, outputs):
+            for c, cand in enumerate(item.candidates):
+                expected = reference(item.images, PROMPT, item.sampling, cand.seed)
+                assert_bitwise(out.actions[c, 0], expected, f"keyed {keyed}: {item.request_id} candidate {c}")
+        assert not adapter.text.live  # every row a group held went with it: none counted twice
+    # by content: cond once, then each uncond; by call: cond alone, then both [uncond; cond] calls whole
+    assert computed == {False: 3, True: 5}
