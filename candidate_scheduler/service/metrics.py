@@ -167,10 +167,11 @@ METRICS = (
     # Step-level batching: groups joining running batches, time to first step, forwards by rows.
     _define(Counter, "groups_joined_total", "Slices that joined a worker's running batch at a step boundary."),
     _define(Histogram, "first_step_seconds", "Receipt to the group's first denoise step, per group.", SECONDS_BUCKETS),
-    _define(Histogram, "forward_rows", "Candidate rows per transformer forward, as workers report them.",
+    _define(Histogram, "forward_rows", "Candidate rows per denoise step of a worker's running batch (one "
+            "transformer forward, in calls of at most the worker's --call-rows), as workers report them.",
             COUNT_BUCKETS),
-    _define(Histogram, "forward_seconds", "Transformer forward latency, by rows per forward (a power-of-two bucket).",
-            SECONDS_BUCKETS, rows=ROW_LABELS),
+    _define(Histogram, "forward_seconds", "Denoise step latency of a worker's running batch, by its rows (a "
+            "power-of-two bucket).", SECONDS_BUCKETS, rows=ROW_LABELS),
     # Deadlines, the cost model and elastic counts.
     _define(Counter, "deadline_refusals_total", "Groups refused at receipt: their deadline was predicted to be missed."),
     _define(Counter, "deadline_misses_total",
