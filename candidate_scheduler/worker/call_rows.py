@@ -1,11 +1,11 @@
 """How many candidate rows one transformer call may carry (`worker --call-rows`).
 
 A cohort's candidates share one transformer call by default. On the CPU that is bitwise each
-candidate's call alone (the parity tests); on CUDA it is not: a GEMM's kernel, and so its reduction
-order, depends on how many rows it multiplies, and an H200 gave batched candidates up to 0.56 away from
-sglang's pipeline alone over 10 steps with CFG while N=1 was bitwise
-(bench/results/gpu_check_20261204b). So "auto" is one candidate a call on CUDA: sglang's own call
-shape. Pure: the CLI checks a value with it before any model code is imported.
+candidate's call alone (the parity tests); on CUDA it is not: an H200 gave batched candidates up to
+0.56 away from sglang's pipeline alone over 10 steps with CFG while N=1 was bitwise
+(bench/results/gpu_check_20261204b), and which op depends on the rows beside a candidate is not known
+yet. So "auto" is one candidate a call on CUDA: sglang's own call shape. Pure: the CLI checks a value
+with it before any model code is imported.
 """
 
 from __future__ import annotations

@@ -89,6 +89,14 @@ class ConditioningCache:
             self._entries.clear()
             self.bytes = 0
 
+    def drop(self, kind: str) -> None:
+        """Forget every entry of one kind ("text" or "vae"): a benchmark whose next run must pay its own
+        observation encode, as a client's fresh observation would."""
+        with self._lock:
+            for key in [k for k in self._entries if k[0] == kind]:
+                _value, size = self._entries.pop(key)
+                self.bytes -= size
+
     def stats(self) -> dict:
         """Counters for metrics: hits and misses per kind, evictions, entries, bytes in use, limit."""
         with self._lock:

@@ -105,9 +105,9 @@ class Cosmos3CandidateAdapter:
         self.concurrent_start = True
         self._uids = itertools.count(1)
         self.proj_out_contiguous = False  # set only around our forwards whose reference runs at B=1
-        # off the CPU a text row's K/V may depend on how many rows its call computed (cosmos3_conditioning)
+        # off the CPU a text row's K/V may depend on the rows its call computed (cosmos3_conditioning)
         self.text = TextPathway(self.transformer.language_model, self._counts, model_cache,
-                                by_call_rows=device != "cpu")
+                                by_request_rows=device != "cpu")
         self.vae = VaeEncoder(self.latent_stage, self._counts, model_cache)
         self.cohorts = Cohorts(self.transformer)
         # groups in lockstep step their UniPC solvers once over all their rows (cosmos3_solvers); off:
@@ -157,8 +157,10 @@ class Cosmos3CandidateAdapter:
         """Whether a candidate's actions are declared bitwise sglang's alone. The CPU's batched calls are
         (the parity tests). On CUDA they are not: an H200 with random weights gave max abs 0.56 over 10
         steps with CFG (bench/results/gpu_check_20261204b), where the 5e-2 declared for them is not met
-        either; one candidate per call is sglang's own call shape, which was bitwise there (its N=1
-        rows), and `make gpu-check`'s equivalence phase checks it on the next loan."""
+        either. One candidate a call is sglang's own call shape. What the claim rests on: N=1 was
+        bitwise there, measured without CFG only (the methods rows; the CFG calls, B=2 or two of B=1,
+        were not measured alone); `make gpu-check`'s equivalence phase checks it with CFG on the next
+        loan."""
         return self.device == "cpu" or self.call_rows == 1
 
     def capability_dict(self) -> dict:
@@ -229,11 +231,12 @@ class Cosmos3CandidateAdapter:
             return sglang_reference_actions(self.pipeline, self.server_args, image, prompt, sampling, seed)
 
     @contextmanager
-    def with_call_rows(self, rows: int | None):
-        """Inside the block the transformer calls carry at most `rows` candidates (None: all of a cohort);
-        for benchmarks and tests that compare ways of calling on one loaded model."""
+    def with_call_rows(self, rows: int | str | None):
+        """Inside the block the transformer calls carry at most `rows` candidates (as `--call-rows` reads
+        it; None: all of a cohort); for benchmarks and tests that compare ways of calling on one loaded
+        model."""
         before = self.call_rows
-        self.call_rows = rows
+        self.call_rows = call_rows_of(rows, self.device)
         try:
             yield
         finally:

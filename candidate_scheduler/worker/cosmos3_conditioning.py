@@ -10,10 +10,11 @@ there to every forward that needs them:
   anywhere else (sglang's own pipeline, the reference) it only runs each distinct text row once and
   expands the result, exactly as before. On the CPU a row computed in a batch of U rows is bitwise the
   row computed alone (notes §5b: the UND pathway is row independent), so K/V may be assembled from
-  rows of different calls. On CUDA a GEMM's kernel depends on its row count, so there
-  (`by_call_rows`) a row is also keyed by the rows of the call sglang's request computes it in (1, or 2
-  for batched CFG's [uncond; cond]), and a group computes its whole call whenever a row of it is
-  missing: a row of a B=2 call is never served where sglang computes it alone, or the reverse.
+  rows of different calls. On CUDA that is not known to hold (batched candidates were not bitwise
+  there, cause not found yet), so there (`by_request_rows`) a row is also keyed by the rows of the call
+  sglang's request computes it in (1, or 2 for batched CFG's [uncond; cond]; one observation's), and a
+  group computes such a call whole whenever a row of it is missing: a row of a B=2 call is never
+  served where sglang computes it alone, or the reverse.
 - VAE latents. sglang's latent stage encodes the observation for every candidate it prepares (we run
   it at batch 1 per candidate for the candidate's own noise). `VaeEncoder.observation()` scopes one
   observation of one group: the first candidate encodes it, the others reuse that latent.
@@ -48,12 +49,12 @@ def _unique_rows(rows: torch.Tensor) -> tuple[list[int], list[int]]:
     return unique, inverse
 
 
-def text_row_key(ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, call_rows: int | None = None) -> bytes:
-    """Content key of one text row: token ids [S], mask [S] and mRoPE positions [3, S]; with `call_rows`,
-    also the rows of the call that computes it (TextPathway.by_call_rows)."""
+def text_row_key(ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, request_rows: int | None = None) -> bytes:
+    """Content key of one text row: token ids [S], mask [S] and mRoPE positions [3, S]; with
+    `request_rows`, also the rows of sglang's request call that computes it (TextPathway.by_request_rows)."""
     h = hashlib.sha256()
-    if call_rows is not None:
-        h.update(f"call of {call_rows} rows:".encode())
+    if request_rows is not None:
+        h.update(f"request call of {request_rows} rows:".encode())
     for t in (ids, mask, pos):
         h.update(f"{t.dtype}{tuple(t.shape)}".encode())
         h.update(t.detach().contiguous().cpu().numpy().tobytes())
@@ -67,11 +68,11 @@ def kv_nbytes(kv) -> int:
 class TextPathway:
     """The wrapper around `transformer.language_model.forward`, and the K/V rows of running groups."""
 
-    def __init__(self, language_model, counts: dict, cache: ModelCache, by_call_rows: bool = False):
+    def __init__(self, language_model, counts: dict, cache: ModelCache, by_request_rows: bool = False):
         self.original = language_model.forward
         self.counts = counts
         self.cache = cache
-        self.by_call_rows = by_call_rows  # key rows by their call's rows too (module docstring: CUDA)
+        self.by_request_rows = by_request_rows  # key rows by their request call's rows too (module docstring)
         # `serving` is True only inside our own forwards (see module docstring), and per thread: a group
         # starting on the conditioning thread while the compute thread's forward serves never takes
         # the serving path
@@ -90,21 +91,21 @@ class TextPathway:
     def serving(self, value: bool) -> None:
         self._thread.serving = value
 
-    def serve(self, call_rows: int) -> None:
-        """Serve our own forwards from here on (until `serving` is set False), with rows acquired in calls
-        of `call_rows` rows: 2 for batched CFG's [uncond; cond], else 1."""
-        self._thread.call_rows = call_rows
+    def serve(self, request_rows: int) -> None:
+        """Serve our own forwards from here on (until `serving` is set False), with rows acquired in
+        request calls of `request_rows` rows: 2 for batched CFG's [uncond; cond], else 1."""
+        self._thread.request_rows = request_rows
         self._thread.serving = True
 
-    def _call_rows(self, rows: int) -> int | None:
-        return rows if self.by_call_rows else None
+    def _request_rows(self, rows: int) -> int | None:
+        return rows if self.by_request_rows else None
 
     def hook(self, text_ids, text_mask, text_pos_ids, *args, **kwargs):
         rows = torch.cat([text_ids, text_mask], dim=1)
         unique, inverse = _unique_rows(rows)
         if self.serving and not args and not kwargs:
-            call_rows = self._call_rows(getattr(self._thread, "call_rows", 1))
-            found = [self.live.get(text_row_key(text_ids[u], text_mask[u], text_pos_ids[:, u], call_rows))
+            request_rows = self._request_rows(getattr(self._thread, "request_rows", 1))
+            found = [self.live.get(text_row_key(text_ids[u], text_mask[u], text_pos_ids[:, u], request_rows))
                      for u in unique]
             if all(entry is not None for entry in found):
                 return _gather([entry[0] for entry in found], inverse, text_ids.device)
@@ -119,31 +120,38 @@ class TextPathway:
         return [(k.index_select(0, gather), v.index_select(0, gather)) for k, v in kv]
 
     def acquire(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, report) -> list[bytes]:
-        """Make the K/V of the rows of one call of sglang's request ([U, S], [U, S], [3, U, S]) live for a
-        joining group; rows no running group holds and the cache does not know are computed in ONE call,
-        in order (with `by_call_rows`: the whole call, when any of them is missing). Returns the row keys
-        the group now holds (give them back with `release`)."""
-        call_rows = self._call_rows(ids.shape[0])
-        keys = [text_row_key(ids[u], mask[u], pos[:, u], call_rows) for u in range(ids.shape[0])]
-        missing, wanted = [], set()
+        """Make the K/V of these rows ([U, S], [U, S], [3, U, S]) live for a joining group: with
+        `by_request_rows`, the rows of one call of sglang's request, else any. Rows no running group
+        holds and the cache does not know are computed in ONE call, in order (with `by_request_rows`: the
+        whole call, when any of them is missing). Returns the row keys the group now holds (give them
+        back with `release`)."""
+        request_rows = self._request_rows(ids.shape[0])
+        keys = [text_row_key(ids[u], mask[u], pos[:, u], request_rows) for u in range(ids.shape[0])]
+        missing, wanted, held = [], set(), []
         with self._live_lock:  # rows held now cannot leave before the group holds them too
             for u, key in enumerate(keys):
                 if key in self.live:
                     self.live[key][1] += 1
+                    held.append(key)
                     continue
                 if key in wanted:
                     continue
                 cached = self.cache.get("text", key)
                 if cached is not None:
                     self.live[key] = [cached, 1]
+                    held.append(key)
                 else:
                     missing.append(u)
                     wanted.add(key)
-        if missing and self.by_call_rows:
+        if missing and self.by_request_rows:
             missing = list(range(ids.shape[0]))  # computed as sglang's call is: its row count decides the bits
         if missing:
             idx = torch.as_tensor(missing, device=ids.device)
-            kv = self.hook(ids[idx], mask[idx], pos[:, idx])
+            try:
+                kv = self.hook(ids[idx], mask[idx], pos[:, idx])
+            except BaseException:  # out of memory, say: what this group took hold of goes back
+                self.release(held)
+                raise
             report.text_encodes += 1
             rows = {}
             for j, u in enumerate(missing):

@@ -341,16 +341,21 @@ def _acquire_text(model, group: Cosmos3Group, text: dict) -> None:
             temporal_position_period=None,
         )[0]
 
-    cond = (text["cond_text_ids"], text["cond_text_mask"])
-    uncond = (text["uncond_text_ids"], text["uncond_text_mask"])
+    # where a row's bits may depend on its call (`by_request_rows`), one observation's calls, as sglang
+    # runs each observation alone; elsewhere every observation's rows in one call
+    rows = text["cond_text_ids"].shape[0]
+    parts = [slice(b, b + 1) for b in range(rows)] if model.text.by_request_rows else [slice(0, rows)]
     calls = []
-    for mode in dict.fromkeys(m for m, _scale in group.cfg_plan):
-        if mode == NO_CFG:
-            calls.append(cond)
-        elif mode == SERIAL_CFG:
-            calls += [cond, uncond]
-        else:
-            calls.append((torch.cat([uncond[0], cond[0]]), torch.cat([uncond[1], cond[1]])))
+    for part in parts:
+        cond = (text["cond_text_ids"][part], text["cond_text_mask"][part])
+        uncond = (text["uncond_text_ids"][part], text["uncond_text_mask"][part])
+        for mode in dict.fromkeys(m for m, _scale in group.cfg_plan):
+            if mode == NO_CFG:
+                calls.append(cond)
+            elif mode == SERIAL_CFG:
+                calls += [cond, uncond]
+            else:
+                calls.append((torch.cat([uncond[0], cond[0]]), torch.cat([uncond[1], cond[1]])))
     for ids, mask in calls:
         group.text_keys += model.text.acquire(ids, mask, positions(mask), group.report)
 

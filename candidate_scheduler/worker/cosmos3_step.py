@@ -7,7 +7,8 @@ once, and calls the stage's own `_run_transformer` so the model math stays sglan
 - Groups are partitioned into cohorts that can share a forward (`Cosmos3Group.forward_key`): equal
   shapes and rates, equal CFG mode at this step, equal text length(s). Each cohort runs ONE transformer
   forward over all its rows (two for serial CFG, as sglang does) with a per-row timestep: each row
-  carries its own group's current t, whatever step that group is at.
+  carries its own group's current t, whatever step that group is at. A forward runs as one call, or
+  as one call per span of at most `model.call_rows` candidates (below).
 - CFG is combined per group with that group's own effective guidance scale, with sglang's own
   arithmetic (`uncond + g * (cond - uncond)`, g a Python float, as in `_predict_noise_cfg_batched` and
   `_predict_noise_text_cfg_serial`); then each group's own video and action solvers step its own rows.
@@ -15,18 +16,19 @@ once, and calls the stage's own `_run_transformer` so the model math stays sglan
   (notes §5b), and elementwise ops do not care which rows sit beside them. Groups in lockstep (same
   schedule, same step) step their solvers once over all their rows (cosmos3_solvers); between steps
   each group keeps its own solver state.
-- Row independence holds on the CPU, not on CUDA: there a GEMM's kernel, and so its reduction order,
-  depends on how many rows it multiplies, and batched candidates came out up to 0.56 away from sglang
-  alone on an H200 while N=1 was bitwise (bench/results/gpu_check_20261204b). `model.call_rows` caps
-  the candidate rows one transformer call carries: at 1 each candidate's call has the shape of
-  sglang's own request (B=1, or B=2 [uncond; cond] under batched CFG), while the cohort still shares
-  its conditioning, its solver steps and the worker's running batch (`call_spans`).
+- Row independence holds on the CPU, not on CUDA: there batched candidates came out up to 0.56 away
+  from sglang alone on an H200 while N=1 was bitwise (bench/results/gpu_check_20261204b); which op
+  depends on the rows beside a candidate is not known yet. `model.call_rows` caps the candidate rows
+  one transformer call carries: at 1 each candidate's call has the shape of sglang's own request
+  (B=1, or B=2 [uncond; cond] under batched CFG), while the cohort still shares its conditioning, its
+  solver steps and the worker's running batch (`call_spans`).
 - `proj_out` gets the input layout sglang's own request would give it: contiguous where the reference
   forward runs at B=1 (no CFG, serial CFG), as it comes in the batched-CFG path (the reference forward
   itself is B=2 on a non-contiguous slice there).
 - The transformer caches UND K/V per cache key. Every distinct cohort (its forward key and its members)
-  gets cache keys of its own (one per call span), never reused for other rows; when the membership changes the new cohort
-  rebuilds its K/V from the rows its groups made live when they joined (cosmos3_conditioning).
+  gets cache keys of its own (one per call span), never reused for other rows; when the membership
+  changes the new cohort rebuilds its K/V from the rows its groups made live when they joined
+  (cosmos3_conditioning).
 - `transformer.set_denoising_step` selects per-step precision with a step precision controller (FP8);
   then only groups at the same step share a forward (the forward key says so).
 """
@@ -62,6 +64,8 @@ class Cohort:
     action_latents: torch.Tensor | None = None
     timestep: torch.Tensor | None = None
     cache_keys: set = field(default_factory=set)  # its UND K/V keys in the transformer (one per call span)
+    # a span's rows of the inputs that do not change during the denoise, cut once: (input, span) -> tensor
+    span_inputs: dict = field(default_factory=dict)
 
 
 def _stack(members, name: str, copies: int = 1) -> torch.Tensor:
@@ -138,7 +142,8 @@ def plan_cohorts(groups, step_sensitive: bool) -> dict[tuple, list[Cosmos3Group]
 
 
 def run_step(model, groups) -> int:
-    """Advance every group by one step; returns the transformer forwards run."""
+    """Advance every group by one step; returns the transformer forwards run (a forward: one cohort's
+    rows through the model once, in however many calls `call_rows` splits it into)."""
     transformer = model.transformer
     step_sensitive = transformer.step_precision_controller is not None
     forwards, used, stepped, preds = 0, [], [], []
@@ -212,10 +217,17 @@ def _calls(cohort: Cohort, forward, spans, step_inputs, text_ids, text_mask, bra
         def pick(x, a=a, b=b):
             return _rows_of(x, copies, rows, a, b)
 
-        inputs = {name: pick(cohort.inputs[name]) for name in _ROW_INPUTS}
+        def fixed(name, tensor, a=a, b=b, pick=pick):  # unchanged during the denoise: cut once per cohort
+            key = (name, a, b)
+            if key not in cohort.span_inputs:
+                cohort.span_inputs[key] = pick(tensor)
+            return cohort.span_inputs[key]
+
+        inputs = {name: fixed(name, cohort.inputs[name]) for name in _ROW_INPUTS}
         # a cache key of its own per span: the transformer keeps UND K/V per key, for the key's rows
-        outs.append(forward(pick(latents), pick(action_latents), pick(timestep), inputs, pick(text_ids),
-                            pick(text_mask), f"{branch}:{a}-{b}", text_len))
+        outs.append(forward(pick(latents), pick(action_latents), pick(timestep), inputs,
+                            fixed(f"{branch}:ids", text_ids), fixed(f"{branch}:mask", text_mask),
+                            f"{branch}:{a}-{b}", text_len))
     # back in the cohort's layout: [rows] per output, or [uncond rows; cond rows] under batched CFG
     joined = []
     for k in range(len(outs[0])):
@@ -225,7 +237,7 @@ def _calls(cohort: Cohort, forward, spans, step_inputs, text_ids, text_mask, bra
 
 
 def _run_cohort(model, cohort: Cohort, step_sensitive: bool) -> tuple[int, list]:
-    """The cohort's forwards: (how many transformer calls, each member's (video, action) prediction)."""
+    """The cohort's forwards: (how many, each member's (video, action) prediction)."""
     stage = model.denoise_stage
     members, bounds = cohort.members, cohort.bounds
     lead = members[0]
@@ -284,9 +296,9 @@ def _run_cohort(model, cohort: Cohort, step_sensitive: bool) -> tuple[int, list]
     else:  # pragma: no cover - forward_key only makes the three above
         raise ValueError(f"unknown CFG mode {mode!r}")
     model.text.serving = False
-    for g, (a, b) in zip(members, bounds):  # the calls that carried the group's rows
-        g.report.transformer_forwards += branches * sum(1 for s, e in spans if s < b and a < e)
-    return branches * len(spans), preds
+    for g in members:
+        g.report.transformer_forwards += branches
+    return branches, preds
 
 
 def advance(groups: list[Cosmos3Group], preds: list, share: bool = True) -> None:

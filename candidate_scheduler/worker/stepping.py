@@ -62,8 +62,9 @@ class StepAdapter(Protocol):
 
     def step(self, groups: Sequence[RunningGroup]) -> int:
         """Advance every group (none of them done) by one denoise step; returns the transformer
-        forwards it ran (one per cohort of groups that could share one). Each group's own report
-        counts the forwards it took part in and its steps."""
+        forwards it ran (one per cohort of groups that could share one, whether it ran as one call or as
+        several: `--call-rows`). Each group's own report counts the forwards it took part in and its
+        steps."""
 
     def finish(self, group: RunningGroup) -> GroupOutput:
         """The output of a done group (actions, rollout data); the group leaves the batch."""

@@ -479,7 +479,7 @@ def test_call_spans_cover_the_rows_once():
 def test_call_rows_split_the_forward_and_stay_bitwise(adapter, sampling, forwards_per_step, rows):
     """Co-batched groups of 3 and 2 candidates, each transformer call carrying at most `rows` of the 5:
     every candidate still bitwise sglang's alone (non-zero biases, where the call's input layout
-    matters), one call per span, and no span's UND K/V left behind in the transformer."""
+    matters), one call per span of each forward, and no span's UND K/V left behind in the transformer."""
     img_a, img_b = image(17), image(18)
     seeds_a, seeds_b = seeds_for(51, 3), seeds_for(52, 2)
     items = [group("A", img_a, PROMPT, seeds_a, sampling), group("B", img_b, PROMPT_SAME_LEN, seeds_b, sampling)]
@@ -491,7 +491,9 @@ def test_call_rows_split_the_forward_and_stay_bitwise(adapter, sampling, forward
         with adapter.with_call_rows(rows), adapter.counting() as calls:
             assert adapter.capability_dict()["equivalence"]["atol"] == 0.0
             outputs, report = run_ok(adapter, items)
-        assert calls["forwards"] == spans * forwards_per_step * STEPS == report.transformer_forwards
+        # one forward of the cohort a step (per CFG branch), run as one call per span
+        assert report.transformer_forwards == forwards_per_step * STEPS
+        assert calls["forwards"] == spans * forwards_per_step * STEPS
         out = {o.request_id: o for o in outputs}
         for name, seeds in (("A", seeds_a), ("B", seeds_b)):
             for c, s in enumerate(seeds):
@@ -511,7 +513,7 @@ def test_call_rows_resolve_per_device():
 
 
 def test_text_rows_keyed_by_their_call_where_the_device_needs_it(adapter, reference):
-    """`by_call_rows` (on for CUDA, forced here): a text row computed in a call of 1 row is not served
+    """`by_request_rows` (on for CUDA, forced here): a text row computed in a call of 1 row is not served
     where sglang's request computes it in a call of 2 ([uncond; cond]), and a group missing one row of
     its call computes the whole call. Bitwise either way on the CPU; the rows computed tell the keying."""
     batched_y = SamplingSpec(height=64, width=64, steps=STEPS, horizon=16, guidance_scale=2.0, negative_prompt="y" * 274)
@@ -520,13 +522,13 @@ def test_text_rows_keyed_by_their_call_where_the_device_needs_it(adapter, refere
              group("cfg-y", image(21), PROMPT, seeds_for(63, 1), batched_y)]
     computed = {}
     for keyed in (False, True):
-        before = adapter.text.by_call_rows
-        adapter.text.by_call_rows = keyed
+        before = adapter.text.by_request_rows
+        adapter.text.by_request_rows = keyed
         try:
             with text_rows(adapter) as rows:
                 outputs, _ = run_ok(adapter, items)
         finally:
-            adapter.text.by_call_rows = before
+            adapter.text.by_request_rows = before
         computed[keyed] = rows["rows"]
         for item, out in zip(items, outputs):
             for c, cand in enumerate(item.candidates):
@@ -535,3 +537,36 @@ def test_text_rows_keyed_by_their_call_where_the_device_needs_it(adapter, refere
         assert not adapter.text.live  # every row a group held went with it: none counted twice
     # by content: cond once, then each uncond; by call: cond alone, then both [uncond; cond] calls whole
     assert computed == {False: 3, True: 5}
+
+
+def test_rows_keyed_by_call_are_acquired_per_observation_and_served_without_text_calls(adapter, reference):
+    """With `by_request_rows` a group of two observations acquires each observation's text as sglang's
+    own request for it computes it, so its forwards find every row live: no text call while it steps."""
+    imgs, prompts = [image(23), image(24)], [PROMPT, PROMPT_SAME_LEN]  # other text: each its own rows
+    calls_in_steps = []
+    original_step = adapter.step
+
+    def step(groups):
+        with text_rows(adapter) as rows:
+            n = original_step(groups)
+        calls_in_steps.append(rows["rows"])
+        return n
+
+    for sampling in (SAMPLING, SAMPLING_CFG_BATCHED):
+        item = group(f"obs-{sampling.guidance_scale}", imgs, prompts, seeds_for(65, 2), sampling)
+        before = adapter.text.by_request_rows
+        adapter.text.by_request_rows = True
+        adapter.step = step
+        try:
+            with text_rows(adapter) as rows:
+                (out,), report = run_ok(adapter, [item])
+        finally:
+            adapter.text.by_request_rows = before
+            del adapter.step
+        per_call = 1 if sampling.guidance_scale == 1.0 else 2
+        assert rows["rows"] == 2 * per_call and report.text_encodes == 2  # one call per observation
+        assert calls_in_steps and set(calls_in_steps) == {0}
+        for c, cand in enumerate(item.candidates):
+            for b, img in enumerate(imgs):
+                assert_bitwise(out.actions[c, b], reference(img, prompts[b], sampling, cand.seed), f"{c} obs {b}")
+        assert not adapter.text.live

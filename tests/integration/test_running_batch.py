@@ -402,12 +402,14 @@ def test_one_candidate_a_call_through_joins_and_a_cancel(adapter, ref, negative)
     gone = group("gone", img_c, PROMPT, sampling(4, 2.0, negative), [604, 605])
     per_row = 2 if negative is None else 1  # serial CFG: a cond and an uncond call per row
     driver = Driver(adapter)
-    with adapter.with_call_rows(1):
+    with adapter.with_call_rows(1), adapter.counting() as calls:
         out = driver.run((0, a), (0, gone), (1, b), cancels={2: {"gone"}})
     assert_matches_reference(ref, out["A"], a, img_a, PROMPT)
     assert_matches_reference(ref, out["B"], b, img_b, PROMPT_SAME_LEN)
     assert out["gone"] == "cancelled"
+    # one cohort's forward a step (per CFG branch), each run as one call per candidate row
+    assert driver.forwards == [per_row] * 4
     rows = [2 + 2, 2 + 2 + 1, 2 + 1, 2 + 1]  # A and gone; B joins at step 1; gone leaves at 2
-    assert driver.forwards == [per_row * r for r in rows]
+    assert calls["forwards"] == per_row * sum(rows)
     assert driver.groups["B"].report.transformer_forwards == 3 * per_row
     assert_no_cohort_caches(adapter)

@@ -70,3 +70,12 @@ def test_model_identity_differs_for_a_copy_and_for_a_changed_weight_file(tmp_pat
     st = weights.stat()
     os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
     assert model_identity(src) != first
+
+
+def test_drop_forgets_one_kind_and_its_bytes():
+    cache = ConditioningCache(1000)
+    cache.put(("vae", b"m", 0, b"a"), "latent", 300)
+    cache.put(("text", b"m", 0, b"b"), "kv", 200)
+    cache.drop("vae")
+    assert cache.get(("vae", b"m", 0, b"a")) is None and cache.get(("text", b"m", 0, b"b")) == "kv"
+    assert cache.bytes == 200 and cache.stats()["entries"] == 1
