@@ -53,9 +53,12 @@ def settings_for(dry_run: bool, work: Path, model: str | None) -> dict:
         "shape": DRY_SHAPE if dry_run else FULL_SHAPE,
         "ns": list(DRY_NS if dry_run else FULL_NS),
         "cfg_guidance": 2.0,
-        # the worker's default on CUDA (one candidate a transformer call); the dry run rehearses it on the
-        # CPU, where the worker's own default would batch them, so that the passes beside it run there too
+        # the worker's default on CUDA (one candidate a transformer call, text rows keyed by their request
+        # call); the dry run rehearses both on the CPU, where the worker's own defaults would batch the
+        # candidates and share text rows by content, so that the CUDA paths and the passes beside them
+        # run there too
         "call_rows": 1 if dry_run else "auto",
+        "rehearse_cuda_text": dry_run,
         "equivalence_n": 2 if dry_run else 4,
         "equivalence_steps": 4 if dry_run else 10,
         "profile_ns": [1, 2] if dry_run else [1, 8],

@@ -85,6 +85,8 @@ def _adapter(settings: dict, model: str, capacity: int):
     adapter = Cosmos3CandidateAdapter(model, device=settings["device"], max_candidates_per_batch=capacity,
                                       conditioning_cache_mb=256, call_rows=settings.get("call_rows", "auto"))
     adapter.server_args.batching_max_size = max(int(getattr(adapter.server_args, "batching_max_size", 1)), capacity)
+    if settings.get("rehearse_cuda_text"):
+        adapter.text.by_request_rows = True
     return adapter, time.perf_counter() - t0
 
 
@@ -125,7 +127,7 @@ def compare(adapter, sampling, n: int, device: str, alone: tuple[np.ndarray, flo
     diff = np.abs(batched - alone[0])
     scale = float(np.max(np.abs(alone[0]))) or 1.0
     return {"n": n, "sampling": sampling.to_dict(), "seeds": list(seeds),
-            "call_rows": adapter.call_rows or "all",
+            "call_rows": adapter.call_rows or "all", "text_by_request_rows": adapter.text.by_request_rows,
             "max_abs_diff": float(diff.max()), "max_rel_diff": float(diff.max() / scale),
             "per_candidate_max_abs": [float(d.max()) for d in diff], "bitwise": bool(np.array_equal(batched, alone[0])),
             "bound": {"atol": rule.atol, "rtol": rule.rtol},

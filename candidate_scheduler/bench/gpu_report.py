@@ -106,7 +106,9 @@ def _equivalence(eq: dict) -> list[str]:
     return ["## Equivalence", "",
             f"N={eq['n']} candidates of one group against sglang's pipeline run alone per seed, "
             f"{s['height']}x{s['width']}, {s['steps']} steps, guidance {s['guidance_scale']} (CFG).", "",
-            f"As the worker runs them by default ({_per_call(eq.get('call_rows', 'all'))} a transformer call):", "",
+            f"As the worker runs them by default ({_per_call(eq.get('call_rows', 'all'))} a transformer call"
+            f"{'; text K/V rows keyed by the request call that computes them' if eq.get('text_by_request_rows') else ''}):",
+            "",
             f"- max abs diff {eq['max_abs_diff']:.3g}, max relative (to max |action|) {eq['max_rel_diff']:.3g}, "
             f"bitwise: {eq['bitwise']}, within the declared bound: {eq['within_bound']}, finite: {eq['finite']}",
             f"- per candidate max abs: {', '.join(f'{v:.3g}' for v in eq['per_candidate_max_abs'])}",

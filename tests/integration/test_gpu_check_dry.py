@@ -38,9 +38,10 @@ def test_the_gpu_check_runs_whole_on_the_cpu(tmp_path):
 
     # sglang's batch-invariant kernels are Triton on CUDA: the CPU's path (bitwise already) skips them
     assert phases["equivalence"]["result"]["batch_invariant"] == {"skipped": "not CUDA"}
-    # the dry run rehearses CUDA's default, one candidate a transformer call, and the batched pass beside it
+    # the dry run rehearses CUDA's defaults (one candidate a transformer call, text rows keyed by their
+    # request call), and the batched pass beside them
     eq = phases["equivalence"]["result"]
-    assert eq["call_rows"] == 1 and eq["batched_calls"]["call_rows"] == "all"
+    assert eq["call_rows"] == 1 and eq["batched_calls"]["call_rows"] == "all" and eq["text_by_request_rows"]
     assert eq["batched_calls"]["bitwise"] and eq["batched_calls"]["alone_s"] == eq["alone_s"]
     # where a group's time goes, N=1 and N=2 (CPU operators here, CUDA kernels on the device)
     profile = phases["equivalence"]["result"]["profile"]
