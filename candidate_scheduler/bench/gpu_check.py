@@ -56,7 +56,7 @@ def settings_for(dry_run: bool, work: Path, model: str | None) -> dict:
         # the worker's default on CUDA (one candidate a transformer call, text rows keyed by their request
         # call); the dry run rehearses both on the CPU, where the worker's own defaults would batch the
         # candidates and share text rows by content, so that the CUDA paths and the passes beside them
-        # run there too
+        # run there too. (d)'s worker process rehearses the calls only: its text keying follows its device
         "call_rows": 1 if dry_run else "auto",
         "rehearse_cuda_text": dry_run,
         "equivalence_n": 2 if dry_run else 4,

@@ -165,7 +165,9 @@ def equivalence(settings: dict) -> dict:
     warm = _sampling(shape, steps=2, guidance=settings["cfg_guidance"])
     timed = _sampling(shape, steps=settings["equivalence_steps"], guidance=settings["cfg_guidance"])
     n = settings["equivalence_n"]
-    compare(adapter, warm, 1, device)
+    compare(adapter, warm, n, device)  # the shapes of the timed pass, outside it
+    # each timed pass pays its own observation encode (the warm-up and the profile use the same image)
+    adapter.conditioning_cache.drop("vae")
     default = compare(adapter, timed, n, device)
     out = {**_public(default), "load_s": load_s}
     partial = Path(settings["partial_result"])
@@ -183,8 +185,8 @@ def equivalence(settings: dict) -> dict:
             out["batched_calls"] = {"skipped": "the default is one call for them all"}
         else:
             try:
-                compare(adapter, warm, 2, device)
-                adapter.conditioning_cache.drop("vae")  # its own observation encode, as the default pass paid
+                compare(adapter, warm, n, device)
+                adapter.conditioning_cache.drop("vae")
                 out["batched_calls"] = _public(compare(adapter, timed, n, device, alone=default["alone"]))
             except Exception as exc:  # beside the measurement: the default comparison stands
                 out["batched_calls"] = {"error": f"{type(exc).__name__}: {exc}"}
@@ -202,7 +204,8 @@ def equivalence(settings: dict) -> dict:
                 # no conditioning computed with the default kernels on either side
                 adapter.conditioning_cache.clear()
                 invalidate_conditioning_caches()
-                compare(adapter, warm, 2, device)
+                compare(adapter, warm, n, device)
+                adapter.conditioning_cache.drop("vae")
                 out["batch_invariant"] = _public(compare(adapter, timed, n, device))
             finally:
                 disable_batch_invariant_mode()

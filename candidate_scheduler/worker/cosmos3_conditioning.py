@@ -11,10 +11,10 @@ there to every forward that needs them:
   expands the result, exactly as before. On the CPU a row computed in a batch of U rows is bitwise the
   row computed alone (notes §5b: the UND pathway is row independent), so K/V may be assembled from
   rows of different calls. On CUDA that is not known to hold (batched candidates were not bitwise
-  there, cause not found yet), so there (`by_request_rows`) a row is also keyed by the rows of the call
-  sglang's request computes it in (1, or 2 for batched CFG's [uncond; cond]; one observation's), and a
-  group computes such a call whole whenever a row of it is missing: a row of a B=2 call is never
-  served where sglang computes it alone, or the reverse.
+  there, cause not found yet), so there (`by_request_rows`) a row is keyed by the whole call sglang's
+  request computes it in and its place there (`call_row_keys`: [cond], or batched CFG's
+  [uncond; cond], one observation's), and a group computes such a call whole whenever a row of it is
+  missing: a row is only ever served where sglang's own request computes it beside the same rows.
 - VAE latents. sglang's latent stage encodes the observation for every candidate it prepares (we run
   it at batch 1 per candidate for the candidate's own noise). `VaeEncoder.observation()` scopes one
   observation of one group: the first candidate encodes it, the others reuse that latent.
@@ -49,16 +49,21 @@ def _unique_rows(rows: torch.Tensor) -> tuple[list[int], list[int]]:
     return unique, inverse
 
 
-def text_row_key(ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, request_rows: int | None = None) -> bytes:
-    """Content key of one text row: token ids [S], mask [S] and mRoPE positions [3, S]; with
-    `request_rows`, also the rows of sglang's request call that computes it (TextPathway.by_request_rows)."""
+def text_row_key(ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> bytes:
+    """Content key of one text row: token ids [S], mask [S] and mRoPE positions [3, S]."""
     h = hashlib.sha256()
-    if request_rows is not None:
-        h.update(f"request call of {request_rows} rows:".encode())
     for t in (ids, mask, pos):
         h.update(f"{t.dtype}{tuple(t.shape)}".encode())
         h.update(t.detach().contiguous().cpu().numpy().tobytes())
     return h.digest()
+
+
+def call_row_keys(ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> list[bytes]:
+    """Keys of the rows of one call ([U, S], [U, S], [3, U, S]) that name the whole call and each row's
+    place in it (TextPathway.by_request_rows)."""
+    content = [text_row_key(ids[u], mask[u], pos[:, u]) for u in range(ids.shape[0])]
+    call = hashlib.sha256(b"call:" + b"".join(content)).digest()
+    return [hashlib.sha256(call + u.to_bytes(4, "big")).digest() for u in range(len(content))]
 
 
 def kv_nbytes(kv) -> int:
@@ -72,7 +77,7 @@ class TextPathway:
         self.original = language_model.forward
         self.counts = counts
         self.cache = cache
-        self.by_request_rows = by_request_rows  # key rows by their request call's rows too (module docstring)
+        self.by_request_rows = by_request_rows  # key rows by the request call that computes them (module docstring)
         # `serving` is True only inside our own forwards (see module docstring), and per thread: a group
         # starting on the conditioning thread while the compute thread's forward serves never takes
         # the serving path
@@ -97,18 +102,33 @@ class TextPathway:
         self._thread.request_rows = request_rows
         self._thread.serving = True
 
-    def _request_rows(self, rows: int) -> int | None:
-        return rows if self.by_request_rows else None
+    def _served_keys(self, ids, mask, pos) -> tuple[list[bytes], list[int]]:
+        """The live keys a forward's rows are served from, and each row's place among them. With
+        `by_request_rows` every row by its request call: a forward's rows are one row a call, or
+        [uncond rows; cond rows] whose i-th of each half made one call (batched CFG, `serve(2)`)."""
+        if not self.by_request_rows:
+            unique, inverse = _unique_rows(torch.cat([ids, mask], dim=1))
+            return [text_row_key(ids[u], mask[u], pos[:, u]) for u in unique], inverse
+        n, request_rows = ids.shape[0], getattr(self._thread, "request_rows", 1)
+        keys: list[bytes] = [b""] * n
+        if request_rows == 2 and n % 2 == 0:
+            half = n // 2
+            for i in range(half):
+                pair = torch.as_tensor([i, half + i], device=ids.device)
+                keys[i], keys[half + i] = call_row_keys(ids[pair], mask[pair], pos[:, pair])
+        else:
+            for i in range(n):
+                keys[i] = call_row_keys(ids[i : i + 1], mask[i : i + 1], pos[:, i : i + 1])[0]
+        return keys, list(range(n))
 
     def hook(self, text_ids, text_mask, text_pos_ids, *args, **kwargs):
-        rows = torch.cat([text_ids, text_mask], dim=1)
-        unique, inverse = _unique_rows(rows)
         if self.serving and not args and not kwargs:
-            request_rows = self._request_rows(getattr(self._thread, "request_rows", 1))
-            found = [self.live.get(text_row_key(text_ids[u], text_mask[u], text_pos_ids[:, u], request_rows))
-                     for u in unique]
+            keys, inverse = self._served_keys(text_ids, text_mask, text_pos_ids)
+            found = [self.live.get(key) for key in keys]
             if all(entry is not None for entry in found):
                 return _gather([entry[0] for entry in found], inverse, text_ids.device)
+        rows = torch.cat([text_ids, text_mask], dim=1)
+        unique, inverse = _unique_rows(rows)
         # Rows of one group carry the same text; run each distinct row once, in first-seen order
         # (so a CFG batch [uncond, cond] runs exactly as sglang's own B=2 call), then expand.
         self.counts["text"] += 1
@@ -125,8 +145,10 @@ class TextPathway:
         holds and the cache does not know are computed in ONE call, in order (with `by_request_rows`: the
         whole call, when any of them is missing). Returns the row keys the group now holds (give them
         back with `release`)."""
-        request_rows = self._request_rows(ids.shape[0])
-        keys = [text_row_key(ids[u], mask[u], pos[:, u], request_rows) for u in range(ids.shape[0])]
+        if self.by_request_rows:
+            keys = call_row_keys(ids, mask, pos)
+        else:
+            keys = [text_row_key(ids[u], mask[u], pos[:, u]) for u in range(ids.shape[0])]
         missing, wanted, held = [], set(), []
         with self._live_lock:  # rows held now cannot leave before the group holds them too
             for u, key in enumerate(keys):
@@ -147,17 +169,17 @@ class TextPathway:
             missing = list(range(ids.shape[0]))  # computed as sglang's call is: its row count decides the bits
         if missing:
             idx = torch.as_tensor(missing, device=ids.device)
-            try:
+            rows = {}
+            try:  # out of memory, say, in the call or a row's copy: what this group took hold of goes back
                 kv = self.hook(ids[idx], mask[idx], pos[:, idx])
-            except BaseException:  # out of memory, say: what this group took hold of goes back
+                for j, u in enumerate(missing):
+                    if keys[u] in wanted:  # (a row of the call that is live already keeps what it holds)
+                        rows[keys[u]] = row = [(k[j : j + 1].clone(), v[j : j + 1].clone()) for k, v in kv]
+                        self.cache.put("text", keys[u], row, kv_nbytes(row))
+            except BaseException:
                 self.release(held)
                 raise
             report.text_encodes += 1
-            rows = {}
-            for j, u in enumerate(missing):
-                if keys[u] in wanted:  # (a row of the call that is live already keeps what it holds)
-                    rows[keys[u]] = row = [(k[j : j + 1].clone(), v[j : j + 1].clone()) for k, v in kv]
-                    self.cache.put("text", keys[u], row, kv_nbytes(row))
             with self._live_lock:
                 for key in keys:
                     if key in rows:

@@ -513,9 +513,10 @@ def test_call_rows_resolve_per_device():
 
 
 def test_text_rows_keyed_by_their_call_where_the_device_needs_it(adapter, reference):
-    """`by_request_rows` (on for CUDA, forced here): a text row computed in a call of 1 row is not served
-    where sglang's request computes it in a call of 2 ([uncond; cond]), and a group missing one row of
-    its call computes the whole call. Bitwise either way on the CPU; the rows computed tell the keying."""
+    """`by_request_rows` (on for CUDA, forced here) through real groups: each request call computed
+    whole (the cond row three times, in three calls), bitwise on the CPU either way, and no holder left
+    behind. Which row is served from which call is tested against a call-dependent model in
+    tests/unit/test_text_pathway.py."""
     batched_y = SamplingSpec(height=64, width=64, steps=STEPS, horizon=16, guidance_scale=2.0, negative_prompt="y" * 274)
     items = [group("plain", image(19), PROMPT, seeds_for(61, 1)),
              group("cfg-x", image(20), PROMPT, seeds_for(62, 2), SAMPLING_CFG_BATCHED),
@@ -535,7 +536,7 @@ def test_text_rows_keyed_by_their_call_where_the_device_needs_it(adapter, refere
                 expected = reference(item.images, PROMPT, item.sampling, cand.seed)
                 assert_bitwise(out.actions[c, 0], expected, f"keyed {keyed}: {item.request_id} candidate {c}")
         assert not adapter.text.live  # every row a group held went with it: none counted twice
-    # by content: cond once, then each uncond; by call: cond alone, then both [uncond; cond] calls whole
+    # by content: cond once, then each uncond; by request call: [cond], then each [uncond; cond] whole
     assert computed == {False: 3, True: 5}
 
 
