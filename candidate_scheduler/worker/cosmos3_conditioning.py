@@ -166,7 +166,7 @@ class TextPathway:
                     missing.append(u)
                     wanted.add(key)
         if missing and self.by_request_rows:
-            missing = list(range(ids.shape[0]))  # computed as sglang's call is: its row count decides the bits
+            missing = list(range(ids.shape[0]))  # computed as sglang computes the call: the call may decide the bits
         if missing:
             idx = torch.as_tensor(missing, device=ids.device)
             rows = {}
