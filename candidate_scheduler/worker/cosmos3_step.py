@@ -205,6 +205,14 @@ def _rows_of(x: torch.Tensor, copies: int, rows: int, a: int, b: int) -> torch.T
 _ROW_INPUTS = ("velocity_mask", "action_velocity_mask", "action_domain_ids")  # what a call reads of `inputs`
 
 
+def _span_input(cohort: Cohort, name: str, x: torch.Tensor, a: int, b: int) -> torch.Tensor:
+    """`_rows_of` for an input that does not change during the denoise: cut once per cohort and span."""
+    key = (name, a, b)
+    if key not in cohort.span_inputs:
+        cohort.span_inputs[key] = _rows_of(x, cohort.copies, cohort.rows, a, b)
+    return cohort.span_inputs[key]
+
+
 def _calls(cohort: Cohort, forward, spans, step_inputs, text_ids, text_mask, branch: str, text_len: int) -> tuple:
     """One forward over the cohort's rows, as one transformer call or one call per span; each output in
     the cohort's row layout either way."""
@@ -214,19 +222,12 @@ def _calls(cohort: Cohort, forward, spans, step_inputs, text_ids, text_mask, bra
     copies, rows = cohort.copies, cohort.rows
     outs = []
     for a, b in spans:
-        def pick(x, a=a, b=b):
-            return _rows_of(x, copies, rows, a, b)
-
-        def fixed(name, tensor, a=a, b=b, pick=pick):  # unchanged during the denoise: cut once per cohort
-            key = (name, a, b)
-            if key not in cohort.span_inputs:
-                cohort.span_inputs[key] = pick(tensor)
-            return cohort.span_inputs[key]
-
-        inputs = {name: fixed(name, cohort.inputs[name]) for name in _ROW_INPUTS}
+        inputs = {name: _span_input(cohort, name, cohort.inputs[name], a, b) for name in _ROW_INPUTS}
+        latents_ab, actions_ab, timestep_ab = (_rows_of(x, copies, rows, a, b) for x in step_inputs)
         # a cache key of its own per span: the transformer keeps UND K/V per key, for the key's rows
-        outs.append(forward(pick(latents), pick(action_latents), pick(timestep), inputs,
-                            fixed(f"{branch}:ids", text_ids), fixed(f"{branch}:mask", text_mask),
+        outs.append(forward(latents_ab, actions_ab, timestep_ab, inputs,
+                            _span_input(cohort, f"{branch}:ids", text_ids, a, b),
+                            _span_input(cohort, f"{branch}:mask", text_mask, a, b),
                             f"{branch}:{a}-{b}", text_len))
     # back in the cohort's layout: [rows] per output, or [uncond rows; cond rows] under batched CFG
     joined = []
