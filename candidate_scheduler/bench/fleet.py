@@ -45,6 +45,7 @@ import numpy as np
 
 from candidate_scheduler.bench.common import PROMPT
 from candidate_scheduler.bench.fleet_report import NICED, WORKERS_NICE
+from candidate_scheduler.bench.fleet_steps import decompose, steps_read, wait_for_steps
 from candidate_scheduler.service.launcher import Launcher
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -313,6 +314,7 @@ def run_workload(handle, size: FleetSize, workload: Workload, tag: str, seed: in
         renice(pids["workers"], 0)
         return {"workload": asdict(workload), "skipped": "renice not permitted"}
     try:
+        steps_before = steps_read(handle.metrics)
         before = {k: sum(cpu_s(p) for p in v) for k, v in pids.items() if k != "client"}
         waited_before = {k: waits(v) for k, v in pids.items()}
         client_before = resource.getrusage(resource.RUSAGE_SELF)
@@ -329,7 +331,11 @@ def run_workload(handle, size: FleetSize, workload: Workload, tag: str, seed: in
     wall = max(at for at, _r in replies.values()) - run["t0"]
     done = [i for i, (_at, r) in replies.items() if r.status == "done"]
     # the candidates served (an elastic group's may be fewer than it asked for)
-    ideal = sum(len(replies[i][1].candidate_seeds) for i in done) * STEPS * size.step_s / CAPACITY / size.workers
+    row_steps = sum(len(replies[i][1].candidate_seeds) for i in done) * STEPS
+    ideal = row_steps * size.step_s / CAPACITY / size.workers
+    # after the CPU figures above: this waits up to a heartbeat for the workers' last step records
+    steps = decompose(steps_before, wait_for_steps(handle.metrics, steps_before, row_steps), row_steps=row_steps,
+                      capacity=CAPACITY, step_s=size.step_s, workers=size.workers, wall_s=wall)
     receipt = [float(r.metrics["receipt_to_reply_s"]) for _at, r in replies.values() if "receipt_to_reply_s" in r.metrics]
     client_lat = [at - run["sent"][i] for i, (at, _r) in replies.items()]
     cores = {k: (after[k] - before[k]) / wall for k in after}
@@ -351,6 +357,7 @@ def run_workload(handle, size: FleetSize, workload: Workload, tag: str, seed: in
         # seconds ready to run but waiting for a core, per wall second, of each process class (all its threads)
         "waited": {k: waited_s(waited_before[k], waited_after[k]) / wall for k in waited_after},
         "machine_busy": d_busy / d_total if d_total else None,  # of all cores together (1.0 = every core busy)
+        "steps": steps,  # the utilisation's factors, from the workers' own step records (bench/fleet_steps.py)
         "check": check(workload, counts, image, replies),
     }
 
@@ -398,7 +405,7 @@ def run_fleet_bench(out_dir, *, smoke: bool = False, plot: bool = True, baseline
 
     from tqdm import tqdm
 
-    from candidate_scheduler.bench import fleet_engine, fleet_report, fleet_sim
+    from candidate_scheduler.bench import engine_spacing, fleet_engine, fleet_report, fleet_sim
     from candidate_scheduler.bench.common import git_rev, loadavg
 
     started, load_before = time.perf_counter(), loadavg()
@@ -410,7 +417,7 @@ def run_fleet_bench(out_dir, *, smoke: bool = False, plot: bool = True, baseline
     # the simulated fleets at the ends of the range only: a step point's window is 8x the results (one
     # group each), and make bench keeps under 15 minutes (--fleet-baseline runs every size)
     sim_sizes = fleet_sizes[:2] if smoke else (fleet_sizes[0], fleet_sizes[-1])
-    total = (2 * (len(depths) + 2 * len(deadline_depths) + len(fleet_sizes) + len(sim_sizes))
+    total = (2 * (len(depths) + 2 * len(deadline_depths) + len(fleet_sizes) + len(sim_sizes)) + 1
              + sum(len(workloads(s, smoke)) for s in sizes) * len(MODES))
     progress = tqdm(total=total, desc="fleet: engine in process", unit="run", file=sys.stderr, dynamic_ncols=True,
                     mininterval=0.5)
@@ -428,6 +435,10 @@ def run_fleet_bench(out_dir, *, smoke: bool = False, plot: bool = True, baseline
         # fewer results a point than --fleet-baseline's 1,500: make bench keeps under 15 minutes
         defaults = fleet_sim.sweep(sim_sizes, results=300 if smoke else 800, warmup=100 if smoke else 200,
                                    progress=lambda _r: progress.update(1))
+        # one group at a time, spaced apart: what a group costs when groups do not come in bursts
+        spacing = engine_spacing.sweep((0.0, 0.01) if smoke else engine_spacing.SPACINGS_S,
+                                       groups=30 if smoke else 200, warmup=50 if smoke else 200)
+        progress.update(1)
         progress.set_description("fleet: scheduler + null workers over ZMQ")
 
         def step(run: dict) -> None:
@@ -444,7 +455,7 @@ def run_fleet_bench(out_dir, *, smoke: bool = False, plot: bool = True, baseline
         "loadavg_start": load_before, "loadavg_end": loadavg(), "wall_s": time.perf_counter() - started,
     }
     result = {"meta": meta, "engine": engine, "engine_deadlines": deadline, "engine_elastic": elastic,
-              "engine_sizes": by_size, "engine_defaults": defaults, "fleet": fleet}
+              "engine_sizes": by_size, "engine_defaults": defaults, "engine_spacing": spacing, "fleet": fleet}
     out = Path(out_dir)
     if smoke:
         out = out / "fleet_smoke"

@@ -5,6 +5,7 @@ and against it again under the scheduler's defaults on a simulated clock)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from candidate_scheduler.bench.common import fmt
@@ -96,6 +97,23 @@ def _defaults_table(rows: list[dict], baseline: str | None = None) -> list[str]:
            "kept busy in simulated time only."), ""]
 
 
+SPACING_TITLE = ("One group of 8 candidates at a time, spaced apart: its submission (no planning pass), the "
+                 "planning pass that sends it, its result (bench/engine_spacing.py)")
+
+
+def _spacing_table(rows: list[dict]) -> list[str]:
+    out = [f"#### {SPACING_TITLE}", "", "| spacing ms | between groups | submit us | plan us | result us | "
+           "all three us (median) | over back to back |", "|---:|---|---:|---:|---:|---:|---:|"]
+    first = rows[0]["total_us"] if rows else None
+    for r in rows:
+        out.append(f"| {r['spacing_ms']:g} | {'spinning' if r['wait'] == 'spin' else 'asleep'} | {r['submit_us']:.0f} | "
+                   f"{r['plan_us']:.0f} | {r['result_us']:.0f} | {r['total_us']:.0f} | "
+                   f"{fmt(r['total_us'] / first if first else None, 2)}x |")
+    return out + ["", "Spinning keeps the core busy, so a slowdown with the spacing is not a core waking from "
+                  "idle. It grows with the pause, as it would if a group's code and data were leaving the caches "
+                  "that the machine's other processes share meanwhile (not measured directly here).", ""]
+
+
 def _longest_event_ms(point: dict) -> float | None:
     """The longest engine call of a simulated-fleet point (a result or a wake-up), in ms."""
     longest = [s["max"] for s in (point["result_us"], point["wake_us"]) if s.get("max") is not None]
@@ -150,7 +168,34 @@ def _cpu_budget(runs: list[dict], cores: int) -> list[str]:
     return out
 
 
-def _targets(runs: list[dict]) -> list[str]:
+def _factors(runs: list[dict]) -> list[str]:
+    """Per run with the workers' step records: the utilisation as the product of its three factors
+    (bench/fleet_steps.py), beside the workers' wait for a core that a late step comes from."""
+    out = ["| K | mode | workload | utilisation | fullness | step accuracy (mean step ms) | stepping | product | "
+           "accounted | workers waited for a core |",
+           "|---:|---|---|---:|---:|---|---:|---:|---:|---:|"]
+    for r in runs:
+        f = r.get("steps") or {}
+        if "fullness" not in f:
+            continue
+        product = f["fullness"] * f["step_accuracy"] * f["stepping"]
+        waited = (r.get("waited") or {}).get("workers")
+        out.append(f"| {r['workers']} | {r['batching']} | {r['workload']['name']} | {r['utilisation']:.3f} | "
+                   f"{f['fullness']:.3f} | {f['step_accuracy']:.3f} ({f['mean_step_ms']:.2f}) | {f['stepping']:.3f} | "
+                   f"{product:.3f} | {fmt(f['accounted'], 3)} | {'-' if waited is None else f'{waited:.2f}'} |")
+    return out
+
+
+def _whole_batches(run: dict, rows: int) -> str:
+    """Under dispatch batching a burst of one-candidate groups is groups / capacity batches of one batch
+    time each, dealt to K workers: the last round may leave some idle, which caps the utilisation."""
+    groups, workers = run["workload"]["groups"], run["workers"]
+    rounds = math.ceil(groups / rows / workers)
+    return (f"; whole batches allow at most {groups / rows / workers / rounds:.3f} ({groups:,} groups are "
+            f"{math.ceil(groups / rows):,} batches, {rounds} rounds of {workers} workers)")
+
+
+def _targets(runs: list[dict], capacity: int) -> list[str]:
     def pick(k: int, mode: str) -> dict | None:
         return next((r for r in runs if r["workers"] == k and r["batching"] == mode
                      and r["workload"]["name"] == "burst"), None)
@@ -161,7 +206,7 @@ def _targets(runs: list[dict]) -> list[str]:
             r = pick(k, mode)
             if r is not None:
                 out.append(f"- K={k}, {mode}, burst of {r['workload']['groups']:,}: utilisation {r['utilisation']:.2f} "
-                           f"(target >= {target}).")
+                           f"(target >= {target}){_whole_batches(r, capacity) if mode == 'dispatch' else ''}.")
         d, s = pick(k, "dispatch"), pick(k, "step")
         if d and s:
             out.append(f"- K={k}: step/dispatch groups/s {s['groups_per_s'] / d['groups_per_s']:.2f} (target >= 0.9).")
@@ -196,6 +241,8 @@ def write_outputs(result: dict, out_dir: Path, plot: bool = True) -> dict:
         lines += _sizes_table(result["engine_sizes"])
     if result.get("engine_defaults"):
         lines += _defaults_table(result["engine_defaults"])
+    if result.get("engine_spacing"):
+        lines += _spacing_table(result["engine_spacing"])
     lines += [
         "## The scheduler over ZMQ against K null workers",
         "",
@@ -216,7 +263,17 @@ def write_outputs(result: dict, out_dir: Path, plot: bool = True) -> dict:
     lines += _fleet_table(result["fleet"]["runs"])
     lines += [f"\n{r['workload']['name']} at K={r['workers']} ({r['batching']}): skipped, {r['skipped']}."
               for r in result["fleet"].get("skipped", ())]
-    lines += ["", "### Targets", ""] + _targets(result["fleet"]["runs"])
+    lines += ["", "### Targets", ""] + _targets(result["fleet"]["runs"], result["fleet"]["capacity"])
+    lines += ["", "### Where the utilisation goes", "",
+              "From the workers' own step records (their heartbeats, counted by the scheduler's `forward_rows` "
+              "and `forward_seconds`): utilisation = fullness (candidate rows per step over the capacity: the "
+              "batches the scheduler formed) x step accuracy (the declared step time over the measured one: "
+              "a null worker's sleep that ends late, as a thread's does that waits for a core) x stepping (the "
+              "workers' step seconds over K x the wall time: the time they stepped rather than waited for work, "
+              "answered or started it). Product: the three multiplied, equal to the utilisation when every "
+              "step record of the run arrived (accounted: 1.000). Workers waited for a core: as in the table "
+              "above, all K workers' threads together, seconds per second.", ""]
+    lines += _factors(result["fleet"]["runs"])
     lines += ["", "### Where the CPU goes (burst runs)", "",
               "Every process of the benchmark shares this machine's cores: the scheduler, the K workers (a null "
               "worker's own CPU stands in for nothing a GPU worker would not also spend on the host: decoding, "

@@ -6,7 +6,8 @@ writes the JSON, the report and both plots.
 
 Numbers are not asserted (a shared CI machine is too noisy). Completeness and parity are: every group
 was answered exactly once, every `done` action is the null model's answer for its seeds, and only a
-group with a deadline may be refused (at receipt)."""
+group with a deadline may be refused (at receipt); the workers' step records account for every candidate
+row's steps."""
 
 from __future__ import annotations
 
@@ -49,6 +50,11 @@ def test_fleet_bench_smoke_answers_every_group_once_and_correctly(tmp_path):
         assert r["queued_at_end"] > 0 and r["utilisation"] > 0.9 and r["engine_us_per_group"] > 0, r
         assert r["charged"] and r["answered_over_ideal"] > 0.9 and 0 < r["loop_busy"] < 1, r
         assert (r["staggered_starts"] > 0) == (r["batching"] == "dispatch"), r
+    # one group of 8 at a time, back to back and spaced apart (spinning), then asleep
+    spacing = result["engine_spacing"]
+    assert [(r["spacing_ms"], r["wait"]) for r in spacing] == [(0.0, "spin"), (10.0, "spin"), (10.0, "sleep")]
+    for r in spacing:
+        assert r["groups"] == 30 and 0 < r["submit_us"] and 0 < r["plan_us"] and 0 < r["result_us"], r
     runs = result["fleet"]["runs"]
     assert {(r["workers"], r["batching"]) for r in runs} == {(k, m) for k in (1, 4) for m in ("dispatch", "step")}
     # the diagnostic arm renices the workers and back: as root (CI) it runs; without the right to lower a
@@ -70,8 +76,15 @@ def test_fleet_bench_smoke_answers_every_group_once_and_correctly(tmp_path):
         assert 0 < r["utilisation"] <= 1.05 and r["groups_per_s"] > 0
         assert r["cores"]["scheduler"] > 0 and r["cores"]["workers"] > 0
         assert set(r["waited"]) == {"scheduler", "workers", "client"} and min(r["waited"].values()) >= 0
+        # the workers' own step records: every candidate row's steps arrived, a null step (a sleep) never
+        # took less than it declares, and the three factors multiply to the utilisation
+        f = r["steps"]
+        assert f["accounted"] == pytest.approx(1.0), (r["workload"], f)
+        assert 0 < f["fullness"] <= 1 and 0 < f["step_accuracy"] <= 1 and 0 < f["stepping"] <= 1.05, f
+        assert f["fullness"] * f["step_accuracy"] * f["stepping"] == pytest.approx(r["utilisation"], rel=1e-6)
     report = (folder / "fleet_report.md").read_text()
     assert "The scheduler over ZMQ" in report and "Where the CPU goes" in report
+    assert "Where the utilisation goes" in report and "One group of 8 candidates at a time" in report
     assert "#### Against the fleet's size" in report and "under the scheduler's defaults" in report
     for plot in ("fleet_utilisation.png", "fleet_engine.png", "fleet_engine_sizes.png", "fleet_engine_defaults.png"):
         assert (folder / plot).stat().st_size > 0

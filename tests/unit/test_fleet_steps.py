@@ -1,0 +1,45 @@
+"""The fleet benchmark's account of where utilisation goes (bench/fleet_steps.py) and the whole-batches
+cap the report puts beside a dispatch burst (bench/fleet_report.py): pure arithmetic on figures."""
+
+from __future__ import annotations
+
+import pytest
+
+from candidate_scheduler.bench import fleet_report
+from candidate_scheduler.bench.fleet_steps import decompose
+
+
+def _counters(steps: float, row_steps: float, seconds: float) -> dict[str, float]:
+    return {"steps": steps, "row_steps": row_steps, "seconds": seconds}
+
+
+def test_the_three_factors_multiply_to_the_utilisation():
+    # 2 workers of 8 rows, 10 ms steps, a 1 s window: 150 steps of 7 rows on average, 1.6 s of stepping
+    before = _counters(10, 80, 0.1)
+    after = _counters(160, 80 + 1050, 1.7)
+    f = decompose(before, after, row_steps=1050, capacity=8, step_s=0.01, workers=2, wall_s=1.0)
+    assert f["steps"] == 150 and f["accounted"] == pytest.approx(1.0)
+    assert f["fullness"] == pytest.approx(1050 / (150 * 8))
+    assert f["step_accuracy"] == pytest.approx(150 * 0.01 / 1.6) and f["mean_step_ms"] == pytest.approx(1.6 / 150 * 1e3)
+    assert f["stepping"] == pytest.approx(1.6 / 2.0)
+    utilisation = 1050 * 0.01 / 8 / 2 / 1.0  # the fleet benchmark's definition
+    assert f["fullness"] * f["step_accuracy"] * f["stepping"] == pytest.approx(utilisation)
+
+
+def test_missing_step_records_show_as_unaccounted_and_an_empty_window_has_no_factors():
+    f = decompose(_counters(0, 0, 0), _counters(100, 700, 1.1), row_steps=800, capacity=8, step_s=0.01, workers=1,
+                  wall_s=1.2)
+    assert f["accounted"] == pytest.approx(700 / 800)
+    assert decompose(_counters(5, 40, 0.05), _counters(5, 40, 0.05), row_steps=0, capacity=8, step_s=0.01,
+                     workers=1, wall_s=1.0) == {"steps": 0}
+
+
+@pytest.mark.parametrize(("groups", "workers", "cap"), [
+    (4000, 16, "0.977 (4,000 groups are 500 batches, 32 rounds of 16 workers)"),  # the K=16 target's burst
+    (8000, 32, "0.977 (8,000 groups are 1,000 batches, 32 rounds of 32 workers)"),  # the K=32 target's
+    (4096, 16, "1.000 (4,096 groups are 512 batches, 32 rounds of 16 workers)"),
+    (500, 1, "0.992 (500 groups are 63 batches, 63 rounds of 1 workers)"),  # the last batch half full
+])
+def test_whole_batches_cap_a_dispatch_burst(groups, workers, cap):
+    run = {"workload": {"groups": groups}, "workers": workers}
+    assert fleet_report._whole_batches(run, 8) == f"; whole batches allow at most {cap}"
