@@ -437,7 +437,7 @@ def run_fleet_bench(out_dir, *, smoke: bool = False, plot: bool = True, baseline
                                    progress=lambda _r: progress.update(1))
         # one group at a time, spaced apart: what a group costs when groups do not come in bursts
         spacing = engine_spacing.sweep((0.0, 0.01) if smoke else engine_spacing.SPACINGS_S,
-                                       groups=30 if smoke else 200, warmup=50 if smoke else 200)
+                                       groups=30 if smoke else 100, warmup=50 if smoke else 200)
         progress.update(1)
         progress.set_description("fleet: scheduler + null workers over ZMQ")
 
