@@ -69,11 +69,12 @@ class FakeFleet:
         profile = tuple((LABEL, r, step_s * (0.5 + 0.5 * r / rows)) for r in (1, rows // 2 or 1, rows))
         for w in range(workers):
             wid = f"w{w}"
-            self._take(self.engine.register(wid.encode(), Registration(wid, _capability(rows), rows, profile=profile),
+            self.take(self.engine.register(wid.encode(), Registration(wid, _capability(rows), rows, profile=profile),
                                             self.now))
         self._actions = {c: np.zeros((c, 1, HORIZON, ACTION_DIM), np.float32) for c in range(1, 257)}
 
-    def _take(self, out: list) -> None:
+    def take(self, out: list) -> None:
+        """Keep what the engine sent: assignments until they are answered, and count the replies."""
         for m in out:
             if isinstance(m, SendWork):
                 self.outstanding[m.batch_id] = m
@@ -99,11 +100,11 @@ class FakeFleet:
             t0 = time.perf_counter()
             out = self.engine.submit(("client", sub.request_id), sub, self.now, plan=plan)
             spent += time.perf_counter() - t0
-            self._take(out)
+            self.take(out)
         return spent
 
     def plan(self) -> None:
-        self._take(self.engine.plan(self.now))
+        self.take(self.engine.plan(self.now))
 
     def result_of(self, send: SendWork) -> WorkerResult:
         outputs = tuple(SliceOutcome(sw.dispatch.request_id, "ok", sw.dispatch.candidate_ids,
@@ -120,7 +121,7 @@ class FakeFleet:
         t0 = time.perf_counter()
         out = self.engine.worker_result(send.identity, result, self.now)
         spent = time.perf_counter() - t0
-        self._take(out)
+        self.take(out)
         return spent
 
 

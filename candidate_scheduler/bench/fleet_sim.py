@@ -66,7 +66,7 @@ class ClockedFleet(FakeFleet):
     def _forward_s(self, rows: int) -> float:  # what the warm-up profile reports (FakeFleet)
         return self.step_s * (0.5 + 0.5 * rows / self.rows)
 
-    def _take(self, out: list) -> None:
+    def take(self, out: list) -> None:
         for m in out:
             if isinstance(m, SendWork):
                 rows = sum(len(sw.dispatch.candidate_ids) for sw in m.slices)
@@ -109,13 +109,13 @@ class ClockedFleet(FakeFleet):
             t0 = time.perf_counter()
             out = self.engine.plan(self.now)
             self._spent("wake", time.perf_counter() - t0)
-            self._take(out)
+            self.take(out)
             return True
         t0 = time.perf_counter()
         before = self.answered
         out = self.engine.worker_result(payload.identity, self.result_of(payload), self.now)
         self._spent("result", time.perf_counter() - t0)
-        self._take(out)
+        self.take(out)
         for _ in range(self.answered - before):  # the queue held at its depth: one new group per answer
             self.timed["submit"].append(self.submit(1))
         return True
@@ -139,7 +139,7 @@ class ClockedFleet(FakeFleet):
             took = time.perf_counter() - t0
             spent += took
             self._charge(took)
-            self._take(out)
+            self.take(out)
         return spent
 
 

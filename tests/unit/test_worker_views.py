@@ -33,12 +33,12 @@ def test_kept_views_are_the_views_built_afresh_after_every_event():
                     del fleet.outstanding[bid]
             if i == 150:  # a new one registers, and an old one registers again (a restart)
                 for wid in ("w9", "w4"):
-                    fleet._take(engine.register(wid.encode(), Registration(wid, _capability(8), 8), fleet.now))
+                    fleet.take(engine.register(wid.encode(), Registration(wid, _capability(8), 8), fleet.now))
                 for bid in [b for b, s in fleet.outstanding.items() if s.identity == b"w4"]:
                     del fleet.outstanding[bid]  # the restarted worker's old assignments are lost with it
             if i % 11 == 0:
                 held = tuple(b for b, s in fleet.outstanding.items() if s.identity == b"w1")
-                fleet._take(engine.heartbeat(b"w1", Heartbeat("w1", held), fleet.now))
+                fleet.take(engine.heartbeat(b"w1", Heartbeat("w1", held), fleet.now))
             if rnd.random() < 0.6 and fleet.outstanding:
                 fleet.answer_oldest()
             else:
