@@ -43,3 +43,13 @@ def test_missing_step_records_show_as_unaccounted_and_an_empty_window_has_no_fac
 def test_whole_batches_cap_a_dispatch_burst(groups, workers, cap):
     run = {"workload": {"groups": groups}, "workers": workers}
     assert fleet_report._whole_batches(run, 8) == f"; whole batches allow at most {cap}"
+
+
+def test_without_a_metrics_url_nothing_is_waited_for():
+    import time
+
+    from candidate_scheduler.bench.fleet_steps import wait_for_steps
+
+    t0 = time.monotonic()
+    assert wait_for_steps(None, _counters(0, 0, 0), row_steps=100) == _counters(0, 0, 0)
+    assert time.monotonic() - t0 < 0.5
