@@ -3,10 +3,12 @@ cap the report puts beside a dispatch burst (bench/fleet_report.py): pure arithm
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from candidate_scheduler.bench import fleet_report
-from candidate_scheduler.bench.fleet_steps import decompose
+from candidate_scheduler.bench.fleet_steps import decompose, wait_for_steps
 
 
 def _counters(steps: float, row_steps: float, seconds: float) -> dict[str, float]:
@@ -46,10 +48,6 @@ def test_whole_batches_cap_a_dispatch_burst(groups, workers, cap):
 
 
 def test_without_a_metrics_url_nothing_is_waited_for():
-    import time
-
-    from candidate_scheduler.bench.fleet_steps import wait_for_steps
-
     t0 = time.monotonic()
     assert wait_for_steps(None, _counters(0, 0, 0), row_steps=100) == _counters(0, 0, 0)
     assert time.monotonic() - t0 < 0.5
