@@ -333,9 +333,10 @@ def run_workload(handle, size: FleetSize, workload: Workload, tag: str, seed: in
     # the candidates served (an elastic group's may be fewer than it asked for)
     row_steps = sum(len(replies[i][1].candidate_seeds) for i in done) * STEPS
     ideal = row_steps * size.step_s / CAPACITY / size.workers
-    # after the CPU figures above: this waits up to a heartbeat for the workers' last step records
-    steps = decompose(steps_before, wait_for_steps(handle.metrics, steps_before, row_steps), row_steps=row_steps,
-                      capacity=CAPACITY, step_s=size.step_s, workers=size.workers, wall_s=wall)
+    # after the CPU figures above: the workers' last step records come with their next heartbeats
+    steps_after = wait_for_steps(handle.metrics, steps_before, row_steps, settle=len(done) < len(replies))
+    steps = decompose(steps_before, steps_after, row_steps=row_steps, capacity=CAPACITY, step_s=size.step_s,
+                      workers=size.workers, wall_s=wall)
     receipt = [float(r.metrics["receipt_to_reply_s"]) for _at, r in replies.values() if "receipt_to_reply_s" in r.metrics]
     client_lat = [at - run["sent"][i] for i, (at, _r) in replies.items()]
     cores = {k: (after[k] - before[k]) / wall for k in after}

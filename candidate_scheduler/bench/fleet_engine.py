@@ -70,7 +70,7 @@ class FakeFleet:
         for w in range(workers):
             wid = f"w{w}"
             self.take(self.engine.register(wid.encode(), Registration(wid, _capability(rows), rows, profile=profile),
-                                            self.now))
+                                           self.now))
         self._actions = {c: np.zeros((c, 1, HORIZON, ACTION_DIM), np.float32) for c in range(1, 257)}
 
     def take(self, out: list) -> None:

@@ -205,7 +205,7 @@ def _targets(runs: list[dict], capacity: int) -> list[str]:
         for mode in MODES:
             r = pick(k, mode)
             if r is not None:
-                out.append(f"- K={k}, {mode}, burst of {r['workload']['groups']:,}: utilisation {r['utilisation']:.2f} "
+                out.append(f"- K={k}, {mode}, burst of {r['workload']['groups']:,}: utilisation {r['utilisation']:.3f} "
                            f"(target >= {target}){_whole_batches(r, capacity) if mode == 'dispatch' else ''}.")
         d, s = pick(k, "dispatch"), pick(k, "step")
         if d and s:
@@ -268,7 +268,7 @@ def write_outputs(result: dict, out_dir: Path, plot: bool = True) -> dict:
               "From the workers' own step records (their heartbeats, counted by the scheduler's `forward_rows` "
               "and `forward_seconds`): utilisation = fullness (candidate rows per step over the capacity: the "
               "batches the scheduler formed) x step accuracy (the declared step time over the measured one: "
-              "a null worker's sleep that ends late, as a thread's does that waits for a core) x stepping (the "
+              "a null worker's sleep that ends late: its thread waited for a core or the interpreter lock) x stepping (the "
               "workers' step seconds over K x the wall time: the time they stepped rather than waited for work, "
               "answered or started it). Product: the three multiplied, equal to the utilisation when every "
               "step record of the run arrived (accounted: 1.000). Workers waited for a core: as in the table "

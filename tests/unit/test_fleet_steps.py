@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from candidate_scheduler.bench import fleet_report
+from candidate_scheduler.bench import fleet_report, fleet_steps
 from candidate_scheduler.bench.fleet_steps import decompose, wait_for_steps
 
 
@@ -51,3 +51,39 @@ def test_without_a_metrics_url_nothing_is_waited_for():
     t0 = time.monotonic()
     assert wait_for_steps(None, _counters(0, 0, 0), row_steps=100) == _counters(0, 0, 0)
     assert time.monotonic() - t0 < 0.5
+
+
+class _Scrapes:
+    """The scheduler's step counters as successive scrapes would find them (the last one repeated)."""
+
+    def __init__(self, *row_steps: float):
+        self.values = list(row_steps)
+        self.calls = 0
+
+    def __call__(self, _url):
+        value = self.values[min(self.calls, len(self.values) - 1)]
+        self.calls += 1
+        return {"candidate_scheduler_forward_rows_count": value / 8, "candidate_scheduler_forward_rows_sum": value,
+                'candidate_scheduler_forward_seconds_sum{rows="8"}': value / 800}
+
+
+def test_the_wait_ends_when_the_window_is_recorded(monkeypatch):
+    scrapes = _Scrapes(100, 140, 180, 200, 200)
+    monkeypatch.setattr(fleet_steps, "scrape", scrapes)
+    after = fleet_steps.wait_for_steps("http://metrics", _counters(12.5, 100, 0.125), row_steps=100)
+    assert after["row_steps"] == 200 and scrapes.calls == 4  # the fourth scrape had all 100 rows x steps
+
+
+def test_with_groups_that_did_not_finish_the_wait_settles_past_the_total(monkeypatch):
+    # an expired group's steps came after the answered ones reached the total: they must not fall into
+    # the next window
+    scrapes = _Scrapes(100, 200, 230, 230)
+    monkeypatch.setattr(fleet_steps, "scrape", scrapes)
+    after = fleet_steps.wait_for_steps("http://metrics", _counters(12.5, 100, 0.125), row_steps=100, settle=True,
+                                       settle_s=0.25)
+    assert after["row_steps"] == 230 and scrapes.calls >= 5
+    # a window whose records never arrive gives up, and shows it
+    monkeypatch.setattr(fleet_steps, "scrape", _Scrapes(100))
+    t0 = time.monotonic()
+    short = fleet_steps.wait_for_steps("http://metrics", _counters(12.5, 100, 0.125), row_steps=100, timeout_s=0.3)
+    assert short["row_steps"] == 100 and 0.3 <= time.monotonic() - t0 < 1.0
