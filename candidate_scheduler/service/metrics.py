@@ -23,15 +23,10 @@ from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 import prometheus_client
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-)
+from prometheus_client import CollectorRegistry, generate_latest
 
 from candidate_scheduler import __version__
+from candidate_scheduler.service.metric_values import Counter, Gauge, Histogram
 
 PREFIX = "candidate_scheduler_"
 
@@ -238,20 +233,17 @@ class SchedulerMetrics:
             prometheus_client.GCCollector(registry=registry)
         self.registry = registry
 
-        self.build_info = Gauge(
-            PREFIX + "build_info", "Always 1; labels carry the build.", ["version", "python_version"],
-            registry=registry,
-        )
+        self.build_info = Gauge(PREFIX + "build_info", "Always 1; labels carry the build.",
+                                ["version", "python_version"], registry=registry)
         self.build_info.labels(__version__, platform.python_version()).set(1)
         self._children: dict[str, dict[tuple[str, ...], Any]] = {}
         self.tenants = (*sorted({"default", *tenants} - {OTHER}), OTHER)
         for kind, name, documentation, buckets, labels in METRICS:
             labels = {k: self.tenants if v is CONFIGURED_TENANTS else v for k, v in labels.items()}
-            extra = {} if buckets is None else {"buckets": buckets}
-            metric = kind(PREFIX + name, documentation, list(labels), registry=registry, **extra)
+            metric = kind(PREFIX + name, documentation, list(labels), registry=registry, buckets=buckets)
             # Create every labelled child at 0 so each series exists from the first scrape: rate() and
             # dashboards then show 0 rather than "no data", and a counter's first increment is not lost.
-            # They are kept, too: `.labels()` looks a child up under a lock, on the path of every group.
+            # They are kept, too: a child is then one dict lookup away on the path of every group.
             if labels:
                 self._children[name] = {values: metric.labels(*values)
                                         for values in itertools.product(*labels.values())}
