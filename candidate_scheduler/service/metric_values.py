@@ -1,10 +1,11 @@
 """Prometheus counters, gauges and histograms for a process that records from one thread.
 
 The scheduler records every metric on its loop thread; only the exporter's thread reads them, at a
-scrape. prometheus_client guards each value with a lock and checks each call, which cost the loop
-about 0.8 us an increment and 1.8 us an observation, some 25 us of every one-candidate group it
-answers (bench/README.md, "Targets out of reach"). One writer needs no lock under CPython's
-interpreter lock, so these values are plain attributes and lists:
+scrape. prometheus_client guards each value with a lock and checks each call: about 0.8 us an
+increment and 1.8 us an observation, some twenty of them for every group the loop answers. One writer
+needs no lock under CPython's interpreter lock, so these values are plain attributes and lists (the
+engine with metrics recording then answered 1.07-1.12x the groups a second in process:
+bench/results/metric_values_20261205):
 
 - an update is a few bytecodes: a scrape sees it whole or not yet;
 - a scrape copies a histogram's counts (one instant's, under the interpreter lock) and takes its count
