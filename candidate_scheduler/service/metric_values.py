@@ -64,8 +64,9 @@ class HistogramValue:
 
     def observe(self, amount: float) -> None:
         self.sum += amount
-        # a bucket's bound is inclusive (le): the first bound >= amount
-        self.counts[bisect.bisect_left(self.bounds, amount)] += 1
+        if amount == amount:  # NaN counts in no bucket, as in prometheus_client
+            # a bucket's bound is inclusive (le): the first bound >= amount
+            self.counts[bisect.bisect_left(self.bounds, amount)] += 1
 
 
 class Family:

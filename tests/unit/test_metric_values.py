@@ -21,7 +21,8 @@ OPS = st.lists(st.one_of(
     st.tuples(st.just("set"), st.sampled_from(LABELS), st.floats(-1e6, 1e6, allow_nan=False)),
     # bucket bounds themselves included: a bound is inclusive (le)
     st.tuples(st.just("observe"), st.sampled_from(LABELS),
-              st.one_of(st.sampled_from(SECONDS_BUCKETS), st.floats(0, 100, allow_nan=False))),
+              st.one_of(st.sampled_from(SECONDS_BUCKETS), st.floats(0, 100, allow_nan=False),
+                        st.sampled_from((float("inf"), float("nan"), -1.0)))),
 ), max_size=40)
 
 
