@@ -8,10 +8,12 @@ engine with metrics recording then answered 1.07-1.12x the groups a second in pr
 bench/results/metric_values_20261205):
 
 - an update is a few bytecodes: a scrape sees it whole or not yet;
-- a scrape copies a histogram's counts (one instant's, under the interpreter lock) and takes its count
-  from the same copy, so its buckets and its count agree; its sum may be an observation apart, which
-  rate() cannot tell from a scrape a moment earlier or later;
-- a child that a `labels()` call adds while a scrape runs is seen at the next scrape.
+- a scrape reads a histogram's counts and its sum together, before anything else, and takes its count
+  from the same copy of the counts: its buckets and count agree, and its sum is at most the one
+  observation the writer was making apart (tested);
+- a new child (a `labels()` call with new values) is made under a lock that a scrape takes to copy the
+  children, so a scrape never iterates the children while one is added. SchedulerMetrics makes every
+  child up front, so the path every group takes never reaches that lock.
 
 The exposition is prometheus_client's own (its metric families and text format), with the same series,
 `_created` samples included, as its Counter, Gauge and Histogram would export. Record from one thread
@@ -21,6 +23,7 @@ only: two writers could lose an increment.
 from __future__ import annotations
 
 import bisect
+import threading
 import time
 from collections.abc import Sequence
 
@@ -86,6 +89,7 @@ class Family:
                 raise ValueError(f"{name}: buckets must increase")
             self.bounds = tuple(bounds)
         self._children: dict[tuple[str, ...], object] = {}
+        self._adding = threading.Lock()
         self._only = None if self.labelnames else self._child(())
         if registry is not None:
             registry.register(self)
@@ -98,16 +102,17 @@ class Family:
         return child if child is not None else self._child(key)
 
     def _child(self, key: tuple[str, ...]):
-        child = self.value_class(self)
-        self._children[key] = child
-        return child
+        with self._adding:
+            return self._children.setdefault(key, self.value_class(self))
 
     def describe(self) -> list[Metric]:
         return [self._family()]
 
     def collect(self) -> list[Metric]:
         family = self._family()
-        for key, child in list(self._children.items()):  # a copy: the writer may add a child meanwhile
+        with self._adding:
+            children = list(self._children.items())
+        for key, child in children:
             self._add(family, key, child)
         return [family]
 
@@ -154,10 +159,12 @@ class Histogram(Family):
         return HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
 
     def _add(self, family: Metric, key: tuple[str, ...], child: HistogramValue) -> None:
-        counts = child.counts[:]  # the buckets of one instant; the count is their total
+        # both before any call: no other thread runs between the two reads (a call may hand it the
+        # interpreter), so the sum is at most the writer's observation in progress ahead of the counts
+        counts, total = child.counts[:], child.sum
         cumulative, running = [], 0
         for bound, n in zip((*child.bounds, float("inf")), counts):
             running += n
             cumulative.append((floatToGoString(bound), running))
-        family.add_metric(key, cumulative, child.sum)
+        family.add_metric(key, cumulative, total)
         family.samples.append(Sample(self.name + "_created", dict(zip(self.labelnames, key)), child.created))

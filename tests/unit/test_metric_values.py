@@ -4,6 +4,7 @@ histogram whose buckets and count agree."""
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import prometheus_client
@@ -83,24 +84,52 @@ def test_misuse_is_refused():
         metric_values.Gauge("t_twice", "Twice.", registry=registry)
 
 
-def test_a_scrape_during_recording_sees_buckets_and_count_agree():
+def test_a_scrape_during_recording_sees_the_sum_and_count_of_one_instant():
+    # every observation is 1.0, so the sum is the count; a scrape may catch the writer between its two
+    # updates (the sum first), never further apart
     registry = CollectorRegistry()
     histogram = metric_values.Histogram("t_busy_seconds", "Busy.", registry=registry, buckets=SECONDS_BUCKETS)
     stop = threading.Event()
 
     def record():
         while not stop.is_set():
-            for value in (0.0005, 0.03, 7.0, 100.0):
-                histogram.observe(value)
+            histogram.observe(1.0)
 
     writer = threading.Thread(target=record)
     writer.start()
     try:
-        for _ in range(300):
+        for _ in range(2000):
             samples = {s.name + s.labels.get("le", ""): s.value for f in registry.collect() for s in f.samples}
-            assert samples["t_busy_seconds_bucket+Inf"] == samples["t_busy_seconds_count"]
-            assert samples["t_busy_seconds_bucket0.001"] <= samples["t_busy_seconds_bucket60.0"]
+            count, total = samples["t_busy_seconds_count"], samples["t_busy_seconds_sum"]
+            assert count <= total <= count + 1, (count, total)
+            assert samples["t_busy_seconds_bucket+Inf"] == count
     finally:
         stop.set()
         writer.join()
     assert registry.get_sample_value("t_busy_seconds_count") > 0
+
+
+def test_children_added_while_scraping_are_never_half_seen():
+    registry = CollectorRegistry()
+    counter = metric_values.Counter("t_many_total", "Many.", ["k"], registry=registry)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # hand the interpreter between the threads as often as it will go
+    errors = []
+
+    def add():
+        for n in range(3000):
+            counter.labels(f"v{n}").inc()
+
+    writer = threading.Thread(target=add)
+    writer.start()
+    try:
+        while writer.is_alive():
+            try:
+                list(registry.collect())
+            except RuntimeError as exc:  # "dictionary changed size during iteration" without the lock
+                errors.append(exc)
+    finally:
+        writer.join()
+        sys.setswitchinterval(interval)
+    assert not errors
+    assert registry.get_sample_value("t_many_total", {"k": "v2999"}) == 1
