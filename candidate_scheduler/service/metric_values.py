@@ -76,13 +76,13 @@ class HistogramValue:
 class Family:
     """One metric and its labelled children; registered as a collector of `registry`."""
 
-    kind = ""
+    family_class: type = CounterMetricFamily
     value_class: type = CounterValue
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = (),
                  registry: CollectorRegistry | None = None, buckets: Sequence[float] | None = None) -> None:
         self.name, self.documentation, self.labelnames = name, documentation, tuple(labelnames)
-        if (buckets is None) != (self.kind != "histogram"):
+        if (buckets is None) != (self.family_class is not HistogramMetricFamily):
             raise TypeError(f"{name}: a histogram has buckets, and only a histogram")
         if buckets is not None:
             bounds = [float(b) for b in buckets if b != float("inf")]
@@ -118,46 +118,37 @@ class Family:
         return [family]
 
     def _family(self) -> Metric:
-        raise NotImplementedError
+        return self.family_class(self.name, self.documentation, labels=self.labelnames)
 
     def _add(self, family: Metric, key: tuple[str, ...], child) -> None:
         raise NotImplementedError
 
 
 class Counter(Family):
-    kind, value_class = "counter", CounterValue
+    family_class, value_class = CounterMetricFamily, CounterValue
 
     def inc(self, amount: float = 1.0) -> None:
         self._only.inc(amount)
-
-    def _family(self) -> Metric:
-        return CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
 
     def _add(self, family: Metric, key: tuple[str, ...], child: CounterValue) -> None:
         family.add_metric(key, child.value, created=child.created)
 
 
 class Gauge(Family):
-    kind, value_class = "gauge", GaugeValue
+    family_class, value_class = GaugeMetricFamily, GaugeValue
 
     def set(self, value: float) -> None:
         self._only.set(value)
-
-    def _family(self) -> Metric:
-        return GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
 
     def _add(self, family: Metric, key: tuple[str, ...], child: GaugeValue) -> None:
         family.add_metric(key, child.value)
 
 
 class Histogram(Family):
-    kind, value_class = "histogram", HistogramValue
+    family_class, value_class = HistogramMetricFamily, HistogramValue
 
     def observe(self, amount: float) -> None:
         self._only.observe(amount)
-
-    def _family(self) -> Metric:
-        return HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
 
     def _add(self, family: Metric, key: tuple[str, ...], child: HistogramValue) -> None:
         # both before any call: no other thread runs between the two reads (a call may hand it the
