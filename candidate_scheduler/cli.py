@@ -105,6 +105,10 @@ def _add_worker_args(p: argparse.ArgumentParser, with_scheduler: bool) -> None:
         p.add_argument("--worker-id", default=None, help="this worker's id (None: host-pid-random)")
         p.add_argument("--step-delay", type=float, default=0.0, help="test knob: sleep this long before each denoise step")
         p.add_argument("--curve-dir", default=None, help="CURVE keys (client.key_secret, server.key) for a remote scheduler")
+        p.add_argument("--leave-grace-s", type=float, default=25.0,
+                       help="on SIGTERM, take no new work and finish what the worker holds for up to this long "
+                            "before going; what is left then is retried elsewhere (0: go at once). Keep it below "
+                            "your orchestrator's kill timeout (Kubernetes: terminationGracePeriodSeconds)")
         p.add_argument("--fault", default=None, metavar="SPEC",
                        help="test knob: inject worker faults, e.g. malformed:0.3,raise:0.1,seed=7 (worker/faults.py)")
     p.add_argument("--model", default=DEFAULT_MODEL, help="Cosmos3 checkpoint directory")

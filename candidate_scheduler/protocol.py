@@ -49,6 +49,9 @@ class Kind(enum.IntEnum):
     REGISTERED = 0x25
     WORKER_STOP = 0x26
     JOIN = 0x27  # like BATCH, sent to a busy worker: join its running batch at the next step boundary
+    LEAVING = 0x28  # the worker is going (SIGTERM): send it nothing more; it finishes what it holds
+    LEAVE_ACK = 0x29  # the scheduler's answer: the assignments it counts on the worker to finish
+    LEFT = 0x2A  # the worker's last message: forget it now, not after its heartbeats lapse
     # scheduler -> client
     RESULT = 0x80
     ERROR = 0x81
@@ -316,6 +319,20 @@ class WorkerStopMsg(msgspec.Struct, frozen=True):
     reason: str = ""
 
 
+class LeavingMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    worker_id: str
+    grace_s: float  # how long the worker gives what it holds to finish before it goes anyway
+
+
+class LeaveAckMsg(msgspec.Struct, frozen=True):
+    batch_ids: list[int]  # every assignment the scheduler has sent the worker and not had answered
+
+
+class LeftMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    worker_id: str
+    reason: str  # "finished" (it answered every assignment), "grace_expired", "no_ack"
+
+
 PAYLOAD_TYPES: dict[Kind, type] = {
     Kind.SUBMIT: SubmitRequest,
     Kind.PING: Ping,
@@ -333,6 +350,9 @@ PAYLOAD_TYPES: dict[Kind, type] = {
     Kind.CANCEL_ROWS: CancelRowsMsg,
     Kind.REGISTERED: RegisteredMsg,
     Kind.WORKER_STOP: WorkerStopMsg,
+    Kind.LEAVING: LeavingMsg,
+    Kind.LEAVE_ACK: LeaveAckMsg,
+    Kind.LEFT: LeftMsg,
     Kind.RESULT: GroupResult,
     Kind.ERROR: ErrorReply,
     Kind.CONTROL_REPLY: ControlReply,
@@ -414,4 +434,4 @@ REQUEST_KINDS = frozenset({Kind.SUBMIT, Kind.PING})
 CONTROL_KINDS = frozenset(
     {Kind.CANCEL, Kind.STATUS, Kind.STATS, Kind.DRAIN, Kind.SHUTDOWN, Kind.PING, Kind.COMPAT_REPORT}
 )
-WORKER_KINDS = frozenset({Kind.REGISTER, Kind.HEARTBEAT, Kind.BATCH_RESULT})
+WORKER_KINDS = frozenset({Kind.REGISTER, Kind.HEARTBEAT, Kind.BATCH_RESULT, Kind.LEAVING, Kind.LEFT})

@@ -54,7 +54,8 @@ class Control:
             with e.guard("shutdown", g.request_id):
                 g.fail("shutting_down", "the scheduler is shutting down")
                 e.end(g)
-        e.outbox.extend(StopWorker(w.identity, "reregister") for w in e.workers.values())
+        # a leaving worker told to register again goes at once: what it held was answered above
+        e.outbox.extend(StopWorker(w.identity, "reregister") for w in [*e.workers.values(), *e.leaving.values()])
 
     def status(self, request_id: str) -> ControlAnswer:
         e = self.engine
@@ -92,6 +93,8 @@ class Control:
                               "prefetch_margin_s": e.prefetch_margin.get(w.worker_id, 0.0)}
                 for w in e.workers.values()
             },
+            # going: no new work, finishing what they hold (core/worker_link.py, "Leaving")
+            "leaving": {w.worker_id: {"assignments": len(w.assignments)} for w in e.leaving.values()},
             # what the model can do (the first live worker's; a fleet serves one model), for fronts' metadata
             "capability": next(iter(e.workers.values())).capability.to_dict() if e.workers else None,
             "batches_in_flight": len(e.assignments),

@@ -50,6 +50,8 @@ from candidate_scheduler.core.messages import (
     ControlAnswer,
     Heartbeat,
     InternalFault,
+    Leaving,
+    Left,
     Registration,
     Reply,
     SendWork,
@@ -93,6 +95,8 @@ class Engine:
         self.pending = PendingIndex(dispatch_class if self.config.batching == "dispatch" else step_class)
         self.finished: collections.OrderedDict[str, str] = collections.OrderedDict()  # id -> final status
         self.workers: dict[str, WorkerState] = {}
+        # workers that said they are going: no new work, their assignments still answered (worker_link.py)
+        self.leaving: dict[str, WorkerState] = {}
         self.assignments: dict[int, Assignment] = {}
         # Batch ids never repeat across restarts (the shell picks the first at random): else a worker
         # finishing a previous incarnation's batch would have its stale result taken.
@@ -475,6 +479,16 @@ class Engine:
     def worker_result(self, identity: Any, result: WorkerResult, now: float, *, plan: bool = True) -> list:
         return self._event("result", now, self.link.result, identity, result, plan=plan)
 
+    def worker_leaving(self, identity: Any, msg: Leaving, now: float) -> list:
+        return self._event("leaving", now, self.link.leaving, identity, msg)
+
+    def worker_left(self, identity: Any, msg: Left, now: float) -> list:
+        return self._event("left", now, self.link.left, identity, msg)
+
+    def worker_of(self, worker_id: str) -> WorkerState | None:
+        """A live or leaving worker: either may hold assignments."""
+        return self.workers.get(worker_id) or self.leaving.get(worker_id)
+
     # ---- endings ------------------------------------------------------------------------------------------
 
     def end(self, g: Group) -> None:
@@ -482,7 +496,7 @@ class Engine:
         rid = g.request_id
         for batch_id in sorted(self.held.get(rid, ())):
             a = self.assignments.get(batch_id)
-            worker = None if a is None else self.workers.get(a.worker_id)
+            worker = None if a is None else self.worker_of(a.worker_id)
             if worker is not None and rid not in a.cancelled:
                 a.cancelled.add(rid)
                 self.outbox.append(CancelRows(worker.identity, a.batch_id, (rid,)))
@@ -543,11 +557,12 @@ class Engine:
                 with self.guard("tick", rid):
                     if g.expire(now):
                         self.end(g)
-        for w in list(self.workers.values()):
+        for w in [*self.workers.values(), *self.leaving.values()]:
             if now - w.last_seen > self.config.heartbeat_timeout_s:
                 self.link.lost(w, "heartbeat_timeout", "tick")
         self.metrics.queue_depth(self.queued_groups(), self.queued_candidates())
         self.metrics.live_workers(len(self.workers))
+        self.metrics.leaving_workers(len(self.leaving))
 
     # ---- control (core/control.py) ---------------------------------------------------------------------
 

@@ -45,6 +45,23 @@ class Heartbeat:
 
 
 @value
+class Leaving:
+    """The worker is going (its process got SIGTERM): it takes no new work and finishes what it holds
+    within `grace_s`, then says `Left`."""
+
+    worker_id: str
+    grace_s: float
+
+
+@value
+class Left:
+    """The worker's last message: it is gone now (`reason` is its own account, for the log)."""
+
+    worker_id: str
+    reason: str
+
+
+@value
 class SliceOutcome:
     """One group's answer inside a worker result; arrays already decoded. `malformed` says why the
     shell could not decode it (the worker's fault: retried)."""
@@ -129,6 +146,15 @@ class AckRegistration:
     identity: Any
     worker_id: str
     heartbeat_interval_s: float
+
+
+@value
+class AckLeaving:
+    """To a leaving worker: nothing more will be sent; these assignments (sent, not yet answered, some
+    perhaps still on the way) are what it should finish before it goes."""
+
+    identity: Any
+    batch_ids: tuple[int, ...]
 
 
 @value

@@ -1,4 +1,4 @@
-"""The engine's side of the worker link: registrations, heartbeats, results, and workers lost.
+"""The engine's side of the worker link: registrations, heartbeats, results, workers leaving and lost.
 
 `WorkerLink` holds no state of its own: it is the half of the engine (core/engine.py) that reads what
 workers send, kept in its own file. Each handler runs inside one of the engine's atomic events and adds
@@ -13,6 +13,14 @@ worker that died, stopped heartbeating, lost a result on the link, sent a malfor
 reported a transient fault. Answered at once: an exception inside the model (`model_error`) and a
 request the model cannot run (its own codes) -- no retry can fix either. Out of memory: the worker
 holds fewer rows, the slice is planned again.
+
+Leaving. A worker that is told to go (SIGTERM: a rolling update, a scale-down, a preemption notice)
+says `Leaving` first. It leaves the fleet at once -- no new work, no place in the forecasts or in the
+slicing -- and is told which assignments it still owes (`AckLeaving`: everything sent and not answered,
+some perhaps still on the way to it). It answers them as usual, then says `Left` and is forgotten there
+and then. Its groups lose nothing: no slice runs twice and none waits out a heartbeat timeout. Work it
+did not finish within its grace period (it says `Left` anyway) is retried elsewhere, as a lost
+worker's is; a leaving worker that goes silent is lost when its heartbeats lapse.
 """
 
 from __future__ import annotations
@@ -22,7 +30,16 @@ from typing import Any
 
 from candidate_scheduler.core.errors import CandidateContractError
 from candidate_scheduler.core.group_state import GroupStatus
-from candidate_scheduler.core.messages import AckRegistration, Heartbeat, Registration, StopWorker, WorkerResult
+from candidate_scheduler.core.messages import (
+    AckLeaving,
+    AckRegistration,
+    Heartbeat,
+    Leaving,
+    Left,
+    Registration,
+    StopWorker,
+    WorkerResult,
+)
 from candidate_scheduler.core.outcomes import Verdict, classify
 from candidate_scheduler.core.prefetch import next_margin
 from candidate_scheduler.core.spec import ModelCapability
@@ -45,7 +62,7 @@ class WorkerLink:
             e.metrics.protocol_error("worker", "bad_type")
             e.outbox.append(StopWorker(identity, f"bad registration: {exc}"))
             return
-        old = e.workers.get(reg.worker_id)
+        old = e.worker_of(reg.worker_id)
         if old is not None:
             self.lost(old, "reregistered", "register")
         e.workers[reg.worker_id] = WorkerState(
@@ -70,7 +87,7 @@ class WorkerLink:
 
     def known(self, identity: Any, worker_id: str) -> WorkerState | None:
         e = self.engine
-        worker = e.workers.get(worker_id)
+        worker = e.worker_of(worker_id)
         if worker is None or worker.identity != identity:
             # Unknown (the scheduler restarted, or we declared it dead): ask it to register again.
             e.outbox.append(StopWorker(identity, "reregister"))
@@ -110,6 +127,35 @@ class WorkerLink:
                     with e.guard("heartbeat", entry.request_id):
                         self.slice_failed(entry, worker, "worker_error",
                                           "batch lost: the worker no longer holds it and its result never arrived")
+
+    # ---- leaving ----------------------------------------------------------------------------------------
+
+    def leaving(self, identity: Any, msg: Leaving) -> None:
+        """The worker is going: out of the fleet now, and told what it still owes (asked again, told again)."""
+        e = self.engine
+        worker = self.known(identity, msg.worker_id)
+        if worker is None:
+            return
+        if e.workers.pop(worker.worker_id, None) is not None:
+            e.leaving[worker.worker_id] = worker
+            e.held_back.pop(worker.worker_id, None)
+            e.rows_changed()  # its rows leave the slicing, the views and the forecasts
+            e.counters["workers_leaving"] += 1
+        e.outbox.append(AckLeaving(identity, tuple(worker.assignments)))
+
+    def left(self, identity: Any, msg: Left) -> None:
+        """The worker's last word: forget it now. What it still holds (its grace ran out) is retried."""
+        e = self.engine
+        worker = e.worker_of(msg.worker_id)
+        if worker is None or worker.identity != identity:
+            return  # forgotten already (lost, or a LEFT sent twice): nothing to do, and no one to tell
+        finished = not worker.assignments
+        with e.guard("left"):
+            e.metrics.worker_departure("finished" if finished else "unfinished")
+        if finished:
+            self._forget_worker(worker, "left")
+        else:
+            self.lost(worker, "left_unfinished", "left")
 
     # ---- results --------------------------------------------------------------------------------------
 
@@ -265,7 +311,7 @@ class WorkerLink:
     def drop(self, a: Assignment) -> None:
         e = self.engine
         e.assignments.pop(a.batch_id, None)
-        worker = e.workers.get(a.worker_id)
+        worker = e.worker_of(a.worker_id)
         if worker is not None:
             worker.release(a.batch_id)
         for entry in a.entries:
@@ -275,24 +321,33 @@ class WorkerLink:
                 if not held:
                     del e.held[entry.request_id]
 
-    def lost(self, worker: WorkerState, reason: str, event: str) -> None:
-        """The worker is gone (or presumed so): every slice it held goes back to pending, to be retried
-        from its snapshots; a result it sends later is discarded."""
+    def _forget_worker(self, worker: WorkerState, event: str) -> list[Assignment]:
+        """Out of the engine, live or leaving; what it held, taken back (the caller retries it)."""
         e = self.engine
-        e.workers.pop(worker.worker_id, None)
+        live = e.workers.pop(worker.worker_id, None) is not None
+        e.leaving.pop(worker.worker_id, None)
         e.prefetch_margin.pop(worker.worker_id, None)
         e.cost.forget(worker.worker_id)  # ids carry host, pid and a uuid: a restart never reuses one
         e.forget_cost(worker.worker_id)
-        e.rows_changed()
+        if live:  # a leaving worker's rows left the fleet when it said so
+            e.rows_changed()
         held = list(worker.assignments.values())
         for a in held:
             self.drop(a)
             worker.release(a.batch_id)
-        with e.guard(event):  # bookkeeping: whatever raises here, the slices below are still retried
+        with e.guard(event):  # bookkeeping: whatever raises here, the caller still retries what it held
             if e.cache_bytes.pop(worker.worker_id, None) is not None:
                 e.metrics.conditioning_cache_bytes_in_use(sum(e.cache_bytes.values()))
             if e.config.prefetch and e.config.prefetch_lead_s < math.inf:  # the gauge forgets its margin too
                 e.metrics.prefetch_margin(max(e.prefetch_margin.values(), default=0.0))
+        return held
+
+    def lost(self, worker: WorkerState, reason: str, event: str) -> None:
+        """The worker is gone (or presumed so): every slice it held goes back to pending, to be retried
+        from its snapshots; a result it sends later is discarded."""
+        e = self.engine
+        held = self._forget_worker(worker, event)
+        with e.guard(event):  # bookkeeping: whatever raises here, the slices below are still retried
             e.metrics.worker_failure(reason)
         for a in held:
             for entry in a.entries:

@@ -59,8 +59,10 @@ ADMISSION_REASONS = (
 CANCEL_STATES = ("queued", "admitted", "running", "reducing", "done", "unknown", OTHER)
 _FINISHED_STATES = frozenset({"done", "failed", "cancelled", "expired"})
 # reregistered: a worker registered again under its id (it restarted), so its old work is lost.
-RETRY_REASONS = ("worker_died", "heartbeat_timeout", "worker_error", "reregistered", "out_of_memory", OTHER)
-WORKER_FAILURE_KINDS = ("worker_died", "heartbeat_timeout", "worker_error", "reregistered", OTHER)
+RETRY_REASONS = ("worker_died", "heartbeat_timeout", "worker_error", "reregistered", "out_of_memory",
+                 "left_unfinished", OTHER)
+WORKER_FAILURE_KINDS = ("worker_died", "heartbeat_timeout", "worker_error", "reregistered", "left_unfinished", OTHER)
+DEPARTURES = ("finished", "unfinished", OTHER)
 SOCKETS = ("request", "control", "worker", "compat", OTHER)
 PROTOCOL_ERROR_KINDS = (
     "bad_frames",
@@ -73,7 +75,8 @@ PROTOCOL_ERROR_KINDS = (
     OTHER,
 )
 # the engine's events (core/engine.py), plus the shell's own loop: where code raised
-EVENTS = ("submit", "register", "heartbeat", "result", "tick", "cancel", "shutdown", "schedule", "shell", OTHER)
+EVENTS = ("submit", "register", "heartbeat", "result", "leaving", "left", "tick", "cancel", "shutdown", "schedule",
+          "shell", OTHER)
 # the tenants named in the key directory (core/access.py): set per instance, see SchedulerMetrics
 CONFIGURED_TENANTS = ("<configured tenants>",)
 RESUBMISSIONS = ("in_flight", "answered", OTHER)
@@ -194,6 +197,10 @@ METRICS = (
     _define(Counter, "late_results_total",
             "Batch results discarded because the batch was no longer that worker's (lost, retried)."),
     _define(Gauge, "workers_live", "Workers registered and within their heartbeat deadline."),
+    _define(Gauge, "workers_leaving", "Workers that said they are going and still owe results (no new work)."),
+    _define(Counter, "worker_departures_total",
+            "Workers that left gracefully, by outcome: finished (answered everything they held) or unfinished "
+            "(their grace ran out; what they held was retried).", outcome=DEPARTURES),
     _define(Counter, "worker_heartbeats_total", "Heartbeats received from workers."),
     # Wire.
     _define(Counter, "protocol_errors_total", "Messages refused, by socket and kind.",
@@ -345,6 +352,12 @@ class SchedulerMetrics:
 
     def live_workers(self, count: int) -> None:
         self.workers_live.set(count)
+
+    def leaving_workers(self, count: int) -> None:
+        self.workers_leaving.set(count)
+
+    def worker_departure(self, outcome: object) -> None:
+        self.worker_departures_total.labels(clip_label(outcome, DEPARTURES)).inc()
 
     def heartbeat(self) -> None:
         self.worker_heartbeats_total.inc()

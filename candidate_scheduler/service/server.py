@@ -300,6 +300,10 @@ class Scheduler:
         elif isinstance(msg, messages.InternalFault):
             log.error("internal error in %s (answered %s internal_error): %s\n%s", msg.event,
                       list(msg.request_ids) or "no group", msg.error, msg.traceback)
+        elif isinstance(msg, messages.AckLeaving):
+            log.info("a worker is leaving; it owes %d assignment(s)", len(msg.batch_ids))
+            payload = protocol.LeaveAckMsg(list(msg.batch_ids))
+            self.worker_sock.send_multipart([msg.identity, *protocol.encode(protocol.Kind.LEAVE_ACK, payload)])
         elif isinstance(msg, messages.StopWorker):
             payload = protocol.WorkerStopMsg(reason=msg.reason)
             self.worker_sock.send_multipart([msg.identity, *protocol.encode(protocol.Kind.WORKER_STOP, payload)])
@@ -370,6 +374,12 @@ class Scheduler:
             self._run(self.engine.register, identity, convert.registration_from_wire(msg), now)
         elif kind is protocol.Kind.HEARTBEAT:
             self._run(self.engine.heartbeat, identity, convert.heartbeat_from_wire(msg), now, plan=False)
+        elif kind is protocol.Kind.LEAVING:
+            log.info("worker %s is leaving (grace %.1f s)", msg.worker_id, msg.grace_s)
+            self._run(self.engine.worker_leaving, identity, messages.Leaving(msg.worker_id, msg.grace_s), now)
+        elif kind is protocol.Kind.LEFT:
+            log.info("worker %s left: %s", msg.worker_id, msg.reason)
+            self._run(self.engine.worker_left, identity, messages.Left(msg.worker_id, msg.reason), now)
         else:
             self._run(self.engine.worker_result, identity, convert.worker_result_from_wire(msg), now, plan=False)
 

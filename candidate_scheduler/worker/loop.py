@@ -18,6 +18,9 @@ Two threads, so heartbeats and cancels keep flowing while the model computes:
 
 If the scheduler forgets us (restart, or it declared us dead), it answers WORKER_STOP("reregister")
 and we register again; ZMQ reconnects the TCP link by itself.
+
+`leave(grace_s)` (SIGTERM) goes gracefully: LEAVING, finish what the scheduler says we owe, LEFT
+(leaving.py). A second SIGTERM, or `stop()`, stops at once.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import uuid
 import zmq
 
 from candidate_scheduler import convert, protocol
+from candidate_scheduler.worker.leaving import Departure
 from candidate_scheduler.worker.preparing import Prepared, Preparer, supports_concurrent_start
 from candidate_scheduler.worker.running import Arrival, RunningBatch, arrival_from_wire
 from candidate_scheduler.worker.stepping import StepAdapter
@@ -87,6 +91,9 @@ class Worker:
         self._held: list[int] = []  # assignment ids received and not yet answered (I/O thread only)
         self._cache_seen: dict[str, int] = {}
         self._stop = threading.Event()
+        self._leave_grace_s: float | None = None  # leave() was asked, with this grace (I/O thread's to act on)
+        self._departure: Departure | None = None  # LEAVING sent: when we may go (I/O thread only)
+        self.left_reason: str | None = None  # why we went, once LEFT is sent
         self.registered = threading.Event()
         self._registered_asked = 0.0  # when the last REGISTER went out
         self._wake_addr = f"inproc://worker-results-{id(self)}"
@@ -219,9 +226,13 @@ class Worker:
                     with self._lock:  # with a cancel that came in after the compute thread let go of it
                         self._cancelled.pop(answered, None)
                     sock.send_multipart(frames)
+                    if self._departure is not None:
+                        self._departure.answered(answered)
                 if sock in events:
                     if self._on_message(sock, sock.recv_multipart()):
                         return
+                if self._leave_grace_s is not None and self._leaving(sock, now):
+                    return
                 if not self.registered.is_set():
                     if now - self._registered_asked > self.register_timeout_s:
                         self._register(sock)
@@ -252,11 +263,17 @@ class Worker:
             self._held.append(msg.batch_id)
             # decoded here, on the IO thread: the compute thread only steps
             self._inbox.put(arrival_from_wire(msg, kind, received_at))
+        elif kind is protocol.Kind.LEAVE_ACK:
+            if self._departure is not None:
+                self._departure.acknowledged(msg.batch_ids)
         elif kind is protocol.Kind.CANCEL_ROWS:
             if msg.batch_id in self._held:  # a cancel that crossed the answer would be kept forever
                 with self._lock:
                     self._cancelled.setdefault(msg.batch_id, set()).update(msg.request_ids)
         elif kind is protocol.Kind.WORKER_STOP:
+            if msg.reason == "reregister" and self._departure is not None:
+                log.info("the scheduler no longer knows us (restarted or shut down): leaving now")
+                return True  # it owes nobody our results: what we held was answered or is lost with it
             if msg.reason == "reregister":
                 # A restarted scheduler answers each heartbeat it got from before with this: one REGISTER
                 # for them all (the loop repeats it if unanswered). A second one would arrive after work
@@ -290,6 +307,33 @@ class Worker:
         self._cache_seen = now
         return {**{k: v for k, v in delta.items() if v}, "bytes": now.get("bytes", 0)}
 
+    def _leaving(self, sock, now: float) -> bool:
+        """Say LEAVING once, then LEFT when `Departure` says we may go; True: go now."""
+        if self._departure is None:
+            if not self.registered.is_set():
+                return True  # never registered (or forgotten): nobody counts on us
+            self._departure = Departure(self._leave_grace_s, now, ack_timeout_s=max(1.0, 2 * self.heartbeat_interval_s))
+            sock.send_multipart(protocol.encode(protocol.Kind.LEAVING, protocol.LeavingMsg(self.worker_id,
+                                                                                           self._departure.grace_s)))
+            log.info("leaving: no new work; finishing what we hold (grace %.1f s)", self._departure.grace_s)
+            return False
+        reason = self._departure.outcome(now, holding=bool(self._held))
+        if reason is None:
+            return False
+        sock.setsockopt(zmq.LINGER, 1000)  # LEFT (and the last results) must leave before the socket closes
+        sock.send_multipart(protocol.encode(protocol.Kind.LEFT, protocol.LeftMsg(self.worker_id, reason)))
+        self.left_reason = reason
+        log.info("left: %s", reason)
+        return True
+
+    def leave(self, grace_s: float) -> None:
+        """Go gracefully (SIGTERM): take no new work, finish what we owe within `grace_s`, then go. Asked
+        twice, stop at once. Safe from a signal handler: it only sets a value the I/O loop reads."""
+        if self._leave_grace_s is not None:
+            self.stop()
+        else:
+            self._leave_grace_s = max(0.0, float(grace_s))
+
     def stop(self) -> None:
         self._stop.set()
 
@@ -297,7 +341,7 @@ class Worker:
 CONDITIONING_MODES = ("thread", "inline")
 _CACHE_COUNTERS = ("text_hits", "text_misses", "vae_hits", "vae_misses", "evictions")
 _FROM_SCHEDULER = frozenset({protocol.Kind.REGISTERED, protocol.Kind.BATCH, protocol.Kind.JOIN,
-                             protocol.Kind.CANCEL_ROWS, protocol.Kind.WORKER_STOP})
+                             protocol.Kind.CANCEL_ROWS, protocol.Kind.WORKER_STOP, protocol.Kind.LEAVE_ACK})
 
 
 def build_adapter(kind: str, model_dir: str | None, device: str, capacity: int | None,

@@ -60,3 +60,15 @@ def test_decode_frames_reads_exactly_header_and_payload():
         assert info.value.kind == "bad_frames"
     with pytest.raises(protocol.ProtocolError):  # a kind this reader does not take
         protocol.decode_frames(frames, {protocol.Kind.RESULT})
+
+
+def test_the_leaving_handshake_round_trips_and_stays_on_its_sockets():
+    for kind, msg, side in ((protocol.Kind.LEAVING, protocol.LeavingMsg("w", 25.0), protocol.WORKER_KINDS),
+                            (protocol.Kind.LEFT, protocol.LeftMsg("w", "finished"), protocol.WORKER_KINDS),
+                            (protocol.Kind.LEAVE_ACK, protocol.LeaveAckMsg([3, 4]), {protocol.Kind.LEAVE_ACK})):
+        header, payload = protocol.encode(kind, msg)
+        assert protocol.parse_header(header, side) is kind and protocol.decode(kind, payload) == msg
+    with pytest.raises(protocol.ProtocolError):  # a client may not say a worker is leaving
+        protocol.parse_header(protocol.header(protocol.Kind.LEAVING), protocol.REQUEST_KINDS)
+    with pytest.raises(protocol.ProtocolError):
+        protocol.decode(protocol.Kind.LEAVING, msgspec.msgpack.encode({"worker_id": "w", "grace_s": "soon"}))

@@ -1,0 +1,135 @@
+"""A worker that leaves gracefully (core/worker_link.py, "Leaving"): no new work from the moment it says
+so, what it owes listed back to it, its answers folded as usual, forgotten at once when it has gone;
+what it could not finish retried elsewhere. Exactly one reply per group throughout."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from candidate_scheduler.core.messages import AckLeaving, Leaving, Left, StopWorker
+from tests.unit.test_engine import Harness, reduced
+
+
+def leaving(h: Harness, worker_id: str, grace_s: float = 30.0) -> list:
+    return h.take(h.engine.worker_leaving(worker_id.encode(), Leaving(worker_id, grace_s), h.now))
+
+
+def left(h: Harness, worker_id: str, reason: str = "finished") -> list:
+    return h.take(h.engine.worker_left(worker_id.encode(), Left(worker_id, reason), h.now))
+
+
+def on(h: Harness, worker_id: str) -> list:
+    """Assignments sent to `worker_id` that are still out."""
+    return [w for w in h.work if w.identity == worker_id.encode() and w.batch_id in h.engine.assignments]
+
+
+@pytest.mark.parametrize("batching", ["dispatch", "step"])
+def test_a_leaving_worker_gets_no_new_work_finishes_what_it_owes_and_is_forgotten(batching):
+    h = Harness(batching=batching)
+    h.register("a", capacity=2)
+    for i in range(4):
+        h.submit(f"g{i}", count=1, seed=10 + i)
+    owed = on(h, "a")
+    assert owed  # it holds work when it is told to go
+    (ack,) = [m for m in leaving(h, "a") if isinstance(m, AckLeaving)]
+    assert set(ack.batch_ids) == {w.batch_id for w in owed}
+    assert "a" not in h.engine.workers and "a" in h.engine.leaving
+    assert h.engine.stats()["leaving"] == {"a": {"assignments": len(owed)}}
+    sent_before = len(h.work)
+    for w in owed:  # its answers are folded; nothing new goes to it, though it frees rows
+        h.answer(w)
+    assert len(h.work) == sent_before and not on(h, "a")
+    assert not [m for m in left(h, "a") if isinstance(m, StopWorker)]
+    assert "a" not in h.engine.leaving and "a" not in h.engine.workers
+    h.register("b", capacity=2)  # the rest run on a worker that joins later
+    h.run_all()
+    for i in range(4):
+        r = h.reply(f"g{i}")
+        assert r.status == "done" and r.metrics["retries"] == 0
+        np.testing.assert_allclose(r.action, reduced(r.candidate_seeds))
+    assert {w.identity for w in h.work[sent_before:]} == {b"b"}
+
+
+def test_work_a_worker_could_not_finish_is_retried_elsewhere_at_once():
+    h = Harness()
+    h.register("a", capacity=4)
+    h.register("b", capacity=4)
+    h.submit("g", count=4, seed=3)
+    (send,) = h.work
+    gone = send.identity.decode()
+    other = "b" if gone == "a" else "a"
+    leaving(h, gone)
+    left(h, gone, "grace_expired")  # its grace ran out with the group still running
+    assert gone not in h.engine.leaving and gone not in h.engine.workers
+    (retry,) = on(h, other)
+    h.answer(retry)
+    r = h.reply("g")
+    assert r.status == "done" and r.metrics["retries"] == 1
+    np.testing.assert_allclose(r.action, reduced(r.candidate_seeds))
+
+
+def test_a_result_after_the_worker_left_unfinished_is_late_and_the_group_answers_once():
+    h = Harness()
+    h.register("a", capacity=4)
+    h.submit("g", count=4, seed=3)
+    (send,) = h.work
+    leaving(h, "a")
+    left(h, "a", "grace_expired")
+    h.answer(send)  # sent as the grace ran out, it crossed LEFT on the wire: the assignment is no longer its
+    assert "g" not in h.replies and h.engine.stats()["late_results_discarded"] == 1
+    h.register("b", capacity=4)
+    h.run_all()
+    assert h.reply("g").status == "done"
+
+
+def test_leaving_is_idempotent_and_a_stranger_is_asked_to_register():
+    h = Harness()
+    h.register("a")
+    h.submit("g", count=2, seed=1)
+    first = [m for m in leaving(h, "a") if isinstance(m, AckLeaving)]
+    again = [m for m in leaving(h, "a") if isinstance(m, AckLeaving)]
+    assert first == again and len(first) == 1
+    assert [m.reason for m in leaving(h, "nobody") if isinstance(m, StopWorker)] == ["reregister"]
+    assert left(h, "nobody") == []  # a LEFT from a worker we do not know: nothing to do, nobody to tell
+
+
+def test_a_leaving_worker_that_goes_silent_is_lost_and_its_work_retried():
+    h = Harness(heartbeat_timeout_s=1.0)
+    h.register("a")
+    h.submit("g", count=2, seed=1)
+    leaving(h, "a")
+    h.advance(2.0)
+    h.take(h.engine.tick(h.now))
+    assert "a" not in h.engine.leaving
+    h.register("b")
+    h.run_all()
+    assert h.reply("g").status == "done" and h.reply("g").metrics["retries"] == 1
+
+
+def test_a_cancel_reaches_a_leaving_worker_and_shutdown_tells_it_to_go():
+    h = Harness()
+    h.register("a")
+    h.submit("g", count=2, seed=1)
+    leaving(h, "a")
+    answer, out = h.engine.cancel("g", h.now)
+    h.take(out)
+    assert answer.changed and [c.identity for c in h.cancels] == [b"a"]
+    assert h.reply("g").status == "cancelled"
+    stops = [m for m in h.engine.shutdown(h.now) if isinstance(m, StopWorker)]
+    assert [(s.identity, s.reason) for s in stops] == [(b"a", "reregister")]
+
+
+def test_groups_wait_while_the_only_worker_leaves_and_run_when_another_comes():
+    h = Harness()
+    h.register("a", capacity=1)
+    h.submit("first", count=1, seed=1)
+    leaving(h, "a")
+    h.submit("later", count=1, seed=2)  # no live worker: it waits, as before any worker registered
+    assert len(h.work) == 1
+    h.answer(h.work[0])
+    left(h, "a")
+    h.register("b", capacity=1)
+    h.run_all()
+    assert h.reply("first").status == "done" and h.reply("later").status == "done"
+    assert h.work[-1].identity == b"b"
