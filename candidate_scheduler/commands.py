@@ -208,6 +208,8 @@ def cmd_worker(args) -> int:
     signal.signal(signal.SIGTERM, lambda *_: worker.leave(args.leave_grace_s))
     print(f"candidate-scheduler worker {worker.worker_id}: connecting to {args.scheduler}", flush=True)
     worker.serve()
+    if worker.left_reason is not None:
+        print(f"candidate-scheduler worker {worker.worker_id}: left ({worker.left_reason})", flush=True)
     return 0
 
 
