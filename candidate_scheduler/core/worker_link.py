@@ -140,7 +140,6 @@ class WorkerLink:
             e.leaving[worker.worker_id] = worker
             e.held_back.pop(worker.worker_id, None)
             e.rows_changed()  # its rows leave the slicing, the views and the forecasts
-            e.counters["workers_leaving"] += 1
         e.outbox.append(AckLeaving(identity, tuple(worker.assignments)))
 
     def left(self, identity: Any, msg: Left) -> None:

@@ -243,7 +243,7 @@ class Worker:
             self._stop.set()
             self._inbox.put(None)
             compute.join(timeout=5)
-            sock.close(0)
+            sock.close()  # with its LINGER: 0, or a second for LEFT and the last results when leaving
             wake.close(0)
             self.ctx.term()
 

@@ -83,3 +83,12 @@ def test_with_no_scheduler_to_answer_an_idle_worker_still_goes_promptly(services
     assert w.proc.wait(timeout=10) == 0
     assert time.monotonic() - signalled < 5.0  # the ack timeout, not the 25 s grace
     assert w.wait_line(LEFT, 1).group(1) == "no_ack"
+
+
+def test_the_replacement_benchmark_runs_its_graceful_arm_exactly():
+    from candidate_scheduler.bench.worker_leave import report, run_arm
+
+    run = run_arm("sigterm", workers=2, groups=8, count=2, steps=4, step_s=0.05, signal_at_s=0.3)
+    assert run["exact"] and run["statuses"] == ["done"] and run["retries"] == 0
+    assert run["worker_exit"] == 0 and run["worker_listed_s"] is not None
+    assert "| sigterm |" in report([run])

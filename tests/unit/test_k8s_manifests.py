@@ -65,6 +65,9 @@ def test_the_manifests_agree_with_each_other_and_with_the_cli():
     w = parser.parse_args(worker_args)
     assert w.scheduler == f"tcp://{service['metadata']['name']}:{ports['workers']}" and w.curve_dir
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == "1" and w.device == "cuda"
+    # a rolling update's SIGTERM: the worker finishes what it holds before the kubelet's SIGKILL comes
+    pod = _one("Deployment", "candidate-scheduler-worker")["spec"]["template"]["spec"]
+    assert 0 < w.leave_grace_s < pod["terminationGracePeriodSeconds"] - 5
 
     secrets = {d["metadata"]["name"] for d in _docs() if d["kind"] == "Secret"}
     for name in ("candidate-scheduler", "candidate-scheduler-worker"):

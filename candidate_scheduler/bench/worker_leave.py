@@ -1,0 +1,158 @@
+"""A worker replaced in the middle of a burst: graceful (SIGTERM) against a crash (SIGKILL).
+
+What a rolling update or a scale-down costs the groups in flight. Each run starts a scheduler (default
+flags: 3 s heartbeat timeout) and K null workers, sends a burst of groups, and one second in signals
+one worker and starts its replacement (a surge, as a Deployment's rolling update does). Arms:
+
+- `none`: no worker is signalled (the replacement still joins: the same fleet size afterwards);
+- `sigterm`: the worker leaves gracefully (LEAVING, finishes what it holds, LEFT);
+- `sigkill`: the worker dies; the scheduler notices when its heartbeats lapse.
+
+Reported per run: the burst's wall time, the slices run again (`retries` summed over the replies), how
+long the scheduler listed the worker after the signal, the worker's exit, and whether every group was
+`done` with the exact candidates (the null model's action is a function of its seed). The arms
+alternate, `--rounds` times. `python -m candidate_scheduler.bench.worker_leave --out DIR`; not part of
+`make bench`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from candidate_scheduler.core import rng
+from candidate_scheduler.core.work import SamplingSpec
+from candidate_scheduler.service.client import make_request, synthetic_image
+from candidate_scheduler.service.launcher import Launcher
+from candidate_scheduler.worker.null_adapter import NullAdapter
+
+ARMS = ("none", "sigterm", "sigkill")
+IMAGE = synthetic_image(64, 64, seed=5)
+
+
+def _expected(seed: int, count: int, steps: int) -> np.ndarray:
+    sampling, mean = SamplingSpec(steps=steps), float(IMAGE.astype(np.float64).mean())
+    return np.stack([NullAdapter.expected(s, mean, sampling) for s in rng.candidate_seeds(seed, count, "per_candidate")])
+
+
+def run_arm(arm: str, *, workers: int = 4, capacity: int = 4, step_s: float = 0.05, steps: int = 8,
+            groups: int = 48, count: int = 4, signal_at_s: float = 1.0) -> dict:
+    with Launcher(tempfile.mkdtemp(prefix=f"cs-leave-{arm}-")) as launcher:
+        sched = launcher.scheduler()
+        procs = [launcher.worker(sched, "null", capacity, step_delay=step_s) for _ in range(workers)]
+        sched.wait_workers(workers)
+        with sched.client() as c, sched.client() as watcher:
+            target = next(iter(watcher.stats()["workers"]))  # a worker id; which process is it?
+            victim = next(p for p in procs if p.wait_line(_ID, 5).group(1) == target)
+            t0 = time.monotonic()
+            rids = [c.send(make_request(IMAGE, "pick", count=count, seed=1000 + i, return_candidates=True,
+                                        steps=steps, request_id=f"{arm}-{i}")) for i in range(groups)]
+            replies: dict[str, object] = {}
+            waiter = threading.Thread(target=lambda: replies.update({r: c.wait(r, timeout_s=120) for r in rids}))
+            waiter.start()
+            time.sleep(signal_at_s)
+            signalled = time.monotonic()
+            if arm != "none":
+                os.kill(victim.pid, signal.SIGTERM if arm == "sigterm" else signal.SIGKILL)
+            launcher.worker(sched, "null", capacity, step_delay=step_s)  # the replacement
+            listed_s = None
+            while arm != "none" and listed_s is None and time.monotonic() - signalled < 30:
+                stats = watcher.stats()
+                if target not in stats["workers"] and target not in stats.get("leaving", {}):
+                    listed_s = time.monotonic() - signalled
+                time.sleep(0.02)
+            waiter.join()
+            wall = max(0.0, time.monotonic() - t0)
+            exit_code = victim.proc.wait(timeout=40) if arm != "none" else None
+    exact = all(r.status == "done" and np.array_equal(r.candidates, _expected(1000 + i, count, steps))
+                for i, r in enumerate(replies[rid] for rid in rids))
+    return {"arm": arm, "wall_s": wall, "retries": sum(int(r.metrics["retries"]) for r in replies.values()),
+            "statuses": sorted({r.status for r in replies.values()}), "exact": exact,
+            "worker_listed_s": listed_s, "worker_exit": exit_code,
+            "p99_ms": float(np.percentile([r.metrics["total_s"] for r in replies.values()], 99)) * 1e3,
+            "settings": {"workers": workers, "capacity": capacity, "step_s": step_s, "steps": steps,
+                         "groups": groups, "count": count, "signal_at_s": signal_at_s}}
+
+
+_ID = __import__("re").compile(r"candidate-scheduler worker (\S+): connecting")
+
+
+def report(runs: list[dict]) -> str:
+    s = runs[0]["settings"]
+    lines = [f"# A worker replaced mid-burst: graceful against a crash ({time.strftime('%Y-%m-%d')})", "",
+             f"{s['workers']} null workers ({s['capacity']} rows, {s['step_s'] * 1e3:.0f} ms steps), {s['groups']} "
+             f"groups of {s['count']} candidates at {s['steps']} steps; {s['signal_at_s']:.0f} s in, one worker is "
+             "signalled and a replacement started. Scheduler defaults (3 s heartbeat timeout). Medians over the "
+             "rounds, ranges in brackets.", "",
+             "| arm | burst wall s | slices run again | worker listed after the signal, s | p99 group s | "
+             "every group done, exact | runs |", "|---|---|---|---|---|---|---|"]
+    for arm in ARMS:
+        rs = [r for r in runs if r["arm"] == arm]
+        if not rs:
+            continue
+
+        def cell(key, scale=1.0, fmt="{:.2f}", rs=rs):
+            vals = [r[key] * scale for r in rs if r[key] is not None]
+            if not vals:
+                return "-"
+            return f"{fmt.format(statistics.median(vals))} [{fmt.format(min(vals))}-{fmt.format(max(vals))}]"
+
+        lines.append(f"| {arm} | {cell('wall_s')} | {cell('retries', fmt='{:.0f}')} | {cell('worker_listed_s')} | "
+                     f"{cell('p99_ms', 1e-3)} | {all(r['exact'] for r in rs)} | {len(rs)} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(runs: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    for ax, key, title in ((axes[0], "wall_s", "burst wall time, s"), (axes[1], "retries", "slices run again")):
+        for k, arm in enumerate(ARMS):
+            vals = [r[key] for r in runs if r["arm"] == arm]
+            ax.scatter([k] * len(vals), vals, color=f"C{k}")
+            if vals:
+                ax.hlines(statistics.median(vals), k - 0.25, k + 0.25, color=f"C{k}")
+        ax.set_xticks(range(len(ARMS)), ARMS)
+        ax.set_title(title)
+        ax.set_ylim(bottom=0)
+    fig.suptitle("One worker of the fleet replaced mid-burst")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for k in range(args.rounds):
+        for arm in ARMS:
+            runs.append(run_arm(arm))
+            r = runs[-1]
+            print(f"round {k + 1}/{args.rounds} {arm}: wall {r['wall_s']:.2f} s, retries {r['retries']}, listed "
+                  f"{r['worker_listed_s']}, exit {r['worker_exit']}, exact {r['exact']}", flush=True)
+    (out / "worker_leave.json").write_text(json.dumps(runs, indent=1))
+    (out / "worker_leave.md").write_text(report(runs))
+    plot(runs, out / "worker_leave.png")
+    print(report(runs))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
