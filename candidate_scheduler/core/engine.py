@@ -1,11 +1,11 @@
 """The scheduling engine: every decision the scheduler makes, with no IO.
 
-Events go in -- a submission, a worker's registration, heartbeat or result, a control request, and
-`tick(now)` -- and each call returns the messages to send (core/messages.py). The engine owns all group,
-worker and assignment state; it never opens a socket, runs an event loop or reads a clock: the shell
-(service/server.py) passes `now` in and sends what comes back, in order. That is vLLM v1's split of
-`Scheduler` from `EngineCoreProc`, and why every rule here is tested in process, in microseconds
-(tests/unit/test_engine.py).
+Events go in -- a submission, a worker's registration, heartbeat, result or leaving, a control
+request, and `tick(now)` -- and each call returns the messages to send (core/messages.py). The engine
+owns all group, worker and assignment state; it never opens a socket, runs an event loop or reads a
+clock: the shell (service/server.py) passes `now` in and sends what comes back, in order. That is
+vLLM v1's split of `Scheduler` from `EngineCoreProc`, and why every rule here is tested in process, in
+microseconds (tests/unit/test_engine.py).
 
 The life of a group: `submit` validates it (core/request.py) and admits it (core/admission.py) once a
 worker has said what the model supports; its pending slices enter the indexed queue (core/pending.py).
