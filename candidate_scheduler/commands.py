@@ -204,7 +204,7 @@ def cmd_worker(args) -> int:
                     worker_id=args.worker_id, curve_dir=args.curve_dir, step_delay_s=args.step_delay,
                     warmup_shapes=parse_shapes(args.warmup_shapes),
                     memory_budget_bytes=int(args.memory_budget_mb * 2**20), conditioning=args.conditioning)
-    # SIGTERM (Kubernetes, systemd, `up` shutting down): leave gracefully; a second one stops at once
+    # SIGTERM (Kubernetes, systemd): leave gracefully (docs/deployment.md); a second one stops at once
     signal.signal(signal.SIGTERM, lambda *_: worker.leave(args.leave_grace_s))
     print(f"candidate-scheduler worker {worker.worker_id}: connecting to {args.scheduler}", flush=True)
     worker.serve()

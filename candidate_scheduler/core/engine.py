@@ -479,11 +479,11 @@ class Engine:
     def worker_result(self, identity: Any, result: WorkerResult, now: float, *, plan: bool = True) -> list:
         return self._event("result", now, self.link.result, identity, result, plan=plan)
 
-    def worker_leaving(self, identity: Any, msg: Leaving, now: float) -> list:
-        return self._event("leaving", now, self.link.leaving, identity, msg)
+    def worker_leaving(self, identity: Any, msg: Leaving, now: float, *, plan: bool = True) -> list:
+        return self._event("leaving", now, self.link.leaving, identity, msg, plan=plan)
 
-    def worker_left(self, identity: Any, msg: Left, now: float) -> list:
-        return self._event("left", now, self.link.left, identity, msg)
+    def worker_left(self, identity: Any, msg: Left, now: float, *, plan: bool = True) -> list:
+        return self._event("left", now, self.link.left, identity, msg, plan=plan)
 
     def worker_of(self, worker_id: str) -> WorkerState | None:
         """A live or leaving worker: either may hold assignments."""

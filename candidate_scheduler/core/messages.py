@@ -150,8 +150,8 @@ class AckRegistration:
 
 @value
 class AckLeaving:
-    """To a leaving worker: nothing more will be sent; these assignments (sent, not yet answered, some
-    perhaps still on the way) are what it should finish before it goes."""
+    """To a leaving worker: nothing more will be sent; these assignments (sent, not yet answered) are
+    what it should finish before it goes."""
 
     identity: Any
     batch_ids: tuple[int, ...]

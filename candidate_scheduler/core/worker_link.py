@@ -16,11 +16,11 @@ holds fewer rows, the slice is planned again.
 
 Leaving. A worker that is told to go (SIGTERM: a rolling update, a scale-down, a preemption notice)
 says `Leaving` first. It leaves the fleet at once -- no new work, no place in the forecasts or in the
-slicing -- and is told which assignments it still owes (`AckLeaving`: everything sent and not answered,
-some perhaps still on the way to it). It answers them as usual, then says `Left` and is forgotten there
-and then. Its groups lose nothing: no slice runs twice and none waits out a heartbeat timeout. Work it
-did not finish within its grace period (it says `Left` anyway) is retried elsewhere, as a lost
-worker's is; a leaving worker that goes silent is lost when its heartbeats lapse.
+slicing -- and is told which assignments it still owes (`AckLeaving`: everything sent and not
+answered; one it never received was lost on the link, and is retried). It answers them as usual, then
+says `Left` and is forgotten there and then. When it finishes within its grace period, its groups lose nothing: no slice runs twice and
+none waits out a heartbeat timeout. Work it did not finish (it says `Left` anyway) is retried
+elsewhere, as a lost worker's is; a leaving worker that goes silent is lost when its heartbeats lapse.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class WorkerLink:
         if beat.cache:
             e.metrics.conditioning_cache(beat.cache)
             e.cache_bytes[worker.worker_id] = int(beat.cache.get("bytes", 0))
-            e.metrics.conditioning_cache_bytes_in_use(sum(e.cache_bytes.get(w, 0) for w in e.workers))
+            e.metrics.conditioning_cache_bytes_in_use(sum(e.cache_bytes.values()))  # live and leaving workers
         for rows, seconds, label in beat.forwards:
             e.metrics.forward(rows, seconds)
             e.cost.observe_forward(worker.worker_id, label, rows, seconds)
@@ -173,15 +173,15 @@ class WorkerLink:
         self.drop(a)
         with e.guard("result"):  # bookkeeping: whatever raises here, the slices below are still answered
             self.reanchor(worker, ran)
-            if e.config.prefetch and e.config.prefetch_lead_s < math.inf:
-                self._learn_margin(worker)
+            if e.config.prefetch and e.config.prefetch_lead_s < math.inf and worker.worker_id in e.workers:
+                self._learn_margin(worker)  # a leaving worker is sent nothing more: no margin to learn
                 e.metrics.prefetch_margin(max(e.prefetch_margin.values()))
         report = dict(result.report or {})
         with e.guard("result"):  # bookkeeping: whatever raises here, the slices below are still answered
             e.metrics.worker_report(report)
             e.cost.observe_group(worker.worker_id, a.label, {**report, "groups": len(a.entries),
                                                              "device": worker.device})
-            if report.get("peak_memory_bytes") and worker.device != "cpu":
+            if report.get("peak_memory_bytes") and worker.device != "cpu" and worker.worker_id in e.workers:
                 e.rows_changed()  # a memory observation may change the rows it may hold
             if a.predicted_s > 0:
                 e.metrics.prediction(a.predicted_s, e.now - a.sent_at)
@@ -284,7 +284,8 @@ class WorkerLink:
         if key != worker.oom_key:
             worker.oom_key, worker.oom_rows = key, rows
             worker.capacity = max(1, min(worker.capacity, rows - 1))
-            e.rows_changed()
+            if worker.worker_id in e.workers:  # a leaving worker's rows are out of the fleet already
+                e.rows_changed()
         if worker.oom_rows <= 1:
             g.fail("out_of_memory", f"one candidate does not fit the worker's memory: {detail}", field="count")
             e.end(g)

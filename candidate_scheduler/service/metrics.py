@@ -185,7 +185,7 @@ METRICS = (
             "Worker conditioning-cache lookups, by kind (text K/V, VAE latent) and result (hit, miss).",
             kind=CACHE_KINDS, result=CACHE_RESULTS),
     _define(Counter, "conditioning_cache_evictions_total", "Entries evicted from the workers' conditioning caches."),
-    _define(Gauge, "conditioning_cache_bytes", "Bytes held by the live workers' conditioning caches."),
+    _define(Gauge, "conditioning_cache_bytes", "Bytes held by the live (and leaving) workers' conditioning caches."),
     # Cancellation and failure.
     _define(Counter, "cancellations_total", "Cancel requests, by the group state they found.", state=CANCEL_STATES),
     _define(Counter, "retries_total", "Slices sent back for retry after a worker failure, by reason.",

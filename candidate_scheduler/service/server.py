@@ -376,10 +376,11 @@ class Scheduler:
             self._run(self.engine.heartbeat, identity, convert.heartbeat_from_wire(msg), now, plan=False)
         elif kind is protocol.Kind.LEAVING:
             log.info("worker %s is leaving (grace %.1f s)", msg.worker_id, msg.grace_s)
-            self._run(self.engine.worker_leaving, identity, messages.Leaving(msg.worker_id, msg.grace_s), now)
+            self._run(self.engine.worker_leaving, identity, messages.Leaving(msg.worker_id, msg.grace_s), now,
+                      plan=False)
         elif kind is protocol.Kind.LEFT:
             log.info("worker %s left: %s", msg.worker_id, msg.reason)
-            self._run(self.engine.worker_left, identity, messages.Left(msg.worker_id, msg.reason), now)
+            self._run(self.engine.worker_left, identity, messages.Left(msg.worker_id, msg.reason), now, plan=False)
         else:
             self._run(self.engine.worker_result, identity, convert.worker_result_from_wire(msg), now, plan=False)
 

@@ -264,8 +264,11 @@ class Worker:
             # decoded here, on the IO thread: the compute thread only steps
             self._inbox.put(arrival_from_wire(msg, kind, received_at))
         elif kind is protocol.Kind.LEAVE_ACK:
-            if self._departure is not None:
-                self._departure.acknowledged(msg.batch_ids)
+            if self._departure is not None and self._departure.owed is None:
+                self._departure.acknowledged(msg.batch_ids, self._held)
+                if self._departure.lost_on_link:
+                    log.warning("%d assignment(s) the scheduler sent never arrived; it retries them",
+                                self._departure.lost_on_link)
         elif kind is protocol.Kind.CANCEL_ROWS:
             if msg.batch_id in self._held:  # a cancel that crossed the answer would be kept forever
                 with self._lock:
@@ -308,18 +311,28 @@ class Worker:
         return {**{k: v for k, v in delta.items() if v}, "bytes": now.get("bytes", 0)}
 
     def _leaving(self, sock, now: float) -> bool:
-        """Say LEAVING once, then LEFT when `Departure` says we may go; True: go now."""
+        """Say LEAVING (again while unanswered), then LEFT when `Departure` says we may go; True: go now."""
+        if self._departure is None and not self.registered.is_set():
+            # never registered, or asked to register again: LEFT tells a scheduler that did register us
+            # (a REGISTERED still on its way) to forget us now; one that did not ignores it
+            return self._left(sock, "unregistered")
         if self._departure is None:
-            if not self.registered.is_set():
-                return True  # never registered (or forgotten): nobody counts on us
             self._departure = Departure(self._leave_grace_s, now, ack_timeout_s=max(1.0, 2 * self.heartbeat_interval_s))
-            sock.send_multipart(protocol.encode(protocol.Kind.LEAVING, protocol.LeavingMsg(self.worker_id,
-                                                                                           self._departure.grace_s)))
+            self._say_leaving(sock)
             log.info("leaving: no new work; finishing what we hold (grace %.1f s)", self._departure.grace_s)
             return False
         reason = self._departure.outcome(now, holding=bool(self._held))
-        if reason is None:
-            return False
+        if reason is not None:
+            return self._left(sock, reason)
+        if self._departure.ask_again(now):
+            self._say_leaving(sock)
+        return False
+
+    def _say_leaving(self, sock) -> None:
+        sock.send_multipart(protocol.encode(protocol.Kind.LEAVING, protocol.LeavingMsg(self.worker_id,
+                                                                                       self._departure.grace_s)))
+
+    def _left(self, sock, reason: str) -> bool:
         sock.setsockopt(zmq.LINGER, 1000)  # LEFT (and the last results) must leave before the socket closes
         sock.send_multipart(protocol.encode(protocol.Kind.LEFT, protocol.LeftMsg(self.worker_id, reason)))
         self.left_reason = reason

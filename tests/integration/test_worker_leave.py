@@ -8,15 +8,31 @@ from __future__ import annotations
 import os
 import re
 import signal
+import threading
 import time
 
 import numpy as np
+import pytest
+import zmq
 
+from candidate_scheduler import convert, protocol
+from candidate_scheduler.bench.scrape import scrape
+from candidate_scheduler.core.work import SamplingSpec
 from candidate_scheduler.service.client import make_request
+from candidate_scheduler.worker.loop import Worker
+from candidate_scheduler.worker.null_adapter import NullAdapter
 from tests.conftest import wait_for
 from tests.integration.test_scheduler import IMAGE, assert_single_reply, expected_candidates
 
 LEFT = re.compile(r": left \((\w+)\)")
+BEFORE_TIMEOUT_S = 1.0  # the tests' scheduler declares a silent worker dead after 1.5 s (conftest)
+
+
+def counted(sched) -> dict[str, float]:
+    """The scheduler's departures and failures of workers, by outcome or kind (nonzero ones)."""
+    return {k.split("{", 1)[1].rstrip("}"): v for k, v in scrape(sched.metrics).items()
+            if v and k.startswith(("candidate_scheduler_worker_departures_total{",
+                                   "candidate_scheduler_worker_failures_total{"))}
 
 
 def both_mid_denoise(c) -> bool:
@@ -24,8 +40,13 @@ def both_mid_denoise(c) -> bool:
     return len(workers) == 2 and all(w["step"] is not None and w["step"] >= 1 for w in workers)
 
 
+def gone(c) -> bool:
+    stats = c.stats()
+    return not stats["leaving"] and len(stats["workers"]) == 1
+
+
 def test_sigterm_mid_group_finishes_the_workers_slice_and_nothing_runs_twice(services):
-    sched = services.scheduler()
+    sched = services.scheduler(metrics=True)
     leaver = services.worker(sched, "null", 4, 0.2)
     services.worker(sched, "null", 4, 0.2)
     sched.wait_workers(2)
@@ -33,15 +54,14 @@ def test_sigterm_mid_group_finishes_the_workers_slice_and_nothing_runs_twice(ser
         rid = c.send(make_request(IMAGE, "pick", count=8, seed=77, return_candidates=True, steps=6))
         wait_for(lambda: both_mid_denoise(c), 10, "both workers mid-denoise")
         os.kill(leaver.pid, signal.SIGTERM)
-        wait_for(lambda: list(c.stats()["leaving"]) and len(c.stats()["workers"]) == 1, 5, "the worker leaving")
         r = c.wait(rid, timeout_s=30)
         assert r.status == "done", r.error
         assert r.metrics["retries"] == 0  # its slice was finished where it ran, not run again
         np.testing.assert_array_equal(r.candidates, expected_candidates(77, 8, steps=6))
         assert leaver.proc.wait(timeout=10) == 0
         assert leaver.wait_line(LEFT, 1).group(1) == "finished"
-        stats = c.stats()  # forgotten at once: no heartbeat timeout to wait out
-        assert not stats["leaving"] and len(stats["workers"]) == 1
+        wait_for(lambda: gone(c), BEFORE_TIMEOUT_S, "the worker forgotten before any heartbeat timeout")
+        assert counted(sched) == {'outcome="finished"': 1.0}
         # a group sent now runs on the worker that stayed
         again = c.submit(IMAGE, "pick", count=4, seed=5, return_candidates=True, request_id="after")
         assert again.status == "done" and again.metrics["retries"] == 0
@@ -49,23 +69,18 @@ def test_sigterm_mid_group_finishes_the_workers_slice_and_nothing_runs_twice(ser
 
 
 def test_past_its_grace_a_leaving_worker_goes_and_its_slice_is_retried_at_once(services):
-    sched = services.scheduler()
+    sched = services.scheduler(metrics=True)
     leaver = services.worker(sched, "null", 4, 0.3, "--leave-grace-s", "0.2")
     services.worker(sched, "null", 4, 0.3)
     sched.wait_workers(2)
     with sched.client() as c:
         rid = c.send(make_request(IMAGE, "pick", count=8, seed=21, return_candidates=True, steps=8))
         wait_for(lambda: both_mid_denoise(c), 10, "both workers mid-denoise")
-        signalled = time.monotonic()
         os.kill(leaver.pid, signal.SIGTERM)
         assert leaver.proc.wait(timeout=10) == 0
-        gone_s = time.monotonic() - signalled
         assert leaver.wait_line(LEFT, 1).group(1) == "grace_expired"
-        stats = c.stats()
-        assert not stats["leaving"] and len(stats["workers"]) == 1
-        # gone within its grace plus a step and the wind-down, well inside the 3 s heartbeat timeout it
-        # would otherwise have taken to notice
-        assert gone_s < 2.0, gone_s
+        wait_for(lambda: gone(c), BEFORE_TIMEOUT_S, "the worker forgotten before any heartbeat timeout")
+        assert counted(sched) == {'outcome="unfinished"': 1.0, 'kind="left_unfinished"': 1.0}
         r = c.wait(rid, timeout_s=30)
         assert r.status == "done", r.error
         assert r.metrics["retries"] == 1
@@ -85,10 +100,105 @@ def test_with_no_scheduler_to_answer_an_idle_worker_still_goes_promptly(services
     assert w.wait_line(LEFT, 1).group(1) == "no_ack"
 
 
+# ---- the worker's side against a scheduler the test plays (one ROUTER socket, in process) ----------------
+
+
+class PlayedScheduler:
+    def __init__(self, step_s: float = 0.05):
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.worker = Worker(f"tcp://127.0.0.1:{port}", NullAdapter(4), capacity=4, worker_id="w",
+                             warmup_shapes=[], step_delay_s=step_s)
+        self.thread = threading.Thread(target=self.worker.serve, daemon=True)
+        self.thread.start()
+        self.identity, kind, _msg = self.next({protocol.Kind.REGISTER})
+        self.send(protocol.Kind.REGISTERED, protocol.RegisteredMsg("w", 0.2))
+        wait_for(self.worker.registered.is_set, 5, "registered")
+
+    def send(self, kind, msg) -> None:
+        self.sock.send_multipart([self.identity, *protocol.encode(kind, msg)])
+
+    def batch(self, batch_id: int, steps: int) -> None:
+        sampling = convert.sampling_to_wire(SamplingSpec(steps=steps))
+        group = protocol.GroupWorkMsg(f"g{batch_id}", protocol.array_to_wire(np.zeros((1, 16, 16, 3), np.uint8)),
+                                      ["pick"], sampling, [protocol.CandidateMsg(0, batch_id)])
+        self.send(protocol.Kind.BATCH, protocol.BatchMsg(batch_id, [group]))
+
+    def next(self, kinds, timeout_s: float = 10.0):
+        """The worker's next message of one of `kinds` (heartbeats and the rest skipped): (identity, kind, msg)."""
+        deadline = time.monotonic() + timeout_s
+        while self.sock.poll(max(1, int((deadline - time.monotonic()) * 1000))):
+            identity, *frames = self.sock.recv_multipart()
+            kind, msg = protocol.decode_frames(frames, protocol.WORKER_KINDS)
+            if kind in kinds:
+                return identity, kind, msg
+            if time.monotonic() > deadline:
+                break
+        raise TimeoutError(f"no {kinds} within {timeout_s} s")
+
+    def close(self) -> None:
+        self.worker.stop()
+        self.thread.join(10)
+        self.sock.close(0)
+        self.ctx.term()
+
+
+@pytest.fixture
+def played():
+    p = PlayedScheduler()
+    yield p
+    p.close()
+
+
+def test_a_batch_crossing_leaving_is_run_and_an_id_lost_on_the_link_is_not_waited_for(played):
+    played.batch(1, steps=4)
+    played.worker.leave(30.0)
+    _i, _k, leaving = played.next({protocol.Kind.LEAVING})
+    assert leaving.worker_id == "w" and leaving.grace_s == 30.0
+    played.batch(2, steps=4)  # sent before the scheduler read LEAVING
+    asked = time.monotonic()
+    played.send(protocol.Kind.LEAVE_ACK, protocol.LeaveAckMsg([1, 2, 99]))  # 99 never reached the worker
+    answered, left = set(), None
+    while left is None:
+        _i, kind, msg = played.next({protocol.Kind.BATCH_RESULT, protocol.Kind.LEFT})
+        if kind is protocol.Kind.BATCH_RESULT:
+            answered.add(msg.batch_id)
+        else:
+            left = msg
+    assert answered == {1, 2} and left.reason == "finished"
+    assert time.monotonic() - asked < 5.0  # not its 30 s grace, waiting for 99
+    played.thread.join(5)
+    assert not played.thread.is_alive() and played.worker.left_reason == "finished"
+
+
+def test_unanswered_leaving_is_asked_again_and_a_busy_worker_goes_after_the_last_try(played):
+    played.batch(1, steps=200)  # 10 s of work: it holds it throughout
+    played.next({protocol.Kind.HEARTBEAT})
+    played.worker.leave(30.0)
+    times = []
+    while len(times) < 3:
+        played.next({protocol.Kind.LEAVING})
+        times.append(time.monotonic())
+    _i, _k, left = played.next({protocol.Kind.LEFT}, timeout_s=5)
+    assert left.reason == "no_ack"
+    gaps = np.diff(times)
+    assert all(0.8 <= g <= 2.5 for g in gaps), gaps  # once per ack timeout (1 s)
+
+
+def test_told_to_register_again_while_leaving_it_goes_at_once(played):
+    played.batch(1, steps=200)
+    played.worker.leave(30.0)
+    played.next({protocol.Kind.LEAVING})
+    played.send(protocol.Kind.WORKER_STOP, protocol.WorkerStopMsg("reregister"))  # a new scheduler run
+    played.thread.join(5)
+    assert not played.thread.is_alive()
+
+
 def test_the_replacement_benchmark_runs_its_graceful_arm_exactly():
     from candidate_scheduler.bench.worker_leave import report, run_arm
 
     run = run_arm("sigterm", workers=2, groups=8, count=2, steps=4, step_s=0.05, signal_at_s=0.3)
     assert run["exact"] and run["statuses"] == ["done"] and run["retries"] == 0
     assert run["worker_exit"] == 0 and run["worker_listed_s"] is not None
-    assert "| sigterm |" in report([run])
+    assert "| sigterm |" in report([{**run, "load": "burst"}])

@@ -11,6 +11,19 @@ from candidate_scheduler.core.messages import AckLeaving, Leaving, Left, StopWor
 from tests.unit.test_engine import Harness, reduced
 
 
+class Recorder:
+    """A metrics sink that keeps every call."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def __getattr__(self, name):
+        return lambda *args: self.calls.append((name, *args))
+
+    def named(self, name: str) -> list[tuple]:
+        return [c[1:] for c in self.calls if c[0] == name]
+
+
 def leaving(h: Harness, worker_id: str, grace_s: float = 30.0) -> list:
     return h.take(h.engine.worker_leaving(worker_id.encode(), Leaving(worker_id, grace_s), h.now))
 
@@ -27,6 +40,7 @@ def on(h: Harness, worker_id: str) -> list:
 @pytest.mark.parametrize("batching", ["dispatch", "step"])
 def test_a_leaving_worker_gets_no_new_work_finishes_what_it_owes_and_is_forgotten(batching):
     h = Harness(batching=batching)
+    h.engine.metrics = metrics = Recorder()
     h.register("a", capacity=2)
     for i in range(4):
         h.submit(f"g{i}", count=1, seed=10 + i)
@@ -40,7 +54,9 @@ def test_a_leaving_worker_gets_no_new_work_finishes_what_it_owes_and_is_forgotte
     for w in owed:  # its answers are folded; nothing new goes to it, though it frees rows
         h.answer(w)
     assert len(h.work) == sent_before and not on(h, "a")
+    assert h.engine.stats()["leaving"] == {"a": {"assignments": 0}}  # its rows were given back
     assert not [m for m in left(h, "a") if isinstance(m, StopWorker)]
+    assert metrics.named("worker_departure") == [("finished",)] and not metrics.named("worker_failure")
     assert "a" not in h.engine.leaving and "a" not in h.engine.workers
     h.register("b", capacity=2)  # the rest run on a worker that joins later
     h.run_all()
@@ -53,6 +69,7 @@ def test_a_leaving_worker_gets_no_new_work_finishes_what_it_owes_and_is_forgotte
 
 def test_work_a_worker_could_not_finish_is_retried_elsewhere_at_once():
     h = Harness()
+    h.engine.metrics = metrics = Recorder()
     h.register("a", capacity=4)
     h.register("b", capacity=4)
     h.submit("g", count=4, seed=3)
@@ -62,6 +79,8 @@ def test_work_a_worker_could_not_finish_is_retried_elsewhere_at_once():
     leaving(h, gone)
     left(h, gone, "grace_expired")  # its grace ran out with the group still running
     assert gone not in h.engine.leaving and gone not in h.engine.workers
+    assert metrics.named("worker_departure") == [("unfinished",)]
+    assert metrics.named("worker_failure") == [("left_unfinished",)] == metrics.named("retry")
     (retry,) = on(h, other)
     h.answer(retry)
     r = h.reply("g")
@@ -92,6 +111,23 @@ def test_leaving_is_idempotent_and_a_stranger_is_asked_to_register():
     assert first == again and len(first) == 1
     assert [m.reason for m in leaving(h, "nobody") if isinstance(m, StopWorker)] == ["reregister"]
     assert left(h, "nobody") == []  # a LEFT from a worker we do not know: nothing to do, nobody to tell
+    impostor = h.take(h.engine.worker_left(b"elsewhere", Left("a", "finished"), h.now))
+    assert impostor == [] and "a" in h.engine.leaving  # its id from another connection: not its word
+
+
+def test_a_worker_that_registers_again_under_a_leaving_id_is_a_new_one_and_the_old_work_is_retried():
+    h = Harness()
+    h.register("a", capacity=2)
+    h.submit("g", count=2, seed=4)
+    (old,) = h.work
+    leaving(h, "a")
+    h.register("a", capacity=2)  # the process restarted under the same id before it said LEFT
+    assert "a" in h.engine.workers and "a" not in h.engine.leaving
+    (again,) = on(h, "a")
+    assert again.batch_id != old.batch_id
+    h.answer(old)  # the old incarnation's answer is not taken
+    h.answer(again)
+    assert h.reply("g").status == "done" and h.reply("g").metrics["retries"] == 1
 
 
 def test_a_leaving_worker_that_goes_silent_is_lost_and_its_work_retried():
