@@ -1,5 +1,5 @@
 """`candidate-scheduler` command line: serve | worker | up | demo | submit | cancel | status | stats |
-drain | shutdown | make-checkpoint | keys | bench | http. Every flag says what it does and its default
+drain | shutdown | worker-leave | make-checkpoint | keys | bench | http. Every flag says what it does and its default
 (`candidate-scheduler SUBCOMMAND --help`); commands.py does the work."""
 
 from __future__ import annotations
@@ -223,6 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
         _add_client_args(p)
         if needs_id:
             p.add_argument("request_id", help="the group's request id")
+    p = command("worker-leave", "control: ask one worker to leave: no new work, it finishes what it holds (within "
+                "its --leave-grace-s) and goes, as on SIGTERM (admin)", commands.cmd_control)
+    _add_client_args(p)
+    p.add_argument("worker_id", help="the worker's id (`stats` lists them)")
 
     p = command("make-checkpoint", "write a random-weight Cosmos3 checkpoint (tiny by default; no download)",
                 commands.cmd_make_checkpoint)

@@ -203,9 +203,10 @@ def cmd_worker(args) -> int:
     worker = Worker(args.scheduler, adapter, capacity=args.capacity, device=args.device,
                     worker_id=args.worker_id, curve_dir=args.curve_dir, step_delay_s=args.step_delay,
                     warmup_shapes=parse_shapes(args.warmup_shapes),
-                    memory_budget_bytes=int(args.memory_budget_mb * 2**20), conditioning=args.conditioning)
+                    memory_budget_bytes=int(args.memory_budget_mb * 2**20), conditioning=args.conditioning,
+                    leave_grace_s=args.leave_grace_s)
     # SIGTERM (Kubernetes, systemd): leave gracefully (docs/deployment.md); a second one stops at once
-    signal.signal(signal.SIGTERM, lambda *_: worker.leave(args.leave_grace_s))
+    signal.signal(signal.SIGTERM, lambda *_: worker.leave())
     print(f"candidate-scheduler worker {worker.worker_id}: connecting to {args.scheduler}", flush=True)
     worker.serve()
     if worker.left_reason is not None:
@@ -281,6 +282,8 @@ def cmd_control(args) -> int:
             reply = client.drain()
         elif args.command == "shutdown":
             reply = client.shutdown()
+        elif args.command == "worker-leave":
+            reply = client.worker_leave(args.worker_id)
         else:
             print(json.dumps(client.stats(), indent=2))
             return 0

@@ -40,6 +40,7 @@ class Kind(enum.IntEnum):
     DRAIN = 0x13
     SHUTDOWN = 0x14
     COMPAT_REPORT = 0x15  # the sglang compat bridge's message counts, for the scheduler's /metrics
+    WORKER_LEAVE = 0x16  # an operator asks one worker to leave (it finishes what it holds, then goes)
     # worker <-> scheduler, worker link
     REGISTER = 0x20
     HEARTBEAT = 0x21
@@ -220,6 +221,10 @@ class StatusRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     request_id: str
 
 
+class WorkerLeaveRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    worker_id: str
+
+
 class Empty(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     pass
 
@@ -342,6 +347,7 @@ PAYLOAD_TYPES: dict[Kind, type] = {
     Kind.DRAIN: Empty,
     Kind.SHUTDOWN: Empty,
     Kind.COMPAT_REPORT: CompatReport,
+    Kind.WORKER_LEAVE: WorkerLeaveRequest,
     Kind.REGISTER: RegisterMsg,
     Kind.HEARTBEAT: HeartbeatMsg,
     Kind.BATCH: BatchMsg,
@@ -432,6 +438,6 @@ def reply_frames(identity: bytes, delimited: bool, kind: Kind, payload: msgspec.
 
 REQUEST_KINDS = frozenset({Kind.SUBMIT, Kind.PING})
 CONTROL_KINDS = frozenset(
-    {Kind.CANCEL, Kind.STATUS, Kind.STATS, Kind.DRAIN, Kind.SHUTDOWN, Kind.PING, Kind.COMPAT_REPORT}
+    {Kind.CANCEL, Kind.STATUS, Kind.STATS, Kind.DRAIN, Kind.SHUTDOWN, Kind.PING, Kind.COMPAT_REPORT, Kind.WORKER_LEAVE}
 )
 WORKER_KINDS = frozenset({Kind.REGISTER, Kind.HEARTBEAT, Kind.BATCH_RESULT, Kind.LEAVING, Kind.LEFT})

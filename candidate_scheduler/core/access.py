@@ -45,6 +45,7 @@ class Action(str, enum.Enum):
     DRAIN = "drain"
     SHUTDOWN = "shutdown"
     COMPAT_REPORT = "compat_report"
+    WORKER_LEAVE = "worker_leave"
 
 
 def check_name(kind: str, name: str) -> str:

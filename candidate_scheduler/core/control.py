@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from candidate_scheduler.core.access import FORBIDDEN, Action, Principal, denied
-from candidate_scheduler.core.messages import ControlAnswer, StopWorker
+from candidate_scheduler.core.messages import LEAVE, ControlAnswer, StopWorker
 
 
 class Control:
@@ -69,6 +69,20 @@ class Control:
             "running_slices": len(g.running_slices()),
             "candidates_done": len(g.partial.done()),
         })
+
+    def ask_leave(self, worker_id: str, answer: list) -> None:
+        """Out of the fleet now; the worker is told to leave, says LEAVING and is answered as on SIGTERM."""
+        e = self.engine
+        worker = e.worker_of(worker_id)
+        if worker is None:
+            answer.append(ControlAnswer(ok=False, error=f"no worker {worker_id!r} is registered",
+                                        error_code="unknown_worker"))
+            return
+        changed = e.link.out_of_fleet(worker)
+        if changed:
+            e.outbox.append(StopWorker(worker.identity, LEAVE))
+        answer.append(ControlAnswer(ok=True, changed=changed, state="leaving",
+                                    detail={"assignments": len(worker.assignments)}))
 
     def drain(self) -> ControlAnswer:
         e = self.engine

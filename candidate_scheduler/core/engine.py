@@ -58,6 +58,7 @@ from candidate_scheduler.core.messages import (
     SliceWork,
     WorkerResult,
 )
+from candidate_scheduler.core.no_metrics import NoMetrics
 from candidate_scheduler.core.pending import PendingIndex
 from candidate_scheduler.core.planning import Unit, dispatch_class, step_class
 from candidate_scheduler.core.request import Submission
@@ -73,23 +74,11 @@ INTERNAL_ERROR = "internal_error"
 _PLANNING_ATTEMPTS = 4  # planning passes per event when one raises on a group (which is then answered)
 
 
-def _ignore(*_args, **_kwargs) -> None:
-    return None
-
-
-class _NoMetrics:
-    """The default metrics sink: every call is a no-op (tests that do not look at metrics)."""
-
-    def __getattr__(self, name: str):
-        setattr(self, name, _ignore)  # asked once per name: the engine calls a dozen per group
-        return _ignore
-
-
 class Engine:
     def __init__(self, config: EngineConfig | None = None, metrics: Any | None = None, first_batch_id: int = 1,
                  stopwatch=None):
         self.config = config or EngineConfig()
-        self.metrics = metrics if metrics is not None else _NoMetrics()
+        self.metrics = metrics if metrics is not None else NoMetrics()
         self.groups: dict[str, Group] = {}
         self.waiting: collections.OrderedDict[str, None] = collections.OrderedDict()  # no worker yet
         self.pending = PendingIndex(dispatch_class if self.config.batching == "dispatch" else step_class)
@@ -578,6 +567,12 @@ class Engine:
             return refused, []
         answer: list[ControlAnswer] = []
         out = self._event("cancel", now, self.control.cancel, request_id, answer)
+        return (answer[0] if answer else ControlAnswer(ok=False, error="internal error; see the scheduler log")), out
+
+    def ask_leave(self, worker_id: str, now: float) -> tuple[ControlAnswer, list]:
+        """An operator's: the worker leaves as on SIGTERM (core/worker_link.py, "Leaving")."""
+        answer: list[ControlAnswer] = []
+        out = self._event("worker_leave", now, self.control.ask_leave, worker_id, answer)
         return (answer[0] if answer else ControlAnswer(ok=False, error="internal error; see the scheduler log")), out
 
     def status(self, request_id: str, principal: Principal = LOCAL) -> ControlAnswer:

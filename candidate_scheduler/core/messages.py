@@ -157,9 +157,12 @@ class AckLeaving:
     batch_ids: tuple[int, ...]
 
 
+LEAVE = "leave"  # a StopWorker reason: leave as on SIGTERM (an operator asked; core/control.py)
+
+
 @value
 class StopWorker:
-    """Tell a worker to stop, or with reason "reregister" to register again (we forgot it)."""
+    """Tell a worker to stop, or with reason "reregister" to register again (we forgot it), or LEAVE."""
 
     identity: Any
     reason: str

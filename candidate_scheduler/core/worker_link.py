@@ -136,11 +136,18 @@ class WorkerLink:
         worker = self.known(identity, msg.worker_id)
         if worker is None:
             return
-        if e.workers.pop(worker.worker_id, None) is not None:
-            e.leaving[worker.worker_id] = worker
-            e.held_back.pop(worker.worker_id, None)
-            e.rows_changed()  # its rows leave the slicing, the views and the forecasts
+        self.out_of_fleet(worker)
         e.outbox.append(AckLeaving(identity, tuple(worker.assignments)))
+
+    def out_of_fleet(self, worker: WorkerState) -> bool:
+        """A live worker becomes a leaving one: nothing new is sent to it. Whether it was live."""
+        e = self.engine
+        if e.workers.pop(worker.worker_id, None) is None:
+            return False
+        e.leaving[worker.worker_id] = worker
+        e.held_back.pop(worker.worker_id, None)
+        e.rows_changed()  # its rows leave the slicing, the views and the forecasts
+        return True
 
     def left(self, identity: Any, msg: Left) -> None:
         """The worker's last word: forget it now. What it still holds (its grace ran out) is retried."""

@@ -366,6 +366,10 @@ class Client:
     def shutdown(self) -> protocol.ControlReply:
         return self.control(protocol.Kind.SHUTDOWN, protocol.Empty())
 
+    def worker_leave(self, worker_id: str) -> protocol.ControlReply:
+        """Ask one worker to leave: no new work; it finishes what it holds, then goes (admin)."""
+        return self.control(protocol.Kind.WORKER_LEAVE, protocol.WorkerLeaveRequest(worker_id))
+
     def close(self) -> None:
         self._sock.close(0)
         if self._ctl is not None:

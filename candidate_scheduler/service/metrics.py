@@ -75,12 +75,12 @@ PROTOCOL_ERROR_KINDS = (
     OTHER,
 )
 # the engine's events (core/engine.py), plus the shell's own loop: where code raised
-EVENTS = ("submit", "register", "heartbeat", "result", "leaving", "left", "tick", "cancel", "shutdown", "schedule",
-          "shell", OTHER)
+EVENTS = ("submit", "register", "heartbeat", "result", "leaving", "left", "tick", "cancel", "worker_leave",
+          "shutdown", "schedule", "shell", OTHER)
 # the tenants named in the key directory (core/access.py): set per instance, see SchedulerMetrics
 CONFIGURED_TENANTS = ("<configured tenants>",)
 RESUBMISSIONS = ("in_flight", "answered", OTHER)
-ACTIONS = ("submit", "cancel", "status", "stats", "drain", "shutdown", "compat_report", OTHER)
+ACTIONS = ("submit", "cancel", "status", "stats", "drain", "shutdown", "compat_report", "worker_leave", OTHER)
 COMPAT_REQUEST_TYPES = ("req", "req_list", "ping", "shutdown", "warmup", "control", "unknown", OTHER)
 
 # --- Buckets -------------------------------------------------------------------------------------------

@@ -75,7 +75,8 @@ class StartupRefused(RuntimeError):
 
 _ACTIONS = {protocol.Kind.CANCEL: Action.CANCEL, protocol.Kind.STATUS: Action.STATUS,
             protocol.Kind.STATS: Action.STATS, protocol.Kind.DRAIN: Action.DRAIN,
-            protocol.Kind.SHUTDOWN: Action.SHUTDOWN, protocol.Kind.COMPAT_REPORT: Action.COMPAT_REPORT}
+            protocol.Kind.SHUTDOWN: Action.SHUTDOWN, protocol.Kind.COMPAT_REPORT: Action.COMPAT_REPORT,
+            protocol.Kind.WORKER_LEAVE: Action.WORKER_LEAVE}
 
 
 @dataclass(frozen=True)
@@ -416,6 +417,8 @@ class Scheduler:
             return messages.ControlAnswer(ok=True, detail={**engine.stats(), "security": security}), []
         if kind is protocol.Kind.DRAIN:
             return engine.drain(), []
+        if kind is protocol.Kind.WORKER_LEAVE:
+            return engine.ask_leave(msg.worker_id, time.monotonic())
         if kind is protocol.Kind.SHUTDOWN:
             return messages.ControlAnswer(ok=True, changed=True, state="stopping",
                                           detail={"in_flight": len(engine.groups)}), []

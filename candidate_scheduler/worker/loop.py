@@ -19,8 +19,9 @@ Two threads, so heartbeats and cancels keep flowing while the model computes:
 If the scheduler forgets us (restart, or it declared us dead), it answers WORKER_STOP("reregister")
 and we register again; ZMQ reconnects the TCP link by itself.
 
-`leave(grace_s)` (SIGTERM) goes gracefully: LEAVING, finish what the scheduler says we owe, LEFT
-(leaving.py). A second SIGTERM, or `stop()`, stops at once.
+`leave(grace_s)` (SIGTERM, or WORKER_STOP("leave") when an operator asks the scheduler) goes
+gracefully: LEAVING, finish what the scheduler says we owe, LEFT (leaving.py). A second SIGTERM, or
+`stop()`, stops at once.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import uuid
 import zmq
 
 from candidate_scheduler import convert, protocol
+from candidate_scheduler.core.messages import LEAVE
 from candidate_scheduler.worker.leaving import Departure
 from candidate_scheduler.worker.preparing import Prepared, Preparer, supports_concurrent_start
 from candidate_scheduler.worker.running import Arrival, RunningBatch, arrival_from_wire
@@ -60,6 +62,7 @@ class Worker:
         step_delay_s: float = 0.0,
         warmup_shapes: list[tuple[int, int]] | None = None,
         memory_budget_bytes: int = 0,
+        leave_grace_s: float = 25.0,
         conditioning: str = "thread",
     ):
         self.endpoint = scheduler_endpoint
@@ -91,6 +94,7 @@ class Worker:
         self._held: list[int] = []  # assignment ids received and not yet answered (I/O thread only)
         self._cache_seen: dict[str, int] = {}
         self._stop = threading.Event()
+        self.leave_grace_s = leave_grace_s  # how long a leave (SIGTERM, or an operator's) waits for what it holds
         self._leave_grace_s: float | None = None  # leave() was asked, with this grace (I/O thread's to act on)
         self._departure: Departure | None = None  # LEAVING sent: when we may go (I/O thread only)
         self.left_reason: str | None = None  # why we went, once LEFT is sent
@@ -274,6 +278,10 @@ class Worker:
                 with self._lock:
                     self._cancelled.setdefault(msg.batch_id, set()).update(msg.request_ids)
         elif kind is protocol.Kind.WORKER_STOP:
+            if msg.reason == LEAVE:  # an operator asked the scheduler (`candidate-scheduler worker-leave ID`)
+                if self._leave_grace_s is None:
+                    self._leave_grace_s = self.leave_grace_s
+                return False
             if msg.reason == "reregister" and self._departure is not None:
                 log.info("the scheduler no longer knows us (restarted or shut down): leaving now")
                 return True  # it owes nobody our results: what we held was answered or is lost with it
@@ -339,13 +347,14 @@ class Worker:
         log.info("left: %s", reason)
         return True
 
-    def leave(self, grace_s: float) -> None:
-        """Go gracefully (SIGTERM): take no new work, finish what we owe within `grace_s`, then go. Asked
-        twice, stop at once. Safe from a signal handler: it only sets a value the I/O loop reads."""
+    def leave(self, grace_s: float | None = None) -> None:
+        """Go gracefully (SIGTERM): take no new work, finish what we owe within `grace_s` (None: the
+        worker's own), then go. Asked twice, stop at once. Safe from a signal handler: it only sets a
+        value the I/O loop reads."""
         if self._leave_grace_s is not None:
             self.stop()
         else:
-            self._leave_grace_s = max(0.0, float(grace_s))
+            self._leave_grace_s = max(0.0, float(self.leave_grace_s if grace_s is None else grace_s))
 
     def stop(self) -> None:
         self._stop.set()

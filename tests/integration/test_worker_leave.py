@@ -25,6 +25,7 @@ from tests.conftest import wait_for
 from tests.integration.test_scheduler import IMAGE, assert_single_reply, expected_candidates
 
 LEFT = re.compile(r": left \((\w+)\)")
+ID = re.compile(r"candidate-scheduler worker (\S+): connecting")
 BEFORE_TIMEOUT_S = 1.0  # the tests' scheduler declares a silent worker dead after 1.5 s (conftest)
 
 
@@ -86,6 +87,28 @@ def test_past_its_grace_a_leaving_worker_goes_and_its_slice_is_retried_at_once(s
         assert r.metrics["retries"] == 1
         np.testing.assert_array_equal(r.candidates, expected_candidates(21, 8, steps=8))
         assert_single_reply(c, rid)
+
+
+def test_an_operator_asks_a_worker_to_leave_and_it_finishes_first(services):
+    sched = services.scheduler(metrics=True)
+    services.worker(sched, "null", 4, 0.2)
+    services.worker(sched, "null", 4, 0.2)
+    sched.wait_workers(2)
+    with sched.client() as c:
+        rid = c.send(make_request(IMAGE, "pick", count=8, seed=41, return_candidates=True, steps=6))
+        wait_for(lambda: both_mid_denoise(c), 10, "both workers mid-denoise")
+        wid = next(iter(c.stats()["workers"]))
+        reply = c.worker_leave(wid)
+        assert reply.ok and reply.changed and reply.state == "leaving" and reply.detail == {"assignments": 1}
+        assert wid in c.stats()["leaving"]
+        r = c.wait(rid, timeout_s=30)
+        assert r.status == "done" and r.metrics["retries"] == 0
+        np.testing.assert_array_equal(r.candidates, expected_candidates(41, 8, steps=6))
+        (leaver,) = [w for w in sched.workers if w.wait_line(ID, 1).group(1) == wid]
+        assert leaver.proc.wait(timeout=10) == 0 and leaver.wait_line(LEFT, 1).group(1) == "finished"
+        wait_for(lambda: gone(c), BEFORE_TIMEOUT_S, "the worker forgotten before any heartbeat timeout")
+        assert counted(sched) == {'outcome="finished"': 1.0}
+        assert not c.worker_leave("nobody").ok
 
 
 def test_with_no_scheduler_to_answer_an_idle_worker_still_goes_promptly(services):

@@ -38,6 +38,9 @@ WORKER = Principal("gpu-1", "default", Role.WORKER)
     (FRONT, Action.STATS, None, True),
     (FRONT, Action.CANCEL, ("alice", "openpi-front"), True),  # a group it sent for alice
     (FRONT, Action.SHUTDOWN, None, False),
+    (ALICE, Action.WORKER_LEAVE, None, False),
+    (FRONT, Action.WORKER_LEAVE, None, False),
+    (ADMIN, Action.WORKER_LEAVE, None, True),
     (ADMIN, Action.CANCEL, ("bob",), True),
     (ADMIN, Action.SHUTDOWN, None, True),
     (LOCAL, Action.STATS, None, True),

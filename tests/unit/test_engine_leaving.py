@@ -169,3 +169,29 @@ def test_groups_wait_while_the_only_worker_leaves_and_run_when_another_comes():
     h.run_all()
     assert h.reply("first").status == "done" and h.reply("later").status == "done"
     assert h.work[-1].identity == b"b"
+
+
+def test_an_operator_asks_a_worker_to_leave_and_it_leaves_as_on_sigterm():
+    h = Harness()
+    h.register("a", capacity=2)
+    h.register("b", capacity=2)
+    h.submit("g", count=2, seed=6)
+    (send,) = h.work
+    wid = send.identity.decode()
+    answer, out = h.engine.ask_leave(wid, h.now)
+    assert answer.ok and answer.changed and answer.state == "leaving" and answer.detail == {"assignments": 1}
+    assert [(m.identity, m.reason) for m in out if isinstance(m, StopWorker)] == [(send.identity, "leave")]
+    assert wid in h.engine.leaving and wid not in h.engine.workers
+    again, out = h.engine.ask_leave(wid, h.now)  # asked twice: nothing more to tell it
+    assert again.ok and not again.changed and out == []
+    (ack,) = [m for m in leaving(h, wid) if isinstance(m, AckLeaving)]  # the worker says LEAVING: told what it owes
+    assert ack.batch_ids == (send.batch_id,)
+    h.submit("later", count=2, seed=7)
+    assert {w.identity for w in h.work[1:]} == {b"b" if wid == "a" else b"a"}  # nothing new goes to it
+    h.answer(send)
+    left(h, wid)
+    h.run_all()
+    assert h.reply("g").status == "done" and h.reply("g").metrics["retries"] == 0
+    assert h.reply("later").status == "done"
+    unknown, out = h.engine.ask_leave("nobody", h.now)
+    assert not unknown.ok and unknown.error_code == "unknown_worker" and out == []
