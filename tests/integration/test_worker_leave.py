@@ -46,19 +46,36 @@ def gone(c) -> bool:
     return not stats["leaving"] and len(stats["workers"]) == 1
 
 
-def test_sigterm_mid_group_finishes_the_workers_slice_and_nothing_runs_twice(services):
+def fleet_of_two(services, step_s: float, *extra: str):
+    """A scheduler with metrics and two null workers of 4 rows (the first started with `extra`)."""
     sched = services.scheduler(metrics=True)
-    leaver = services.worker(sched, "null", 4, 0.2)
-    services.worker(sched, "null", 4, 0.2)
+    first = services.worker(sched, "null", 4, step_s, *extra)
+    services.worker(sched, "null", 4, step_s)
     sched.wait_workers(2)
+    return sched, first
+
+
+def group_on_both(c, seed: int, steps: int) -> str:
+    """A group of 8 candidates, a slice on each worker, both mid-denoise."""
+    rid = c.send(make_request(IMAGE, "pick", count=8, seed=seed, return_candidates=True, steps=steps))
+    wait_for(lambda: both_mid_denoise(c), 10, "both workers mid-denoise")
+    return rid
+
+
+def answered_exactly(c, rid: str, seed: int, steps: int, retries: int) -> None:
+    r = c.wait(rid, timeout_s=30)
+    assert r.status == "done", r.error
+    assert r.metrics["retries"] == retries
+    np.testing.assert_array_equal(r.candidates, expected_candidates(seed, 8, steps=steps))
+    assert_single_reply(c, rid)
+
+
+def test_sigterm_mid_group_finishes_the_workers_slice_and_nothing_runs_twice(services):
+    sched, leaver = fleet_of_two(services, 0.2)
     with sched.client() as c:
-        rid = c.send(make_request(IMAGE, "pick", count=8, seed=77, return_candidates=True, steps=6))
-        wait_for(lambda: both_mid_denoise(c), 10, "both workers mid-denoise")
+        rid = group_on_both(c, seed=77, steps=6)
         os.kill(leaver.pid, signal.SIGTERM)
-        r = c.wait(rid, timeout_s=30)
-        assert r.status == "done", r.error
-        assert r.metrics["retries"] == 0  # its slice was finished where it ran, not run again
-        np.testing.assert_array_equal(r.candidates, expected_candidates(77, 8, steps=6))
+        answered_exactly(c, rid, 77, 6, retries=0)  # its slice was finished where it ran, not run again
         assert leaver.proc.wait(timeout=10) == 0
         assert leaver.wait_line(LEFT, 1).group(1) == "finished"
         wait_for(lambda: gone(c), BEFORE_TIMEOUT_S, "the worker forgotten before any heartbeat timeout")
@@ -66,44 +83,29 @@ def test_sigterm_mid_group_finishes_the_workers_slice_and_nothing_runs_twice(ser
         # a group sent now runs on the worker that stayed
         again = c.submit(IMAGE, "pick", count=4, seed=5, return_candidates=True, request_id="after")
         assert again.status == "done" and again.metrics["retries"] == 0
-        assert_single_reply(c, rid)
 
 
 def test_past_its_grace_a_leaving_worker_goes_and_its_slice_is_retried_at_once(services):
-    sched = services.scheduler(metrics=True)
-    leaver = services.worker(sched, "null", 4, 0.3, "--leave-grace-s", "0.2")
-    services.worker(sched, "null", 4, 0.3)
-    sched.wait_workers(2)
+    sched, leaver = fleet_of_two(services, 0.3, "--leave-grace-s", "0.2")
     with sched.client() as c:
-        rid = c.send(make_request(IMAGE, "pick", count=8, seed=21, return_candidates=True, steps=8))
-        wait_for(lambda: both_mid_denoise(c), 10, "both workers mid-denoise")
+        rid = group_on_both(c, seed=21, steps=8)
         os.kill(leaver.pid, signal.SIGTERM)
         assert leaver.proc.wait(timeout=10) == 0
         assert leaver.wait_line(LEFT, 1).group(1) == "grace_expired"
         wait_for(lambda: gone(c), BEFORE_TIMEOUT_S, "the worker forgotten before any heartbeat timeout")
         assert counted(sched) == {'outcome="unfinished"': 1.0, 'kind="left_unfinished"': 1.0}
-        r = c.wait(rid, timeout_s=30)
-        assert r.status == "done", r.error
-        assert r.metrics["retries"] == 1
-        np.testing.assert_array_equal(r.candidates, expected_candidates(21, 8, steps=8))
-        assert_single_reply(c, rid)
+        answered_exactly(c, rid, 21, 8, retries=1)
 
 
 def test_an_operator_asks_a_worker_to_leave_and_it_finishes_first(services):
-    sched = services.scheduler(metrics=True)
-    services.worker(sched, "null", 4, 0.2)
-    services.worker(sched, "null", 4, 0.2)
-    sched.wait_workers(2)
+    sched, _first = fleet_of_two(services, 0.2)
     with sched.client() as c:
-        rid = c.send(make_request(IMAGE, "pick", count=8, seed=41, return_candidates=True, steps=6))
-        wait_for(lambda: both_mid_denoise(c), 10, "both workers mid-denoise")
+        rid = group_on_both(c, seed=41, steps=6)
         wid = next(iter(c.stats()["workers"]))
         reply = c.worker_leave(wid)
         assert reply.ok and reply.changed and reply.state == "leaving" and reply.detail == {"assignments": 1}
         assert wid in c.stats()["leaving"]
-        r = c.wait(rid, timeout_s=30)
-        assert r.status == "done" and r.metrics["retries"] == 0
-        np.testing.assert_array_equal(r.candidates, expected_candidates(41, 8, steps=6))
+        answered_exactly(c, rid, 41, 6, retries=0)
         (leaver,) = [w for w in sched.workers if w.wait_line(ID, 1).group(1) == wid]
         assert leaver.proc.wait(timeout=10) == 0 and leaver.wait_line(LEFT, 1).group(1) == "finished"
         wait_for(lambda: gone(c), BEFORE_TIMEOUT_S, "the worker forgotten before any heartbeat timeout")

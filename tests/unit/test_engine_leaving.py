@@ -32,6 +32,16 @@ def left(h: Harness, worker_id: str, reason: str = "finished") -> list:
     return h.take(h.engine.worker_left(worker_id.encode(), Left(worker_id, reason), h.now))
 
 
+def leaving_with_a_group(count: int):
+    """Worker "a" of `count` rows running group "g", then leaving: (harness, its assignment)."""
+    h = Harness()
+    h.register("a", capacity=count)
+    h.submit("g", count=count, seed=count)
+    (send,) = h.work
+    leaving(h, "a")
+    return h, send
+
+
 def on(h: Harness, worker_id: str) -> list:
     """Assignments sent to `worker_id` that are still out."""
     return [w for w in h.work if w.identity == worker_id.encode() and w.batch_id in h.engine.assignments]
@@ -89,11 +99,7 @@ def test_work_a_worker_could_not_finish_is_retried_elsewhere_at_once():
 
 
 def test_a_result_after_the_worker_left_unfinished_is_late_and_the_group_answers_once():
-    h = Harness()
-    h.register("a", capacity=4)
-    h.submit("g", count=4, seed=3)
-    (send,) = h.work
-    leaving(h, "a")
+    h, send = leaving_with_a_group(count=4)
     left(h, "a", "grace_expired")
     h.answer(send)  # sent as the grace ran out, it crossed LEFT on the wire: the assignment is no longer its
     assert "g" not in h.replies and h.engine.stats()["late_results_discarded"] == 1
@@ -116,11 +122,7 @@ def test_leaving_is_idempotent_and_a_stranger_is_asked_to_register():
 
 
 def test_a_worker_that_registers_again_under_a_leaving_id_is_a_new_one_and_the_old_work_is_retried():
-    h = Harness()
-    h.register("a", capacity=2)
-    h.submit("g", count=2, seed=4)
-    (old,) = h.work
-    leaving(h, "a")
+    h, old = leaving_with_a_group(count=2)
     h.register("a", capacity=2)  # the process restarted under the same id before it said LEFT
     assert "a" in h.engine.workers and "a" not in h.engine.leaving
     (again,) = on(h, "a")
