@@ -102,8 +102,8 @@ def _serve(args, on_ready=None) -> None:
     scheduler.use_metrics(metrics)
     if scheduler.insecure_sockets:
         print("!" * 78 + f"\nWARNING: --insecure: the {', '.join(scheduler.insecure_sockets)} socket(s) listen off "
-              "loopback WITHOUT authentication.\nAnyone who reaches them can submit, cancel any group, drain and "
-              "shut the scheduler down.\n" + "!" * 78, file=sys.stderr, flush=True)
+              "loopback WITHOUT authentication.\nAnyone who reaches them can submit, cancel any group, make workers "
+              "leave, drain and shut the scheduler down.\n" + "!" * 78, file=sys.stderr, flush=True)
     print(f"candidate-scheduler: request endpoint  {bound['request']}", flush=True)
     print(f"candidate-scheduler: control endpoint  {bound['control']}", flush=True)
     print(f"candidate-scheduler: worker link       {bound['worker']}", flush=True)

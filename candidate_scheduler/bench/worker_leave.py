@@ -44,7 +44,8 @@ IMAGE = synthetic_image(64, 64, seed=5)
 
 def _expected(seed: int, count: int, steps: int) -> np.ndarray:
     sampling, mean = SamplingSpec(steps=steps), float(IMAGE.astype(np.float64).mean())
-    return np.stack([NullAdapter.expected(s, mean, sampling) for s in rng.candidate_seeds(seed, count, "per_candidate")])
+    seeds = rng.candidate_seeds(seed, count, "per_candidate")
+    return np.stack([NullAdapter.expected(s, mean, sampling) for s in seeds])
 
 
 LOADS = {"burst": {"groups": 48, "rate": None}, "paced": {"groups": 24, "rate": 6.0}}

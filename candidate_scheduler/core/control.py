@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from candidate_scheduler.core.access import FORBIDDEN, Action, Principal, denied
-from candidate_scheduler.core.messages import LEAVE, ControlAnswer, StopWorker
+from candidate_scheduler.core.messages import LEAVE, REREGISTER, ControlAnswer, StopWorker
 
 
 class Control:
@@ -55,7 +55,7 @@ class Control:
                 g.fail("shutting_down", "the scheduler is shutting down")
                 e.end(g)
         # a leaving worker told to register again goes at once: what it held was answered above
-        e.outbox.extend(StopWorker(w.identity, "reregister") for w in [*e.workers.values(), *e.leaving.values()])
+        e.outbox.extend(StopWorker(w.identity, REREGISTER) for w in [*e.workers.values(), *e.leaving.values()])
 
     def status(self, request_id: str) -> ControlAnswer:
         e = self.engine
@@ -70,7 +70,7 @@ class Control:
             "candidates_done": len(g.partial.done()),
         })
 
-    def ask_leave(self, worker_id: str, answer: list) -> None:
+    def worker_leave(self, worker_id: str, answer: list) -> None:
         """Out of the fleet now; the worker is told to leave, says LEAVING and is answered as on SIGTERM."""
         e = self.engine
         worker = e.worker_of(worker_id)

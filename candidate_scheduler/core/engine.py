@@ -569,10 +569,10 @@ class Engine:
         out = self._event("cancel", now, self.control.cancel, request_id, answer)
         return (answer[0] if answer else ControlAnswer(ok=False, error="internal error; see the scheduler log")), out
 
-    def ask_leave(self, worker_id: str, now: float) -> tuple[ControlAnswer, list]:
+    def worker_leave(self, worker_id: str, now: float) -> tuple[ControlAnswer, list]:
         """An operator's: the worker leaves as on SIGTERM (core/worker_link.py, "Leaving")."""
         answer: list[ControlAnswer] = []
-        out = self._event("worker_leave", now, self.control.ask_leave, worker_id, answer)
+        out = self._event("worker_leave", now, self.control.worker_leave, worker_id, answer)
         return (answer[0] if answer else ControlAnswer(ok=False, error="internal error; see the scheduler log")), out
 
     def status(self, request_id: str, principal: Principal = LOCAL) -> ControlAnswer:

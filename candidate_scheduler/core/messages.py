@@ -157,12 +157,14 @@ class AckLeaving:
     batch_ids: tuple[int, ...]
 
 
-LEAVE = "leave"  # a StopWorker reason: leave as on SIGTERM (an operator asked; core/control.py)
+# StopWorker reasons that do not stop the worker: register again (the scheduler forgot it), or leave as
+# on SIGTERM (an operator asked; core/control.py). Any other reason stops it at once.
+REREGISTER, LEAVE = "reregister", "leave"
 
 
 @value
 class StopWorker:
-    """Tell a worker to stop, or with reason "reregister" to register again (we forgot it), or LEAVE."""
+    """Tell a worker to stop (`reason`, for its log), to register again (REREGISTER), or to leave (LEAVE)."""
 
     identity: Any
     reason: str

@@ -18,9 +18,10 @@ Leaving. A worker that is told to go (SIGTERM: a rolling update, a scale-down, a
 says `Leaving` first. It leaves the fleet at once -- no new work, no place in the forecasts or in the
 slicing -- and is told which assignments it still owes (`AckLeaving`: everything sent and not
 answered; one it never received was lost on the link, and is retried). It answers them as usual, then
-says `Left` and is forgotten there and then. When it finishes within its grace period, its groups lose nothing: no slice runs twice and
-none waits out a heartbeat timeout. Work it did not finish (it says `Left` anyway) is retried
-elsewhere, as a lost worker's is; a leaving worker that goes silent is lost when its heartbeats lapse.
+says `Left` and is forgotten there and then. When it finishes within its grace period, its groups lose
+nothing: no slice runs twice and none waits out a heartbeat timeout. Work it did not finish (it says
+`Left` anyway) is retried elsewhere, as a lost worker's is; a leaving worker that goes silent is lost
+when its heartbeats lapse. An operator may ask for the same (core/control.py `worker_leave`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from typing import Any
 from candidate_scheduler.core.errors import CandidateContractError
 from candidate_scheduler.core.group_state import GroupStatus
 from candidate_scheduler.core.messages import (
+    LEAVE,
+    REREGISTER,
     AckLeaving,
     AckRegistration,
     Heartbeat,
@@ -90,7 +93,7 @@ class WorkerLink:
         worker = e.worker_of(worker_id)
         if worker is None or worker.identity != identity:
             # Unknown (the scheduler restarted, or we declared it dead): ask it to register again.
-            e.outbox.append(StopWorker(identity, "reregister"))
+            e.outbox.append(StopWorker(identity, REREGISTER))
             return None
         worker.last_seen = e.now
         return worker
@@ -102,6 +105,10 @@ class WorkerLink:
             return
         worker.step = beat.step
         e.metrics.heartbeat()
+        if worker.worker_id in e.leaving and not worker.said_leaving:
+            # an operator asked it to leave (core/control.py) and it has not said so: the request may have
+            # been lost on the link (a reconnect), so it is asked again; a worker asked twice leaves once
+            e.outbox.append(StopWorker(identity, LEAVE))
         if beat.cache:
             e.metrics.conditioning_cache(beat.cache)
             e.cache_bytes[worker.worker_id] = int(beat.cache.get("bytes", 0))
@@ -137,6 +144,7 @@ class WorkerLink:
         if worker is None:
             return
         self.out_of_fleet(worker)
+        worker.said_leaving = True
         e.outbox.append(AckLeaving(identity, tuple(worker.assignments)))
 
     def out_of_fleet(self, worker: WorkerState) -> bool:

@@ -73,10 +73,11 @@ class StartupRefused(RuntimeError):
     """The scheduler will not start as configured; the message is one line that says the fix."""
 
 
-_ACTIONS = {protocol.Kind.CANCEL: Action.CANCEL, protocol.Kind.STATUS: Action.STATUS,
-            protocol.Kind.STATS: Action.STATS, protocol.Kind.DRAIN: Action.DRAIN,
-            protocol.Kind.SHUTDOWN: Action.SHUTDOWN, protocol.Kind.COMPAT_REPORT: Action.COMPAT_REPORT,
-            protocol.Kind.WORKER_LEAVE: Action.WORKER_LEAVE}
+# the right each control message needs (core/access.py); PING is answered before any is asked
+CONTROL_ACTIONS = {protocol.Kind.CANCEL: Action.CANCEL, protocol.Kind.STATUS: Action.STATUS,
+                   protocol.Kind.STATS: Action.STATS, protocol.Kind.DRAIN: Action.DRAIN,
+                   protocol.Kind.SHUTDOWN: Action.SHUTDOWN, protocol.Kind.COMPAT_REPORT: Action.COMPAT_REPORT,
+                   protocol.Kind.WORKER_LEAVE: Action.WORKER_LEAVE}
 
 
 @dataclass(frozen=True)
@@ -391,9 +392,12 @@ class Scheduler:
         if read is None:
             return
         identity, delimited, kind, msg = read
-        why = denied(principal, _ACTIONS[kind]) if kind in _ACTIONS else None
-        if why is not None:  # an action outside the role; whose group it is, the engine checks
-            self.metrics.forbidden(_ACTIONS[kind].value)
+        action = CONTROL_ACTIONS.get(kind)
+        # an action outside the role is refused here (whose group it is, the engine checks); a control
+        # message no right covers is refused to everyone rather than let through
+        why = f"no right covers {kind.name}" if action is None else denied(principal, action)
+        if why is not None:
+            self.metrics.forbidden(action.value if action is not None else "other")
             answer, out = messages.ControlAnswer(ok=False, error=why, error_code=FORBIDDEN), []
         else:
             answer, out = self._control(kind, msg, principal)
@@ -418,7 +422,7 @@ class Scheduler:
         if kind is protocol.Kind.DRAIN:
             return engine.drain(), []
         if kind is protocol.Kind.WORKER_LEAVE:
-            return engine.ask_leave(msg.worker_id, time.monotonic())
+            return engine.worker_leave(msg.worker_id, time.monotonic())
         if kind is protocol.Kind.SHUTDOWN:
             return messages.ControlAnswer(ok=True, changed=True, state="stopping",
                                           detail={"in_flight": len(engine.groups)}), []

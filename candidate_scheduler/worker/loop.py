@@ -37,7 +37,7 @@ import uuid
 import zmq
 
 from candidate_scheduler import convert, protocol
-from candidate_scheduler.core.messages import LEAVE
+from candidate_scheduler.core.messages import LEAVE, REREGISTER
 from candidate_scheduler.worker.leaving import Departure
 from candidate_scheduler.worker.preparing import Prepared, Preparer, supports_concurrent_start
 from candidate_scheduler.worker.running import Arrival, RunningBatch, arrival_from_wire
@@ -95,7 +95,8 @@ class Worker:
         self._cache_seen: dict[str, int] = {}
         self._stop = threading.Event()
         self.leave_grace_s = leave_grace_s  # how long a leave (SIGTERM, or an operator's) waits for what it holds
-        self._leave_grace_s: float | None = None  # leave() was asked, with this grace (I/O thread's to act on)
+        self._leave_asked_s: float | None = None  # a leave was asked, with this grace (the I/O thread acts on it)
+        self._signalled = False  # a SIGTERM asked it: a second one stops at once
         self._departure: Departure | None = None  # LEAVING sent: when we may go (I/O thread only)
         self.left_reason: str | None = None  # why we went, once LEFT is sent
         self.registered = threading.Event()
@@ -216,26 +217,20 @@ class Worker:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(wake, zmq.POLLIN)
-        self._register(sock)
         last_beat = time.monotonic()
         try:
+            if self._leave_asked_s is not None:
+                return  # told to go during the warm-up: nobody has heard of us, and nobody should now
+            self._register(sock)
             while not self._stop.is_set():
                 events = dict(poller.poll(timeout=int(self.heartbeat_interval_s * 250)))
                 now = time.monotonic()
                 if wake in events:
-                    batch_id, *frames = wake.recv_multipart()
-                    answered = int.from_bytes(batch_id, "big")
-                    if answered in self._held:  # answered: no longer held
-                        self._held.remove(answered)
-                    with self._lock:  # with a cancel that came in after the compute thread let go of it
-                        self._cancelled.pop(answered, None)
-                    sock.send_multipart(frames)
-                    if self._departure is not None:
-                        self._departure.answered(answered)
+                    self._forward_results(wake, sock)
                 if sock in events:
                     if self._on_message(sock, sock.recv_multipart()):
                         return
-                if self._leave_grace_s is not None and self._leaving(sock, now):
+                if self._leave_asked_s is not None and self._leaving(sock, wake, now):
                     return
                 if not self.registered.is_set():
                     if now - self._registered_asked > self.register_timeout_s:
@@ -250,6 +245,22 @@ class Worker:
             sock.close()  # with its LINGER: 0, or a second for LEFT and the last results when leaving
             wake.close(0)
             self.ctx.term()
+
+    def _forward_results(self, wake, sock) -> None:
+        """Send on every result the compute thread has finished (it pushes them through `wake`)."""
+        while True:
+            try:
+                batch_id, *frames = wake.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            answered = int.from_bytes(batch_id, "big")
+            if answered in self._held:  # answered: no longer held
+                self._held.remove(answered)
+            with self._lock:  # with a cancel that came in after the compute thread let go of it
+                self._cancelled.pop(answered, None)
+            sock.send_multipart(frames)
+            if self._departure is not None:
+                self._departure.answered(answered)
 
     def _on_message(self, sock, frames: list[bytes]) -> bool:
         """Handle one scheduler message; True means stop."""
@@ -279,13 +290,12 @@ class Worker:
                     self._cancelled.setdefault(msg.batch_id, set()).update(msg.request_ids)
         elif kind is protocol.Kind.WORKER_STOP:
             if msg.reason == LEAVE:  # an operator asked the scheduler (`candidate-scheduler worker-leave ID`)
-                if self._leave_grace_s is None:
-                    self._leave_grace_s = self.leave_grace_s
+                self._ask_leave()
                 return False
-            if msg.reason == "reregister" and self._departure is not None:
+            if msg.reason == REREGISTER and self._departure is not None:
                 log.info("the scheduler no longer knows us (restarted or shut down): leaving now")
                 return True  # it owes nobody our results: what we held was answered or is lost with it
-            if msg.reason == "reregister":
+            if msg.reason == REREGISTER:
                 # A restarted scheduler answers each heartbeat it got from before with this: one REGISTER
                 # for them all (the loop repeats it if unanswered). A second one would arrive after work
                 # was assigned, and the scheduler would take it for a restart of this worker.
@@ -318,20 +328,20 @@ class Worker:
         self._cache_seen = now
         return {**{k: v for k, v in delta.items() if v}, "bytes": now.get("bytes", 0)}
 
-    def _leaving(self, sock, now: float) -> bool:
+    def _leaving(self, sock, wake, now: float) -> bool:
         """Say LEAVING (again while unanswered), then LEFT when `Departure` says we may go; True: go now."""
         if self._departure is None and not self.registered.is_set():
-            # never registered, or asked to register again: LEFT tells a scheduler that did register us
+            # not registered yet, or asked to register again: LEFT tells a scheduler that did register us
             # (a REGISTERED still on its way) to forget us now; one that did not ignores it
-            return self._left(sock, "unregistered")
+            return self._left(sock, wake, "unregistered")
         if self._departure is None:
-            self._departure = Departure(self._leave_grace_s, now, ack_timeout_s=max(1.0, 2 * self.heartbeat_interval_s))
+            self._departure = Departure(self._leave_asked_s, now, ack_timeout_s=max(1.0, 2 * self.heartbeat_interval_s))
             self._say_leaving(sock)
             log.info("leaving: no new work; finishing what we hold (grace %.1f s)", self._departure.grace_s)
             return False
         reason = self._departure.outcome(now, holding=bool(self._held))
         if reason is not None:
-            return self._left(sock, reason)
+            return self._left(sock, wake, reason)
         if self._departure.ask_again(now):
             self._say_leaving(sock)
         return False
@@ -340,7 +350,8 @@ class Worker:
         sock.send_multipart(protocol.encode(protocol.Kind.LEAVING, protocol.LeavingMsg(self.worker_id,
                                                                                        self._departure.grace_s)))
 
-    def _left(self, sock, reason: str) -> bool:
+    def _left(self, sock, wake, reason: str) -> bool:
+        self._forward_results(wake, sock)  # what is finished is answered, not run again elsewhere
         sock.setsockopt(zmq.LINGER, 1000)  # LEFT (and the last results) must leave before the socket closes
         sock.send_multipart(protocol.encode(protocol.Kind.LEFT, protocol.LeftMsg(self.worker_id, reason)))
         self.left_reason = reason
@@ -348,13 +359,18 @@ class Worker:
         return True
 
     def leave(self, grace_s: float | None = None) -> None:
-        """Go gracefully (SIGTERM): take no new work, finish what we owe within `grace_s` (None: the
-        worker's own), then go. Asked twice, stop at once. Safe from a signal handler: it only sets a
-        value the I/O loop reads."""
-        if self._leave_grace_s is not None:
+        """SIGTERM: go gracefully -- take no new work, finish what we owe within `grace_s` (None: the
+        worker's own), then go. A second SIGTERM stops at once (an operator's leave before does not count).
+        Safe from a signal handler: it only sets values the I/O loop reads."""
+        if self._signalled:
             self.stop()
-        else:
-            self._leave_grace_s = max(0.0, float(self.leave_grace_s if grace_s is None else grace_s))
+            return
+        self._signalled = True
+        self._ask_leave(grace_s)
+
+    def _ask_leave(self, grace_s: float | None = None) -> None:
+        if self._leave_asked_s is None:
+            self._leave_asked_s = max(0.0, float(self.leave_grace_s if grace_s is None else grace_s))
 
     def stop(self) -> None:
         self._stop.set()

@@ -35,6 +35,7 @@ def keyed(job: dict) -> dict:
         out["b_status_of_a"] = b.status(rid).error_code
         out["b_shutdown"] = b.shutdown().error_code
         out["b_drain"] = b.drain().error_code
+        out["b_worker_leave"] = b.worker_leave("any-worker").error_code
         try:
             b.stats()
             out["b_stats"] = "allowed"

@@ -94,6 +94,7 @@ def test_keyed_worker_and_clients_work_across_hosts_and_rights_hold(remote):
     assert seen["a_group"] == "done" and seen["b_own_group"] == "done"
     assert seen["b_cancels_a"] == [False, "forbidden"] and seen["b_status_of_a"] == "forbidden"
     assert seen["b_shutdown"] == "forbidden" and seen["b_drain"] == "forbidden" and seen["b_stats"] == "forbidden"
+    assert seen["b_worker_leave"] == "forbidden"
     assert seen["a_status_after"] == "done" and seen["admin_status_of_a"] == "done"
     assert seen["admin_stats_security"]["curve"] is True and not seen["admin_stats_security"]["insecure"]
 

@@ -129,17 +129,22 @@ def test_with_no_scheduler_to_answer_an_idle_worker_still_goes_promptly(services
 
 
 class PlayedScheduler:
-    def __init__(self, step_s: float = 0.05):
+    def __init__(self, step_s: float = 0.05, register: bool = True, leave_first: bool = False):
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         port = self.sock.bind_to_random_port("tcp://127.0.0.1")
         self.worker = Worker(f"tcp://127.0.0.1:{port}", NullAdapter(4), capacity=4, worker_id="w",
-                             warmup_shapes=[], step_delay_s=step_s)
+                             warmup_shapes=[], step_delay_s=step_s, leave_grace_s=30.0)
+        self.results: set[int] = set()  # batch ids answered, whenever they came
+        if leave_first:  # a SIGTERM during the warm-up, before it serves
+            self.worker.leave()
         self.thread = threading.Thread(target=self.worker.serve, daemon=True)
         self.thread.start()
-        self.identity, kind, _msg = self.next({protocol.Kind.REGISTER})
-        self.send(protocol.Kind.REGISTERED, protocol.RegisteredMsg("w", 0.2))
-        wait_for(self.worker.registered.is_set, 5, "registered")
+        self.identity = None
+        if register:
+            self.identity, _kind, _msg = self.next({protocol.Kind.REGISTER})
+            self.send(protocol.Kind.REGISTERED, protocol.RegisteredMsg("w", 0.2))
+            wait_for(self.worker.registered.is_set, 5, "registered")
 
     def send(self, kind, msg) -> None:
         self.sock.send_multipart([self.identity, *protocol.encode(kind, msg)])
@@ -151,16 +156,28 @@ class PlayedScheduler:
         self.send(protocol.Kind.BATCH, protocol.BatchMsg(batch_id, [group]))
 
     def next(self, kinds, timeout_s: float = 10.0):
-        """The worker's next message of one of `kinds` (heartbeats and the rest skipped): (identity, kind, msg)."""
+        """The worker's next message of one of `kinds` (results are kept, heartbeats skipped): (identity,
+        kind, msg)."""
         deadline = time.monotonic() + timeout_s
         while self.sock.poll(max(1, int((deadline - time.monotonic()) * 1000))):
             identity, *frames = self.sock.recv_multipart()
             kind, msg = protocol.decode_frames(frames, protocol.WORKER_KINDS)
+            if kind is protocol.Kind.BATCH_RESULT:
+                self.results.add(msg.batch_id)
             if kind in kinds:
                 return identity, kind, msg
             if time.monotonic() > deadline:
                 break
         raise TimeoutError(f"no {kinds} within {timeout_s} s")
+
+    def holding(self, batch_id: int) -> None:
+        """Until a heartbeat lists `batch_id` among what the worker holds."""
+        while batch_id not in self.next({protocol.Kind.HEARTBEAT})[2].running:
+            pass
+
+    def gone(self, within_s: float) -> None:
+        self.thread.join(within_s)
+        assert not self.thread.is_alive()
 
     def close(self) -> None:
         self.worker.stop()
@@ -178,46 +195,76 @@ def played():
 
 def test_a_batch_crossing_leaving_is_run_and_an_id_lost_on_the_link_is_not_waited_for(played):
     played.batch(1, steps=4)
-    played.worker.leave(30.0)
+    played.worker.leave()
     _i, _k, leaving = played.next({protocol.Kind.LEAVING})
     assert leaving.worker_id == "w" and leaving.grace_s == 30.0
     played.batch(2, steps=4)  # sent before the scheduler read LEAVING
     asked = time.monotonic()
     played.send(protocol.Kind.LEAVE_ACK, protocol.LeaveAckMsg([1, 2, 99]))  # 99 never reached the worker
-    answered, left = set(), None
-    while left is None:
-        _i, kind, msg = played.next({protocol.Kind.BATCH_RESULT, protocol.Kind.LEFT})
-        if kind is protocol.Kind.BATCH_RESULT:
-            answered.add(msg.batch_id)
-        else:
-            left = msg
-    assert answered == {1, 2} and left.reason == "finished"
+    _i, _k, left = played.next({protocol.Kind.LEFT})
+    assert played.results == {1, 2} and left.reason == "finished"
     assert time.monotonic() - asked < 5.0  # not its 30 s grace, waiting for 99
-    played.thread.join(5)
-    assert not played.thread.is_alive() and played.worker.left_reason == "finished"
+    played.gone(5)
+    assert played.worker.left_reason == "finished"
 
 
-def test_unanswered_leaving_is_asked_again_and_a_busy_worker_goes_after_the_last_try(played):
-    played.batch(1, steps=200)  # 10 s of work: it holds it throughout
-    played.next({protocol.Kind.HEARTBEAT})
-    played.worker.leave(30.0)
-    times = []
-    while len(times) < 3:
-        played.next({protocol.Kind.LEAVING})
-        times.append(time.monotonic())
-    _i, _k, left = played.next({protocol.Kind.LEFT}, timeout_s=5)
-    assert left.reason == "no_ack"
-    gaps = np.diff(times)
-    assert all(0.8 <= g <= 2.5 for g in gaps), gaps  # once per ack timeout (1 s)
+def test_unanswered_leaving_is_asked_again_and_a_busy_worker_keeps_at_it_until_its_grace():
+    p = PlayedScheduler()
+    try:
+        p.batch(1, steps=200)  # 10 s of work: it holds it throughout
+        p.holding(1)
+        p.worker.leave(2.5)
+        asks = 0
+        while True:
+            _i, kind, msg = p.next({protocol.Kind.LEAVING, protocol.Kind.LEFT})
+            if kind is protocol.Kind.LEFT:
+                break
+            asks += 1
+        assert msg.reason == "grace_expired" and asks >= 2  # asked again while unanswered (every second)
+        assert 1 not in p.results  # the unfinished batch is the scheduler's to retry
+    finally:
+        p.close()
 
 
 def test_told_to_register_again_while_leaving_it_goes_at_once(played):
     played.batch(1, steps=200)
-    played.worker.leave(30.0)
+    played.holding(1)
+    played.worker.leave()
     played.next({protocol.Kind.LEAVING})
+    told = time.monotonic()
     played.send(protocol.Kind.WORKER_STOP, protocol.WorkerStopMsg("reregister"))  # a new scheduler run
-    played.thread.join(5)
-    assert not played.thread.is_alive()
+    played.gone(5)
+    assert time.monotonic() - told < 1.0 and played.worker.left_reason is None  # not by LEFT: nobody to tell
+
+
+def test_an_operators_leave_then_a_sigterm_is_still_one_graceful_leave(played):
+    played.batch(1, steps=10)
+    played.send(protocol.Kind.WORKER_STOP, protocol.WorkerStopMsg("leave"))
+    played.next({protocol.Kind.LEAVING})
+    played.worker.leave()  # the pod's SIGTERM, right after: not a second one
+    played.send(protocol.Kind.LEAVE_ACK, protocol.LeaveAckMsg([1]))
+    _i, _k, left = played.next({protocol.Kind.LEFT})
+    assert left.reason == "finished" and played.results == {1}
+    played.worker.leave()  # a second SIGTERM stops at once (it has gone already)
+    played.gone(5)
+
+
+def test_told_to_go_before_it_is_registered_it_says_left_and_before_it_serves_it_says_nothing():
+    p = PlayedScheduler(register=False)
+    try:
+        p.identity, _k, _m = p.next({protocol.Kind.REGISTER})  # not answered: REGISTERED is on its way
+        p.worker.leave()
+        _i, _k, left = p.next({protocol.Kind.LEFT}, timeout_s=5)
+        assert left.reason == "unregistered"
+        p.gone(5)
+    finally:
+        p.close()
+    q = PlayedScheduler(register=False, leave_first=True)
+    try:
+        q.gone(5)
+        assert not q.sock.poll(300)  # no REGISTER: nobody has heard of it
+    finally:
+        q.close()
 
 
 def test_the_replacement_benchmark_runs_its_graceful_arm_exactly():

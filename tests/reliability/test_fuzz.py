@@ -187,8 +187,8 @@ def test_fuzz_control_socket(services, reliability, rng_seed, tmp_path):
         protocol.encode(protocol.Kind.PING, protocol.Ping(3)),
     ]
 
-    def skip(kind, _msg):  # a readable DRAIN or SHUTDOWN does exactly what it says; the fuzzer must not send it
-        return kind in (protocol.Kind.DRAIN, protocol.Kind.SHUTDOWN)
+    def skip(kind, _msg):  # a readable DRAIN, SHUTDOWN or WORKER_LEAVE does what it says: the fuzzer must not send it
+        return kind in (protocol.Kind.DRAIN, protocol.Kind.SHUTDOWN, protocol.Kind.WORKER_LEAVE)
 
     s = reliability.scale
     _fuzz_socket(sched, sched.control, protocol.CONTROL_KINDS, corpus, s.fuzz_control, s.fuzz_bursts,

@@ -118,3 +118,10 @@ def test_a_tenant_at_its_limit_is_told_so_and_others_are_not():
     h.take(h.engine.submit(("c", "r3"), submission("r3"), h.now, principal=BOB))
     h.run_all()
     assert h.reply("r3").status == "done"
+
+
+def test_every_control_message_but_ping_names_the_right_it_needs():
+    from candidate_scheduler import protocol
+    from candidate_scheduler.service.server import CONTROL_ACTIONS
+
+    assert set(CONTROL_ACTIONS) == protocol.CONTROL_KINDS - {protocol.Kind.PING}

@@ -180,11 +180,11 @@ def test_an_operator_asks_a_worker_to_leave_and_it_leaves_as_on_sigterm():
     h.submit("g", count=2, seed=6)
     (send,) = h.work
     wid = send.identity.decode()
-    answer, out = h.engine.ask_leave(wid, h.now)
+    answer, out = h.engine.worker_leave(wid, h.now)
     assert answer.ok and answer.changed and answer.state == "leaving" and answer.detail == {"assignments": 1}
     assert [(m.identity, m.reason) for m in out if isinstance(m, StopWorker)] == [(send.identity, "leave")]
     assert wid in h.engine.leaving and wid not in h.engine.workers
-    again, out = h.engine.ask_leave(wid, h.now)  # asked twice: nothing more to tell it
+    again, out = h.engine.worker_leave(wid, h.now)  # asked twice: nothing more to tell it
     assert again.ok and not again.changed and out == []
     (ack,) = [m for m in leaving(h, wid) if isinstance(m, AckLeaving)]  # the worker says LEAVING: told what it owes
     assert ack.batch_ids == (send.batch_id,)
@@ -195,5 +195,15 @@ def test_an_operator_asks_a_worker_to_leave_and_it_leaves_as_on_sigterm():
     h.run_all()
     assert h.reply("g").status == "done" and h.reply("g").metrics["retries"] == 0
     assert h.reply("later").status == "done"
-    unknown, out = h.engine.ask_leave("nobody", h.now)
+    unknown, out = h.engine.worker_leave("nobody", h.now)
     assert not unknown.ok and unknown.error_code == "unknown_worker" and out == []
+
+
+def test_an_operators_leave_is_asked_again_at_each_heartbeat_until_the_worker_says_leaving():
+    h = Harness()
+    h.register("a")
+    h.engine.worker_leave("a", h.now)  # its StopWorker may be lost on the link (a reconnect)
+    asked = [m for m in h.beat("a") if isinstance(m, StopWorker)]
+    assert [(m.identity, m.reason) for m in asked] == [(b"a", "leave")]
+    leaving(h, "a")
+    assert not [m for m in h.beat("a") if isinstance(m, StopWorker)]  # it said so: not asked again
