@@ -1,7 +1,7 @@
-"""A worker replaced in the middle of a burst: graceful (SIGTERM) against a crash (SIGKILL).
+"""A worker replaced mid-load: graceful (SIGTERM) against a crash (SIGKILL).
 
 What a rolling update or a scale-down costs the groups in flight. Each run starts a scheduler (default
-flags: 3 s heartbeat timeout) and K null workers, sends a burst of groups, and one second in signals
+flags: 3 s heartbeat timeout) and K null workers, sends groups, and one second in signals
 one worker and starts its replacement (a surge, as a Deployment's rolling update does). Two loads: a
 `burst` (every group at once: the fleet stays saturated, so what one worker loses is absorbed into
 the backlog) and `paced` (groups at a steady rate the fleet serves without a queue, as a robot fleet
@@ -11,7 +11,7 @@ sends them: what the signalled worker held shows in those groups' own latency). 
 - `sigterm`: the worker leaves gracefully (LEAVING, finishes what it holds, LEFT);
 - `sigkill`: the worker dies; the scheduler notices when its heartbeats lapse.
 
-Reported per run: the burst's wall time, the slices run again (`retries` summed over the replies), how
+Reported per run: the wall time, the slices run again (`retries` summed over the replies), how
 long the scheduler listed the worker after the signal, the worker's exit, and whether every group was
 `done` with the exact candidates (the null model's action is a function of its seed). The arms
 alternate, `--rounds` times. `python -m candidate_scheduler.bench.worker_leave --out DIR`; not part of
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import statistics
 import tempfile
@@ -40,6 +41,7 @@ from candidate_scheduler.worker.null_adapter import NullAdapter
 
 ARMS = ("none", "sigterm", "sigkill")
 IMAGE = synthetic_image(64, 64, seed=5)
+WORKER_LINE = re.compile(r"candidate-scheduler worker (\S+): connecting")  # its first line: its id
 
 
 def _expected(seed: int, count: int, steps: int) -> np.ndarray:
@@ -59,7 +61,7 @@ def run_arm(arm: str, *, workers: int = 4, capacity: int = 4, step_s: float = 0.
         sched.wait_workers(workers)
         with sched.client() as c, sched.client() as watcher:
             target = next(iter(watcher.stats()["workers"]))  # a worker id; which process is it?
-            victim = next(p for p in procs if p.wait_line(_ID, 5).group(1) == target)
+            victim = next(p for p in procs if p.wait_line(WORKER_LINE, 5).group(1) == target)
             t0 = time.monotonic()
             requests = [make_request(IMAGE, "pick", count=count, seed=1000 + i, return_candidates=True, steps=steps,
                                      request_id=f"{arm}-{i}") for i in range(groups)]
@@ -87,7 +89,7 @@ def run_arm(arm: str, *, workers: int = 4, capacity: int = 4, step_s: float = 0.
                     listed_s = time.monotonic() - signalled
                 time.sleep(0.02)
             waiter.join()
-            wall = max(0.0, time.monotonic() - t0)
+            wall = time.monotonic() - t0
             exit_code = victim.proc.wait(timeout=40) if arm != "none" else None
     exact = all(r.status == "done" and np.array_equal(r.candidates, _expected(1000 + i, count, steps))
                 for i, r in enumerate(replies[rid] for rid in rids))
@@ -98,9 +100,6 @@ def run_arm(arm: str, *, workers: int = 4, capacity: int = 4, step_s: float = 0.
             "median_s": float(np.median([r.metrics["total_s"] for r in replies.values()])),
             "settings": {"workers": workers, "capacity": capacity, "step_s": step_s, "steps": steps,
                          "groups": groups, "count": count, "signal_at_s": signal_at_s, "rate": rate}}
-
-
-_ID = __import__("re").compile(r"candidate-scheduler worker (\S+): connecting")
 
 
 def report(runs: list[dict]) -> str:

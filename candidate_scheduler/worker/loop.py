@@ -203,7 +203,7 @@ class Worker:
         return protocol.encode(protocol.Kind.REGISTER, msg)
 
     def serve(self) -> None:
-        """Run until WORKER_STOP (other than "reregister") or stop()."""
+        """Run until WORKER_STOP (other than REREGISTER or LEAVE), stop(), or a leave's LEFT."""
         if self.warmup_shapes and not self.profile:
             from candidate_scheduler.worker.profile import warm_up
 

@@ -17,6 +17,7 @@ import zmq
 
 from candidate_scheduler import convert, protocol
 from candidate_scheduler.bench.scrape import scrape
+from candidate_scheduler.bench.worker_leave import WORKER_LINE, report, run_arm
 from candidate_scheduler.core.work import SamplingSpec
 from candidate_scheduler.service.client import make_request
 from candidate_scheduler.worker.loop import Worker
@@ -25,7 +26,6 @@ from tests.conftest import wait_for
 from tests.integration.test_scheduler import IMAGE, assert_single_reply, expected_candidates
 
 LEFT = re.compile(r": left \((\w+)\)")
-ID = re.compile(r"candidate-scheduler worker (\S+): connecting")
 BEFORE_TIMEOUT_S = 1.0  # the tests' scheduler declares a silent worker dead after 1.5 s (conftest)
 
 
@@ -106,7 +106,7 @@ def test_an_operator_asks_a_worker_to_leave_and_it_finishes_first(services):
         assert reply.ok and reply.changed and reply.state == "leaving" and reply.detail == {"assignments": 1}
         assert wid in c.stats()["leaving"]
         answered_exactly(c, rid, 41, 6, retries=0)
-        (leaver,) = [w for w in sched.workers if w.wait_line(ID, 1).group(1) == wid]
+        (leaver,) = [w for w in sched.workers if w.wait_line(WORKER_LINE, 1).group(1) == wid]
         assert leaver.proc.wait(timeout=10) == 0 and leaver.wait_line(LEFT, 1).group(1) == "finished"
         wait_for(lambda: gone(c), BEFORE_TIMEOUT_S, "the worker forgotten before any heartbeat timeout")
         assert counted(sched) == {'outcome="finished"': 1.0}
@@ -268,8 +268,6 @@ def test_told_to_go_before_it_is_registered_it_says_left_and_before_it_serves_it
 
 
 def test_the_replacement_benchmark_runs_its_graceful_arm_exactly():
-    from candidate_scheduler.bench.worker_leave import report, run_arm
-
     run = run_arm("sigterm", workers=2, groups=8, count=2, steps=4, step_s=0.05, signal_at_s=0.3)
     assert run["exact"] and run["statuses"] == ["done"] and run["retries"] == 0
     assert run["worker_exit"] == 0 and run["worker_listed_s"] is not None
