@@ -110,7 +110,7 @@ def report(runs: list[dict]) -> str:
              "and a replacement started. Scheduler defaults (3 s heartbeat timeout). A group's time is the "
              "scheduler's receipt to reply. Medians over the rounds, ranges in brackets.", ""]
     for load in LOADS:
-        rows = [r for r in runs if r.get("load", "burst") == load]
+        rows = [r for r in runs if r["load"] == load]
         if not rows:
             continue
         rate = rows[0]["settings"]["rate"]
@@ -146,7 +146,7 @@ def plot(runs: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.4))
     for ax, (load, key, title) in zip(axes, panels):
         for k, arm in enumerate(ARMS):
-            vals = [r[key] for r in runs if r["arm"] == arm and r.get("load", "burst") == load]
+            vals = [r[key] for r in runs if r["arm"] == arm and r["load"] == load]
             ax.scatter([k] * len(vals), vals, color=f"C{k}")
             if vals:
                 ax.hlines(statistics.median(vals), k - 0.25, k + 0.25, color=f"C{k}")

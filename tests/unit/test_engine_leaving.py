@@ -6,22 +6,25 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from prometheus_client import CollectorRegistry
 
 from candidate_scheduler.core.messages import AckLeaving, Leaving, Left, StopWorker
+from candidate_scheduler.service.metrics import SchedulerMetrics
 from tests.unit.test_engine import Harness, reduced
 
 
-class Recorder:
-    """A metrics sink that keeps every call."""
+class Counted:
+    """The scheduler's own metrics on the engine; the worker departures and failures it counted."""
 
-    def __init__(self):
-        self.calls: list[tuple] = []
+    def __init__(self, h: Harness):
+        self.registry = CollectorRegistry()
+        h.engine.metrics = SchedulerMetrics(self.registry)
 
-    def __getattr__(self, name):
-        return lambda *args: self.calls.append((name, *args))
-
-    def named(self, name: str) -> list[tuple]:
-        return [c[1:] for c in self.calls if c[0] == name]
+    def of(self, name: str) -> dict[str, float]:
+        """{label value: count} of one labelled counter, nonzero ones."""
+        family = next(f for f in self.registry.collect() if f.name == f"candidate_scheduler_{name}")
+        return {next(iter(s.labels.values())): s.value for s in family.samples
+                if s.name.endswith("_total") and s.value}
 
 
 def leaving(h: Harness, worker_id: str, grace_s: float = 30.0) -> list:
@@ -50,7 +53,7 @@ def on(h: Harness, worker_id: str) -> list:
 @pytest.mark.parametrize("batching", ["dispatch", "step"])
 def test_a_leaving_worker_gets_no_new_work_finishes_what_it_owes_and_is_forgotten(batching):
     h = Harness(batching=batching)
-    h.engine.metrics = metrics = Recorder()
+    metrics = Counted(h)
     h.register("a", capacity=2)
     for i in range(4):
         h.submit(f"g{i}", count=1, seed=10 + i)
@@ -66,7 +69,7 @@ def test_a_leaving_worker_gets_no_new_work_finishes_what_it_owes_and_is_forgotte
     assert len(h.work) == sent_before and not on(h, "a")
     assert h.engine.stats()["leaving"] == {"a": {"assignments": 0}}  # its rows were given back
     assert not [m for m in left(h, "a") if isinstance(m, StopWorker)]
-    assert metrics.named("worker_departure") == [("finished",)] and not metrics.named("worker_failure")
+    assert metrics.of("worker_departures") == {"finished": 1.0} and metrics.of("worker_failures") == {}
     assert "a" not in h.engine.leaving and "a" not in h.engine.workers
     h.register("b", capacity=2)  # the rest run on a worker that joins later
     h.run_all()
@@ -79,7 +82,7 @@ def test_a_leaving_worker_gets_no_new_work_finishes_what_it_owes_and_is_forgotte
 
 def test_work_a_worker_could_not_finish_is_retried_elsewhere_at_once():
     h = Harness()
-    h.engine.metrics = metrics = Recorder()
+    metrics = Counted(h)
     h.register("a", capacity=4)
     h.register("b", capacity=4)
     h.submit("g", count=4, seed=3)
@@ -89,8 +92,8 @@ def test_work_a_worker_could_not_finish_is_retried_elsewhere_at_once():
     leaving(h, gone)
     left(h, gone, "grace_expired")  # its grace ran out with the group still running
     assert gone not in h.engine.leaving and gone not in h.engine.workers
-    assert metrics.named("worker_departure") == [("unfinished",)]
-    assert metrics.named("worker_failure") == [("left_unfinished",)] == metrics.named("retry")
+    assert metrics.of("worker_departures") == {"unfinished": 1.0}
+    assert metrics.of("worker_failures") == {"left_unfinished": 1.0} == metrics.of("retries")
     (retry,) = on(h, other)
     h.answer(retry)
     r = h.reply("g")
