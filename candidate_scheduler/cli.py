@@ -68,6 +68,10 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
                         "as soon as it has room: until then a group that arrives, another tenant's or one due "
                         "sooner, can still go ahead of it; inf: at once")
     p.add_argument("--retry-limit", type=int, default=3, help="attempts per slice before the group fails")
+    p.add_argument("--stop-grace-s", type=float, default=25.0,
+                   help="on SIGTERM, admit no new groups and serve the ones admitted for up to this long before "
+                        "stopping; what is left then is answered shutting_down (0: stop at once, as SIGINT does). "
+                        "Keep it below your orchestrator's kill timeout (Kubernetes: terminationGracePeriodSeconds)")
     p.add_argument("--heartbeat-interval", type=float, default=0.5, help="seconds between worker heartbeats")
     p.add_argument("--heartbeat-timeout", type=float, default=3.0, help="seconds without a heartbeat before a worker is dead")
     p.add_argument("--best-effort-slack", type=float, default=30.0,

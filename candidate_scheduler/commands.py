@@ -117,8 +117,10 @@ def _serve(args, on_ready=None) -> None:
         bridge, compat = _spawn_bridge(args, bound, None if args.no_compat else scheduler.proxy_keys("sglang-bridge"))
         # printed last: launchers wait for this line
         print(f"candidate-scheduler: sglang compat     {compat or 'off'}", flush=True)
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: scheduler.stopping.set())
+        # SIGTERM (Kubernetes, systemd): serve what was admitted, then stop (docs/deployment.md); SIGINT
+        # (Ctrl-C) or a second SIGTERM stops at once
+        signal.signal(signal.SIGINT, lambda *_: scheduler.stopping.set())
+        signal.signal(signal.SIGTERM, lambda *_: scheduler.stop(args.stop_grace_s))
         if on_ready is not None:
             on_ready(scheduler, bound)
         tune_gc()

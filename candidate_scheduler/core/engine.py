@@ -552,6 +552,7 @@ class Engine:
         self.metrics.queue_depth(self.queued_groups(), self.queued_candidates())
         self.metrics.live_workers(len(self.workers))
         self.metrics.leaving_workers(len(self.leaving))
+        self.metrics.drain_state(self.draining)
 
     # ---- control (core/control.py) ---------------------------------------------------------------------
 

@@ -159,6 +159,10 @@ def _restarted(sent_to: str | None, now: str | None) -> bool:
     return bool(sent_to) and bool(now) and sent_to != now
 
 
+# what a stopping scheduler answers groups it will not run: in flight at its stop (`shutting_down`), or
+# sent while it stops gracefully (`draining`); run by no one, so `submit(resubmit=True)` sends them to the next run
+NOT_RUN_BY_A_STOPPING_SCHEDULER = frozenset({("failed", "shutting_down"), ("rejected", "draining")})
+
 DEFAULT_LIVENESS_S = 3.0  # silence before a PING, and how long the PING may take: a bound of 6 s
 SEND_TIMEOUT_MS = 10_000
 _SENT_TO_KEPT = 100_000  # groups whose incarnation a Client remembers until they are waited for
@@ -282,22 +286,45 @@ class Client:
 
     def submit(self, image: np.ndarray, prompt: str | list[str] = "", timeout_s: float | None = None,
                resubmit: bool = False, **kwargs: Any) -> Result:
-        """Send one group and wait for its reply. With `resubmit`, a scheduler that stops answering is
-        waited for, and the same request (same id, same seeds) sent again once it answers a PING: a
-        restarted scheduler runs it again (same bits); one that was only slow answers it once."""
+        """Send one group and wait for its reply. With `resubmit`, the same request (same id, same seeds)
+        is sent again, and runs again with the same bits, when the scheduler did not run it:
+        - it stopped answering: sent again once it answers a PING (a restarted scheduler runs it; one that
+          was only slow answers it once);
+        - it was stopping, and answered `shutting_down` or refused it `draining`: sent again once another
+          run of the scheduler answers a PING (its incarnation). A scheduler drained by an operator and
+          never restarted is waited for until the timeout (TimeoutError)."""
         request = make_request(image, prompt, **kwargs)
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        if resubmit and not self._incarnation:
+            self._answers_ping(min(self.liveness_s or 1.0, max(0.0, deadline - time.monotonic())))
         self.send(request)
         while True:
+            sent_to = self._sent_to.get(request.request_id)
             try:
-                return self.wait(request.request_id, max(0.0, deadline - time.monotonic()))
+                result = self.wait(request.request_id, max(0.0, deadline - time.monotonic()))
+                if not resubmit or (result.status, result.error_code) not in NOT_RUN_BY_A_STOPPING_SCHEDULER:
+                    return result
+                self._await_another_run(sent_to, result, deadline)
             except SchedulerUnavailable:
                 if not resubmit:
                     raise
-            while not self._answers_ping(min(self.liveness_s or 1.0, max(0.0, deadline - time.monotonic()))):
-                if time.monotonic() >= deadline:
-                    raise TimeoutError(f"no reply for {request.request_id!r}: the scheduler did not come back")
+                while not self._answers_ping(min(self.liveness_s or 1.0, max(0.0, deadline - time.monotonic()))):
+                    if time.monotonic() >= deadline:
+                        raise TimeoutError(f"no reply for {request.request_id!r}: the scheduler did not come back") \
+                            from None
             self.send(request)
+
+    def _await_another_run(self, stopping: str | None, result: Result, deadline: float) -> None:
+        """Until a run of the scheduler other than `stopping` (the incarnation that answered `result`)
+        answers a PING; TimeoutError at `deadline`. The stopping run answers PINGs while it serves what it
+        admitted: asked again every 0.2 s, not in a spin."""
+        while (remaining := deadline - time.monotonic()) > 0:
+            if self._answers_ping(min(self.liveness_s or 1.0, remaining)) and self._incarnation \
+                    and self._incarnation != stopping:
+                return
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        raise TimeoutError(f"{result.request_id!r} was answered {result.status} ({result.error_code}) by a stopping "
+                           "scheduler, and no other run of it answered before the timeout")
 
     def ping(self, timeout_s: float = 2.0) -> bool:
         """Whether the scheduler answers a PING; results of groups in flight that arrive first are kept."""

@@ -201,6 +201,8 @@ METRICS = (
     _define(Counter, "worker_departures_total",
             "Workers that left gracefully, by outcome: finished (answered everything they held) or unfinished "
             "(their grace ran out; what they held was retried).", outcome=DEPARTURES),
+    _define(Gauge, "draining", "1 while the scheduler admits no new groups (after `drain`, or stopping gracefully "
+            "on SIGTERM: it serves what it admitted, then goes), else 0."),
     _define(Counter, "worker_heartbeats_total", "Heartbeats received from workers."),
     # Wire.
     _define(Counter, "protocol_errors_total", "Messages refused, by socket and kind.",
@@ -355,6 +357,9 @@ class SchedulerMetrics:
 
     def leaving_workers(self, count: int) -> None:
         self.workers_leaving.set(count)
+
+    def drain_state(self, draining: bool) -> None:
+        self.draining.set(1 if draining else 0)
 
     def worker_departure(self, outcome: object) -> None:
         self.worker_departures_total.labels(clip_label(outcome, DEPARTURES)).inc()

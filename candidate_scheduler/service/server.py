@@ -41,6 +41,7 @@ from candidate_scheduler.core.access import (
     denied,
 )
 from candidate_scheduler.core.engine import Engine, EngineConfig
+from candidate_scheduler.core.graceful_stop import GracefulStop, Verdict
 from candidate_scheduler.service.endpoints import bind_socket, is_loopback_endpoint, is_loopback_host
 from candidate_scheduler.service.keys import CLIENTS_DOMAIN, WORKERS_DOMAIN, Authenticator, ClientKeys, Directory
 
@@ -100,6 +101,8 @@ class Scheduler:
         self._owns_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
         self.stopping = threading.Event()
+        self.graceful: GracefulStop | None = None  # a stop asked with a grace (SIGTERM), once the loop took it up
+        self._stop_asked: tuple[float, float] | None = None  # (when, grace_s), set by `stop` from a signal handler
         self.bound: dict[str, str] = {}
         self.insecure_sockets: list[str] = []  # bound off loopback without keys, under --insecure
         self.unkeyed_local: list[str] = []  # on loopback without keys while the rest takes them (compat)
@@ -212,8 +215,12 @@ class Scheduler:
         next_tick = time.monotonic()
         try:
             while not self.stopping.is_set():
+                if self._stop_asked is not None and self._carry_out_stop():
+                    break
                 # the engine may ask for a planning pass sooner: a worker becomes due for prefetched work
                 wake = next_tick if self.engine.wake_at is None else min(next_tick, self.engine.wake_at)
+                if self.graceful is not None:
+                    wake = min(wake, self.graceful.until)
                 # rounded up: a poll that returns before `wake` would spin until it comes
                 timeout_ms = max(0, math.ceil((wake - time.monotonic()) * 1000.0))
                 ready = dict(poller.poll(timeout_ms))
@@ -238,6 +245,36 @@ class Scheduler:
                 self._pump(sock, handlers[sock], limit=None)
             self._send_all(self.engine.shutdown(time.monotonic()))
             self.close()
+
+    # ---- stopping ---------------------------------------------------------------------------------------
+    def stop(self, grace_s: float) -> None:
+        """Stop gracefully (what SIGTERM does, core/graceful_stop.py): admit nothing new, serve what is in
+        flight for up to `grace_s`, then stop as `stopping` does. A second call, or a grace of 0, stops at
+        once. Safe in a signal handler: it only notes the request; the loop carries it out."""
+        if self._stop_asked is not None or grace_s <= 0:
+            self.stopping.set()
+        else:
+            self._stop_asked = (time.monotonic(), grace_s)
+
+    def _carry_out_stop(self) -> bool:
+        """Whether the loop must stop now (a graceful stop whose groups are all answered, or whose grace
+        ran out)."""
+        if self.graceful is None:
+            began, grace_s = self._stop_asked
+            self.graceful = GracefulStop(began, grace_s)
+            self.engine.drain()  # no new group from here on
+            log.warning("stopping: serving the %d group(s) in flight for up to %.0f s, admitting no new ones "
+                        "(a second SIGTERM or SIGINT stops at once)", len(self.engine.groups), grace_s)
+        verdict = self.graceful.verdict(time.monotonic(), len(self.engine.groups))
+        if verdict is Verdict.SERVE:
+            return False
+        if verdict is Verdict.FINISHED:
+            log.warning("stopping: every group answered, %.1f s after the stop was asked",
+                        time.monotonic() - self.graceful.began)
+        else:
+            log.warning("stopping: the %.0f s grace ran out; %d group(s) in flight are answered shutting_down",
+                        self.graceful.grace_s, len(self.engine.groups))
+        return True
 
     def _pump(self, sock, handler, limit: int | None = _BURST) -> int:
         """Handle up to `limit` waiting messages of one socket; how many it handled."""

@@ -61,6 +61,10 @@ def test_the_manifests_agree_with_each_other_and_with_the_cli():
     labels = _one("Deployment", "candidate-scheduler")["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
 
+    # an upgrade's SIGTERM: the scheduler serves what it admitted before the kubelet's SIGKILL comes
+    sched_pod = _one("Deployment", "candidate-scheduler")["spec"]["template"]["spec"]
+    assert 0 < serve.stop_grace_s < sched_pod["terminationGracePeriodSeconds"] - 5
+
     worker_args, worker = _args("candidate-scheduler-worker")
     w = parser.parse_args(worker_args)
     assert w.scheduler == f"tcp://{service['metadata']['name']}:{ports['workers']}" and w.curve_dir
