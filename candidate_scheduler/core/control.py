@@ -46,8 +46,11 @@ class Control:
         answer.append(ControlAnswer(ok=True, changed=changed, state=hit))
 
     def shutdown(self) -> None:
-        """Every group in flight answered `shutting_down`; every worker asked to register again (the
-        scheduler may come back on the same port)."""
+        """Every group in flight answered `shutting_down`; a leaving worker told to go. The other workers
+        are told nothing: their heartbeats find the next run on the same address, which asks them to
+        register (its answer to a heartbeat from a worker it does not know). Told to register again here,
+        they sent their REGISTER to this run as it closed, lost, and tried again only after their
+        register timeout (2 s): the next run had no workers that long (bench/scheduler_stop.py)."""
         e = self.engine
         e.draining = True
         for g in list(e.groups.values()):
@@ -55,7 +58,7 @@ class Control:
                 g.fail("shutting_down", "the scheduler is shutting down")
                 e.end(g)
         # a leaving worker told to register again goes at once: what it held was answered above
-        e.outbox.extend(StopWorker(w.identity, REREGISTER) for w in [*e.workers.values(), *e.leaving.values()])
+        e.outbox.extend(StopWorker(w.identity, REREGISTER) for w in e.leaving.values())
 
     def status(self, request_id: str) -> ControlAnswer:
         e = self.engine

@@ -557,8 +557,8 @@ class Engine:
     # ---- control (core/control.py) ---------------------------------------------------------------------
 
     def shutdown(self, now: float) -> list:
-        """Answer every group in flight (`shutting_down`) and ask every worker to register again: the
-        scheduler may come back on the same port."""
+        """Answer every group in flight (`shutting_down`) and tell leaving workers to go (the others find
+        the next run on the same address by their heartbeats: core/control.py)."""
         return self._event("shutdown", now, self.control.shutdown, plan=False)
 
     def cancel(self, request_id: str, now: float, principal: Principal = LOCAL) -> tuple[ControlAnswer, list]:

@@ -267,12 +267,15 @@ class Client:
             return self.ping(timeout_s)
         nonce = next(self._nonce)
         ctl = self._control_socket()
-        try:  # no peer to queue for (a refused handshake tears the pipe down): not answered
-            ctl.send_multipart(protocol.encode(protocol.Kind.PING, protocol.Ping(nonce)), flags=zmq.NOBLOCK)
-        except zmq.Again:
-            time.sleep(max(0.0, timeout_s))
-            return False
         deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                ctl.send_multipart(protocol.encode(protocol.Kind.PING, protocol.Ping(nonce)), flags=zmq.NOBLOCK)
+                break
+            except zmq.Again:  # no peer to queue for (it is down, or a refused handshake tore the pipe down)
+                if time.monotonic() >= deadline:  # not answered
+                    return False
+                time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))  # a restarted one is found at once
         while (remaining := deadline - time.monotonic()) > 0 and ctl.poll(int(remaining * 1000)):
             kind, msg = protocol.decode_frames(ctl.recv_multipart(),
                                                {protocol.Kind.PONG, protocol.Kind.CONTROL_REPLY, protocol.Kind.ERROR})
@@ -317,10 +320,14 @@ class Client:
     def _await_another_run(self, stopping: str | None, result: Result, deadline: float) -> None:
         """Until a run of the scheduler other than `stopping` (the incarnation that answered `result`)
         answers a PING; TimeoutError at `deadline`. The stopping run answers PINGs while it serves what it
-        admitted: asked again every 0.2 s, not in a spin."""
+        admitted: asked again every 0.2 s, not in a spin. A PING that goes to it as it exits is lost, so
+        the first probes wait briefly (0.25 s, doubling up to `liveness_s` while none is answered)."""
+        probe_s = 0.25
         while (remaining := deadline - time.monotonic()) > 0:
-            if self._answers_ping(min(self.liveness_s or 1.0, remaining)) and self._incarnation \
-                    and self._incarnation != stopping:
+            if not self._answers_ping(min(probe_s, remaining)):
+                probe_s = min(2 * probe_s, max(self.liveness_s or 1.0, 0.25))
+                continue
+            if self._incarnation and self._incarnation != stopping:
                 return
             time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
         raise TimeoutError(f"{result.request_id!r} was answered {result.status} ({result.error_code}) by a stopping "

@@ -142,3 +142,20 @@ def test_a_resubmitting_client_gets_its_group_from_the_next_run(services, grace)
         # what the stopping run finished was not sent again; what it did not run was, and ran here
         ran_here = {rid for rid in ("in-flight", "late") if c.status(rid).state != "unknown"}
     assert ran_here == ({"in-flight", "late"} if grace == "0" else {"late"})
+
+
+def test_the_restart_bench_runs_and_reports(tmp_path):
+    """bench/scheduler_stop.py, small: the graceful arm throws nothing away, the immediate one runs again
+    what was in flight; every group done and exact; the report and plot are written."""
+    from candidate_scheduler.bench import scheduler_stop
+
+    small = {"groups": 8, "rate": 4.0, "signal_at_s": 1.1}
+    runs = [scheduler_stop.run_arm(arm, **small) for arm in ("graceful", "immediate")]
+    assert all(r["exact"] for r in runs), runs
+    graceful, immediate = runs
+    assert graceful["thrown_away"] == 0 and immediate["thrown_away"] >= 1, runs
+    assert graceful["sent_during_stop"] + immediate["sent_during_stop"] >= 2  # refused draining, then sent on
+    text = scheduler_stop.report(runs)
+    assert "| graceful | 0 [0-0] |" in text
+    scheduler_stop.plot(runs, tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 0
