@@ -466,7 +466,38 @@ class AsyncClient:
             if fut is not None and not fut.done():
                 fut.set_result(msg)
 
-    async def submit_request(self, request: protocol.SubmitRequest) -> Result:
+    async def submit_request(self, request: protocol.SubmitRequest, *, resubmit: bool = False) -> Result:
+        """Send one group and wait for its reply. With `resubmit`, as `Client.submit`'s: the same request
+        is sent again when the scheduler did not run it -- it stopped answering (SchedulerUnavailable), or
+        it was stopping and answered `shutting_down` or `draining` -- once another run of it answers a PING.
+        No timeout of its own: bound it with `asyncio.wait_for` (cancelling it stops the wait)."""
+        while True:
+            if resubmit and not self._incarnation:
+                await self.ping(self.liveness_s or 1.0)  # which run this goes to: a stopping one is told apart
+            sent_to = self._incarnation
+            try:
+                result = await self._submit_once(request)
+            except SchedulerUnavailable:
+                if not resubmit:
+                    raise
+                await self._await_another_run(None)
+                continue
+            if not resubmit or (result.status, result.error_code) not in NOT_RUN_BY_A_STOPPING_SCHEDULER:
+                return result
+            await self._await_another_run(sent_to)
+
+    async def _await_another_run(self, stopping: str | None) -> None:
+        """Until a run other than `stopping` answers a PING (any run, with None); as `Client`'s."""
+        probe_s = 0.25
+        while True:
+            if not await self.ping(probe_s):
+                probe_s = min(2 * probe_s, max(self.liveness_s or 1.0, 0.25))
+                continue
+            if self._incarnation and (stopping is None or self._incarnation != stopping):
+                return
+            await asyncio.sleep(0.2)
+
+    async def _submit_once(self, request: protocol.SubmitRequest) -> Result:
         if self.liveness_s is not None and self._incarnation is None:
             # once: which run of the scheduler this client talks to ("" when it did not answer: no verdict)
             self._incarnation = self._incarnation if await self.ping(self.liveness_s) else ""
@@ -513,8 +544,9 @@ class AsyncClient:
             return False
         return reply is not None and reply.ok and reply.state not in (None, "unknown")
 
-    async def submit(self, image: np.ndarray, prompt: str | list[str] = "", **kwargs: Any) -> Result:
-        return await self.submit_request(make_request(image, prompt, **kwargs))
+    async def submit(self, image: np.ndarray, prompt: str | list[str] = "", resubmit: bool = False,
+                     **kwargs: Any) -> Result:
+        return await self.submit_request(make_request(image, prompt, **kwargs), resubmit=resubmit)
 
     async def ping(self, timeout_s: float = 2.0) -> bool:
         nonce = next(self._nonce)

@@ -159,3 +159,43 @@ def test_the_restart_bench_runs_and_reports(tmp_path):
     assert "| graceful | 0 [0-0] |" in text
     scheduler_stop.plot(runs, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_an_async_client_resubmits_across_a_graceful_restart(services):
+    """AsyncClient(..., resubmit=True) (what the openpi front uses): a group sent while the scheduler
+    stops is refused draining, waits for the next run and is done there, exact; one sent before is done
+    by the stopping run."""
+    import asyncio
+
+    from candidate_scheduler.service.client import AsyncClient
+
+    sched = services.scheduler("--stop-grace-s", "30")
+    services.worker(sched, "null", 4, STEP_S)
+    sched.wait_workers(1)
+    ports = {name: getattr(sched, name).rsplit(":", 1)[1] for name in ("request", "control", "worker")}
+
+    async def scenario():
+        client = AsyncClient(sched.request, control=sched.control)
+        try:
+            def submit(rid, seed):
+                return asyncio.ensure_future(client.submit(IMAGE, "pick", count=4, seed=seed, steps=STEPS, request_id=rid,
+                                                           return_candidates=True, resubmit=True))
+            before = submit("before", 21)
+            await asyncio.sleep(0.1)
+            sched.proc.proc.send_signal(signal.SIGTERM)
+            await asyncio.to_thread(sched.proc.wait_line, re.compile("stopping: serving"), 5)
+            during = submit("during", 22)
+            await asyncio.to_thread(sched.proc.proc.wait, 15)
+            restarted = await asyncio.to_thread(
+                services.scheduler, "--request-port", ports["request"], "--control-port", ports["control"],
+                "--worker-port", ports["worker"])
+            return await asyncio.wait_for(asyncio.gather(before, during), 60), restarted
+        finally:
+            client.close()
+
+    (before, during), restarted = asyncio.run(scenario())
+    for r, seed in ((before, 21), (during, 22)):
+        assert r.status == "done", (r.request_id, r.status, r.error_code)
+        assert (r.candidates == expected_candidates(seed, 4, steps=STEPS)).all()
+    with restarted.client() as c:
+        assert c.status("before").state == "unknown" and c.status("during").state == "done"

@@ -263,7 +263,9 @@ class OpenpiFront:
         """The native result, or a _Refusal. Cancels the group when the robot goes away or the call
         times out."""
         rid = call.submit.request_id
-        submit = asyncio.ensure_future(self.client.submit_request(call.submit))
+        # resubmit: across a restart of the scheduler (an upgrade), the robot sees a slower answer, not an
+        # error -- a group the stopping run did not run goes to the next one, within the request timeout
+        submit = asyncio.ensure_future(self.client.submit_request(call.submit, resubmit=True))
         closed = asyncio.ensure_future(ws.wait_closed())
         try:
             done, _ = await asyncio.wait({submit, closed}, timeout=self.config.request_timeout_s,
