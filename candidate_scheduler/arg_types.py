@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from candidate_scheduler.core.access import check_name
 from candidate_scheduler.core.cost_model import check_margin_quantile
@@ -17,6 +18,18 @@ def margin_quantile(text: str) -> float:
         return check_margin_quantile(float(text))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def grace_seconds(text: str) -> float:
+    """argparse type of --stop-grace-s and --leave-grace-s: finite and not negative (a NaN grace would never
+    run out, and the stop would end only by the orchestrator's SIGKILL)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"a grace must be finite and >= 0 seconds, not {text}")
+    return value
 
 
 def call_rows(text: str) -> str:

@@ -11,6 +11,7 @@ import sys
 from candidate_scheduler import commands
 from candidate_scheduler.arg_types import (
     call_rows,
+    grace_seconds,
     margin_quantile,
     principal_name,
     tenant_limit,
@@ -68,7 +69,7 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
                         "as soon as it has room: until then a group that arrives, another tenant's or one due "
                         "sooner, can still go ahead of it; inf: at once")
     p.add_argument("--retry-limit", type=int, default=3, help="attempts per slice before the group fails")
-    p.add_argument("--stop-grace-s", type=float, default=25.0,
+    p.add_argument("--stop-grace-s", type=grace_seconds, default=25.0,
                    help="on SIGTERM, admit no new groups and serve the ones admitted for up to this long before "
                         "stopping; what is left then is answered shutting_down (0: stop at once, as SIGINT does). "
                         "Keep it below your orchestrator's kill timeout (Kubernetes: terminationGracePeriodSeconds)")
@@ -109,7 +110,7 @@ def _add_worker_args(p: argparse.ArgumentParser, with_scheduler: bool) -> None:
         p.add_argument("--worker-id", default=None, help="this worker's id (None: host-pid-random)")
         p.add_argument("--step-delay", type=float, default=0.0, help="test knob: sleep this long before each denoise step")
         p.add_argument("--curve-dir", default=None, help="CURVE keys (client.key_secret, server.key) for a remote scheduler")
-        p.add_argument("--leave-grace-s", type=float, default=25.0,
+        p.add_argument("--leave-grace-s", type=grace_seconds, default=25.0,
                        help="on SIGTERM, take no new work and finish what the worker holds for up to this long "
                             "before going; what is left then is retried elsewhere (0: go at once). Keep it below "
                             "your orchestrator's kill timeout (Kubernetes: terminationGracePeriodSeconds)")

@@ -111,16 +111,17 @@ def _serve(args, on_ready=None) -> None:
 
     bridge = openpi = None
     try:
+        # SIGTERM (Kubernetes, systemd): serve what was admitted, then stop (docs/deployment.md); SIGINT
+        # (Ctrl-C) or a second SIGTERM stops at once. Set before the fronts start, so a signal while they
+        # do is taken up by the loop's first pass, and the `finally` below stops them
+        signal.signal(signal.SIGINT, lambda *_: scheduler.stopping.set())
+        signal.signal(signal.SIGTERM, lambda *_: scheduler.stop(args.stop_grace_s))
         front_keys = scheduler.proxy_keys("openpi-front") if args.openpi_port is not None else None
         openpi, openpi_url = spawn_openpi_front(args, bound, keys=front_keys)
         print(f"candidate-scheduler: openpi policy     {openpi_url or 'off'}", flush=True)
         bridge, compat = _spawn_bridge(args, bound, None if args.no_compat else scheduler.proxy_keys("sglang-bridge"))
         # printed last: launchers wait for this line
         print(f"candidate-scheduler: sglang compat     {compat or 'off'}", flush=True)
-        # SIGTERM (Kubernetes, systemd): serve what was admitted, then stop (docs/deployment.md); SIGINT
-        # (Ctrl-C) or a second SIGTERM stops at once
-        signal.signal(signal.SIGINT, lambda *_: scheduler.stopping.set())
-        signal.signal(signal.SIGTERM, lambda *_: scheduler.stop(args.stop_grace_s))
         if on_ready is not None:
             on_ready(scheduler, bound)
         tune_gc()

@@ -48,6 +48,14 @@ def forecast_errors(metrics_list) -> dict | None:
     return out
 
 
+def median_range(values, form: str = "{:.2f}") -> str:
+    """A report cell for repeated runs: the median, then [min-max]; "-" with no value (None skipped)."""
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return "-"
+    return f"{form.format(float(np.median(vals)))} [{form.format(min(vals))}-{form.format(max(vals))}]"
+
+
 def ratio(num: float | None, den: float | None) -> float | None:
     if num is None or den is None or den == 0:
         return None

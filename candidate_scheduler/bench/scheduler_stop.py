@@ -13,10 +13,12 @@ register with it by themselves. Arms:
   in flight is answered `shutting_down`;
 - `sigkill`: a crash; the clients find out from their liveness PINGs.
 
-Reported per run: the groups the stopping run had admitted and did not answer `done` (run again from the
-start by the next run: work thrown away), the groups sent during the stop that waited for the next run,
-the time from the signal to the next run's first answer, each group's time from its first send to its
-answer (the client's view), and whether every group was `done` with the exact candidates.
+Reported per run, from what each client was answered first (`Result.resent`): the groups the stopping run
+had admitted and did not run to the end (`shutting_down`, or, after a crash, no answer: run again from
+the start by the next run: work thrown away), the groups it refused while it stopped (`stopping`: they
+waited for the next run), the time from the signal to the next run's first answer, each group's time
+from its first send to its answer (the client's view), and whether every group was `done` with the
+exact candidates.
 `python -m candidate_scheduler.bench.scheduler_stop --out DIR`; not part of `make bench`.
 """
 
@@ -34,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from candidate_scheduler.bench.common import median_range
 from candidate_scheduler.bench.worker_leave import IMAGE
 from candidate_scheduler.bench.worker_leave import _expected as expected
 from candidate_scheduler.service.launcher import Launcher
@@ -87,12 +90,17 @@ def run_arm(arm: str, *, workers: int = 2, capacity: int = 4, step_s: float = 0.
             ran_next = {rid for rid in answered if c.status(rid).state != "unknown"}
     before = {rid for rid, t in sent_at.items() if t < signalled}
     replies = {rid: r for rid, (_t, r) in answered.items()}
+    first_answer = {rid: (r.resent or [None])[0] for rid, r in replies.items()}
+    # a crash answers nothing: what it had admitted is what was sent before it and ran on the next run
+    thrown = {rid for rid in ran_next if first_answer[rid] == "shutting_down"
+              or (first_answer[rid] == "unavailable" and rid in before)}
     exact = len(replies) == groups and all(
         r.status == "done" and np.array_equal(r.candidates, expected(1000 + int(rid.rsplit("-", 1)[1]), count, steps))
         for rid, r in replies.items())
     waits = {rid: answered[rid][0] - sent_at[rid] for rid in answered}
     return {"arm": arm, "exact": exact, "statuses": sorted({r.status for r in replies.values()}),
-            "thrown_away": len(before & ran_next), "sent_during_stop": len(ran_next - before),
+            "thrown_away": len(thrown), "refused_stopping": sum(a == "stopping" for a in first_answer.values()),
+            "sent_after_signal": len(set(sent_at) - before),
             "stop_s": stopped - signalled, "next_run_answered_s": serving - signalled,
             "slowest_s": max(waits.values()), "median_s": statistics.median(waits.values()),
             "slowest_before_signal_s": max(waits[rid] for rid in before),
@@ -108,7 +116,7 @@ def report(runs: list[dict]) -> str:
              f"by its own `Client.submit(..., resubmit=True)`; {s['signal_at_s']:g} s in the scheduler is signalled "
              "and its next run started on the same ports as soon as it has exited. A group's time is from its "
              "first send to its answer, as its client sees it. Medians over the rounds, ranges in brackets.", "",
-             "| arm | admitted, not run to the end (run again) | sent during the stop | signal to exit, s | "
+             "| arm | admitted, not run to the end (run again) | refused while stopping | signal to exit, s | "
              "signal to the next run's first answer, s | median group s | slowest group sent before the signal, s "
              "| slowest group s | every group done, exact | runs |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -117,11 +125,10 @@ def report(runs: list[dict]) -> str:
         if not rs:
             continue
 
-        def cell(key, fmt="{:.2f}", rs=rs):
-            vals = [r[key] for r in rs]
-            return f"{fmt.format(statistics.median(vals))} [{fmt.format(min(vals))}-{fmt.format(max(vals))}]"
+        def cell(key, form="{:.2f}", rs=rs):
+            return median_range([r[key] for r in rs], form)
 
-        lines.append(f"| {arm} | {cell('thrown_away', '{:.0f}')} | {cell('sent_during_stop', '{:.0f}')} | "
+        lines.append(f"| {arm} | {cell('thrown_away', '{:.0f}')} | {cell('refused_stopping', '{:.0f}')} | "
                      f"{cell('stop_s')} | {cell('next_run_answered_s')} | {cell('median_s')} | "
                      f"{cell('slowest_before_signal_s')} | {cell('slowest_s')} | {all(r['exact'] for r in rs)} | "
                      f"{len(rs)} |")

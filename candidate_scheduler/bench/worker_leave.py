@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from candidate_scheduler.bench.common import median_range
 from candidate_scheduler.core import rng
 from candidate_scheduler.core.work import SamplingSpec
 from candidate_scheduler.service.client import make_request, synthetic_image
@@ -123,13 +124,10 @@ def report(runs: list[dict]) -> str:
             if not rs:
                 continue
 
-            def cell(key, fmt="{:.2f}", rs=rs):
-                vals = [r[key] for r in rs if r[key] is not None]
-                if not vals:
-                    return "-"
-                return f"{fmt.format(statistics.median(vals))} [{fmt.format(min(vals))}-{fmt.format(max(vals))}]"
+            def cell(key, form="{:.2f}", rs=rs):
+                return median_range([r[key] for r in rs], form)
 
-            lines.append(f"| {arm} | {cell('wall_s')} | {cell('retries', fmt='{:.0f}')} | {cell('worker_listed_s')} | "
+            lines.append(f"| {arm} | {cell('wall_s')} | {cell('retries', '{:.0f}')} | {cell('worker_listed_s')} | "
                          f"{cell('median_s')} | {cell('slowest_s')} | {all(r['exact'] for r in rs)} | {len(rs)} |")
         lines.append("")
     return "\n".join(lines)

@@ -116,6 +116,7 @@ class Control:
             "capability": next(iter(e.workers.values())).capability.to_dict() if e.workers else None,
             "batches_in_flight": len(e.assignments),
             "draining": e.draining,
+            "stopping": e.stopping,
             "tenants": {t: {"in_flight": n, "limit": e.tenants.policy(t).max_in_flight}
                         for t, n in sorted(e.tenants.in_flight.items())},
             "fair_queueing": e.tenants.clock.fair,

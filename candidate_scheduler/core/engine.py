@@ -91,6 +91,7 @@ class Engine:
         # finishing a previous incarnation's batch would have its stale result taken.
         self._next_batch = first_batch_id
         self.draining = False
+        self.stopping = False  # draining because the scheduler is going away: refusals say `stopping`
         self.counters: collections.Counter = collections.Counter()
         self.cost = CostModel(self.config.margin_quantile)
         self._largest_fitted = 0  # the largest worker's rows when pending slices were last fitted to it

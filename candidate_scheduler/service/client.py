@@ -20,6 +20,7 @@ import zmq.asyncio
 from candidate_scheduler import protocol
 from candidate_scheduler.service.control_link import ControlLink
 from candidate_scheduler.service.keys import ClientKeys
+from candidate_scheduler.service.next_run import NOT_RUN_BY_A_STOPPING_SCHEDULER, NextRun
 
 
 @dataclass
@@ -39,6 +40,9 @@ class Result:
     # rollouts: log_probs, latents, next_latents, means, stds, final_latents (candidate axis first),
     # sigmas [T+1], timesteps [T], step_indices [S] (see protocol.RolloutResult)
     rollout: dict[str, np.ndarray] | None = None
+    # set by a resubmitting client: why it sent the group again, in order (`shutting_down` or `stopping`: a
+    # stopping scheduler did not run it; `unavailable`: it stopped answering); empty when sent once
+    resent: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -158,10 +162,6 @@ def _restarted(sent_to: str | None, now: str | None) -> bool:
     unknown, or a server that does not say: no verdict)."""
     return bool(sent_to) and bool(now) and sent_to != now
 
-
-# what a stopping scheduler answers groups it will not run: in flight at its stop (`shutting_down`), or
-# sent while it stops gracefully (`draining`); run by no one, so `submit(resubmit=True)` sends them to the next run
-NOT_RUN_BY_A_STOPPING_SCHEDULER = frozenset({("failed", "shutting_down"), ("rejected", "draining")})
 
 DEFAULT_LIVENESS_S = 3.0  # silence before a PING, and how long the PING may take: a bound of 6 s
 SEND_TIMEOUT_MS = 10_000
@@ -293,45 +293,46 @@ class Client:
         is sent again, and runs again with the same bits, when the scheduler did not run it:
         - it stopped answering: sent again once it answers a PING (a restarted scheduler runs it; one that
           was only slow answers it once);
-        - it was stopping, and answered `shutting_down` or refused it `draining`: sent again once another
-          run of the scheduler answers a PING (its incarnation). A scheduler drained by an operator and
-          never restarted is waited for until the timeout (TimeoutError)."""
+        - it was stopping, and answered `shutting_down` or refused it `stopping`: sent again once another
+          run of the scheduler answers a PING (its incarnation); until the timeout (TimeoutError)."""
         request = make_request(image, prompt, **kwargs)
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         if resubmit and not self._incarnation:
             self._answers_ping(min(self.liveness_s or 1.0, max(0.0, deadline - time.monotonic())))
         self.send(request)
+        resent: list[str] = []
         while True:
             sent_to = self._sent_to.get(request.request_id)
             try:
                 result = self.wait(request.request_id, max(0.0, deadline - time.monotonic()))
                 if not resubmit or (result.status, result.error_code) not in NOT_RUN_BY_A_STOPPING_SCHEDULER:
+                    result.resent = resent
                     return result
-                self._await_another_run(sent_to, result, deadline)
+                resent.append(result.error_code)
+                self._await_another_run(NextRun(sent_to, self.liveness_s), deadline, f"{request.request_id!r} was "
+                                        f"answered {result.status} ({result.error_code}) by a stopping scheduler")
             except SchedulerUnavailable:
                 if not resubmit:
                     raise
-                while not self._answers_ping(min(self.liveness_s or 1.0, max(0.0, deadline - time.monotonic()))):
-                    if time.monotonic() >= deadline:
-                        raise TimeoutError(f"no reply for {request.request_id!r}: the scheduler did not come back") \
-                            from None
+                resent.append("unavailable")
+                self._await_another_run(NextRun(None, self.liveness_s, gone=True), deadline,
+                                        f"no reply for {request.request_id!r}: the scheduler stopped answering")
             self.send(request)
 
-    def _await_another_run(self, stopping: str | None, result: Result, deadline: float) -> None:
-        """Until a run of the scheduler other than `stopping` (the incarnation that answered `result`)
-        answers a PING; TimeoutError at `deadline`. The stopping run answers PINGs while it serves what it
-        admitted: asked again every 0.2 s, not in a spin. A PING that goes to it as it exits is lost, so
-        the first probes wait briefly (0.25 s, doubling up to `liveness_s` while none is answered)."""
-        probe_s = 0.25
+    def _await_another_run(self, nxt: NextRun, deadline: float, what: str) -> None:
+        """Until the run that answers a PING is the one `nxt` waits for; TimeoutError at `deadline`. A
+        stopping run answers PINGs while it serves what it admitted: asked again every 0.2 s, and a probe
+        that fails at once (no peer) waits out its time, so nothing spins."""
         while (remaining := deadline - time.monotonic()) > 0:
-            if not self._answers_ping(min(probe_s, remaining)):
-                probe_s = min(2 * probe_s, max(self.liveness_s or 1.0, 0.25))
-                continue
-            if self._incarnation and self._incarnation != stopping:
-                return
-            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
-        raise TimeoutError(f"{result.request_id!r} was answered {result.status} ({result.error_code}) by a stopping "
-                           "scheduler, and no other run of it answered before the timeout")
+            started, probe_s = time.monotonic(), min(nxt.probe_s, remaining)
+            if self._answers_ping(probe_s):
+                if nxt.answered_by(self._incarnation):
+                    return
+                time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+            else:
+                nxt.unanswered()
+                time.sleep(max(0.0, started + probe_s - time.monotonic()))
+        raise TimeoutError(f"{what}, and it did not come back before the timeout")
 
     def ping(self, timeout_s: float = 2.0) -> bool:
         """Whether the scheduler answers a PING; results of groups in flight that arrive first are kept."""
@@ -469,8 +470,9 @@ class AsyncClient:
     async def submit_request(self, request: protocol.SubmitRequest, *, resubmit: bool = False) -> Result:
         """Send one group and wait for its reply. With `resubmit`, as `Client.submit`'s: the same request
         is sent again when the scheduler did not run it -- it stopped answering (SchedulerUnavailable), or
-        it was stopping and answered `shutting_down` or `draining` -- once another run of it answers a PING.
+        it was stopping and answered `shutting_down` or `stopping` -- once another run of it answers a PING.
         No timeout of its own: bound it with `asyncio.wait_for` (cancelling it stops the wait)."""
+        resent: list[str] = []
         while True:
             if resubmit and not self._incarnation:
                 await self.ping(self.liveness_s or 1.0)  # which run this goes to: a stopping one is told apart
@@ -480,22 +482,30 @@ class AsyncClient:
             except SchedulerUnavailable:
                 if not resubmit:
                     raise
-                await self._await_another_run(None)
+                resent.append("unavailable")
+                await self._await_another_run(NextRun(None, self.liveness_s, gone=True))
                 continue
             if not resubmit or (result.status, result.error_code) not in NOT_RUN_BY_A_STOPPING_SCHEDULER:
+                result.resent = resent
                 return result
-            await self._await_another_run(sent_to)
+            resent.append(result.error_code)
+            await self._await_another_run(NextRun(sent_to, self.liveness_s))
 
-    async def _await_another_run(self, stopping: str | None) -> None:
-        """Until a run other than `stopping` answers a PING (any run, with None); as `Client`'s."""
-        probe_s = 0.25
+    async def _await_another_run(self, nxt: NextRun) -> None:
+        """Until the run that answers a PING is the one `nxt` waits for; as `Client`'s. Every waiter shares
+        one probe at a time: many robots behind a front waiting for the next run send it a few PINGs a
+        second, not a few each."""
         while True:
-            if not await self.ping(probe_s):
-                probe_s = min(2 * probe_s, max(self.liveness_s or 1.0, 0.25))
-                continue
-            if self._incarnation and (stopping is None or self._incarnation != stopping):
-                return
-            await asyncio.sleep(0.2)
+            started, probe_s = time.monotonic(), nxt.probe_s
+            if self._probe is None or self._probe.done():
+                self._probe = asyncio.ensure_future(self.ping(probe_s))
+            if await asyncio.shield(self._probe):
+                if nxt.answered_by(self._incarnation):
+                    return
+                await asyncio.sleep(0.2)
+            else:
+                nxt.unanswered()
+                await asyncio.sleep(max(0.0, started + probe_s - time.monotonic()))
 
     async def _submit_once(self, request: protocol.SubmitRequest) -> Result:
         if self.liveness_s is not None and self._incarnation is None:
@@ -549,17 +559,24 @@ class AsyncClient:
         return await self.submit_request(make_request(image, prompt, **kwargs), resubmit=resubmit)
 
     async def ping(self, timeout_s: float = 2.0) -> bool:
+        """Whether the scheduler answers a PING within `timeout_s`, the send included (with no scheduler to
+        send to it would wait for one)."""
         nonce = next(self._nonce)
         fut = asyncio.get_running_loop().create_future()
         self._pongs[nonce] = fut
-        await self._sock.send_multipart(protocol.encode(protocol.Kind.PING, protocol.Ping(nonce)))
-        self._ensure_reader()
+
+        async def send_and_wait() -> None:
+            await self._sock.send_multipart(protocol.encode(protocol.Kind.PING, protocol.Ping(nonce)))
+            self._ensure_reader()
+            await fut
+
         try:
-            await asyncio.wait_for(fut, timeout_s)
+            await asyncio.wait_for(send_and_wait(), timeout_s)
             return True
         except TimeoutError:
-            self._pongs.pop(nonce, None)
             return False
+        finally:  # answered, timed out or cancelled: a PONG that comes later has nobody to wake
+            self._pongs.pop(nonce, None)
 
     def close(self) -> None:
         if self._reader is not None:

@@ -135,8 +135,8 @@ class Launcher:
                   name: str = "scheduler") -> SchedulerHandle:
         """`serve` on OS-picked ports. compat: start the sglang compat bridge too; metrics: serve
         Prometheus metrics (handle.metrics is the URL). `extra` goes last on the command line."""
-        # SIGTERM stops it at once (no --stop-grace-s): `close` stops the workers first, so a graceful stop
-        # would wait out its grace for groups nobody can run; a test of the graceful stop passes a grace
+        # SIGTERM stops it at once (--stop-grace-s 0), as every release before the graceful stop did, which
+        # the tests of shutdown answers expect; a test of the graceful stop passes a grace in `extra`
         cmd = self._cli("serve", "--request-port", "0", "--control-port", "0", "--worker-port", "0",
                         "--metrics-port", "0" if metrics else "-1", "--stop-grace-s", "0", *self.serve_args)
         cmd += ["--compat-port", "0"] if compat else ["--no-compat"]

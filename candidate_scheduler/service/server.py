@@ -239,8 +239,8 @@ class Scheduler:
                     next_tick = time.monotonic() + self.config.tick_s
         finally:
             # Messages already queued but never read still get their one answer: new groups are refused
-            # ("rejected: draining"), control messages answered; then every group in flight.
-            self.engine.draining = True
+            # ("rejected: stopping"), control messages answered; then every group in flight.
+            self.engine.draining = self.engine.stopping = True
             for sock in (self.request_sock, self.control_sock):
                 self._pump(sock, handlers[sock], limit=None)
             self._send_all(self.engine.shutdown(time.monotonic()))
@@ -262,17 +262,21 @@ class Scheduler:
         if self.graceful is None:
             began, grace_s = self._stop_asked
             self.graceful = GracefulStop(began, grace_s)
-            self.engine.drain()  # no new group from here on
-            log.warning("stopping: serving the %d group(s) in flight for up to %.0f s, admitting no new ones "
+            self.engine.draining = self.engine.stopping = True  # no new group from here on
+            log.warning("stopping: serving the %d group(s) in flight for up to %.1f s, admitting no new ones "
                         "(a second SIGTERM or SIGINT stops at once)", len(self.engine.groups), grace_s)
-        verdict = self.graceful.verdict(time.monotonic(), len(self.engine.groups))
+        workers = len(self.engine.workers) + len(self.engine.leaving)
+        verdict = self.graceful.verdict(time.monotonic(), len(self.engine.groups), workers)
         if verdict is Verdict.SERVE:
             return False
         if verdict is Verdict.FINISHED:
             log.warning("stopping: every group answered, %.1f s after the stop was asked",
                         time.monotonic() - self.graceful.began)
+        elif verdict is Verdict.NO_WORKERS:
+            log.warning("stopping: no worker left to serve the %d group(s) in flight; they are answered "
+                        "shutting_down", len(self.engine.groups))
         else:
-            log.warning("stopping: the %.0f s grace ran out; %d group(s) in flight are answered shutting_down",
+            log.warning("stopping: the %.1f s grace ran out; %d group(s) in flight are answered shutting_down",
                         self.graceful.grace_s, len(self.engine.groups))
         return True
 

@@ -1,5 +1,5 @@
 """The scheduler stopped with SIGTERM, with real processes on real sockets (null workers): it admits
-nothing new (`rejected` / `draining`), serves the groups it admitted -- queued ones too -- for up to
+nothing new (`rejected` / `stopping`), serves the groups it admitted -- queued ones too -- for up to
 `--stop-grace-s`, then goes; past the grace what is left is answered `shutting_down`; a second SIGTERM
 stops at once (core/graceful_stop.py, service/server.py). A client that resubmits sends what a stopping
 scheduler did not run to its next run (service/client.py)."""
@@ -29,9 +29,17 @@ def load(c, n: int, prefix: str) -> list[str]:
 
 
 def busy(c, rids: list[str]) -> None:
-    """The first group running and the rest admitted (read by the scheduler, answered by no one yet)."""
-    wait_for(lambda: c.status(rids[0]).state == "running", 20, "the first group to run")
-    wait_for(lambda: all(c.status(r).state in ("queued", "running", "admitted") for r in rids), 10, "all admitted")
+    """The first group running (or run) and every group read by the scheduler."""
+    wait_for(lambda: c.status(rids[0]).state in ("running", "done"), 20, "the first group to run")
+    wait_for(lambda: all(c.status(r).state != "unknown" for r in rids), 10, "every group read")
+
+
+def fleet(services, grace: str, *, metrics: bool = False):
+    """A scheduler stopping with `--stop-grace-s grace` and one null worker of 4 rows."""
+    sched = services.scheduler("--stop-grace-s", grace, metrics=metrics)
+    services.worker(sched, "null", 4, STEP_S)
+    sched.wait_workers(1)
+    return sched
 
 
 def exit_code(sched, timeout_s: float) -> tuple[int, float]:
@@ -41,16 +49,14 @@ def exit_code(sched, timeout_s: float) -> tuple[int, float]:
 
 
 def test_sigterm_serves_what_was_admitted_refuses_the_rest_and_goes(services):
-    sched = services.scheduler("--stop-grace-s", "30", metrics=True)
-    services.worker(sched, "null", 4, STEP_S)
-    sched.wait_workers(1)
+    sched = fleet(services, "30", metrics=True)
     with sched.client() as c:
         rids = load(c, 6, "g")
         busy(c, rids)
         sched.proc.proc.send_signal(signal.SIGTERM)
         wait_for(lambda: scrape(sched.metrics).get("candidate_scheduler_draining") == 1.0, 5, "the draining gauge")
         late = c.submit(IMAGE, "pick", count=1, seed=7, steps=STEPS, request_id="late")
-        assert (late.status, late.error_code) == ("rejected", "draining"), late
+        assert (late.status, late.error_code) == ("rejected", "stopping"), late
         results = [c.wait(r, timeout_s=20) for r in rids]
         assert [r.status for r in results] == ["done"] * 6, [(r.status, r.error_code) for r in results]
         # every candidate exact: served by the stopping run as by any other
@@ -62,11 +68,9 @@ def test_sigterm_serves_what_was_admitted_refuses_the_rest_and_goes(services):
 
 
 def test_past_its_grace_what_is_left_is_answered_shutting_down(services):
-    sched = services.scheduler("--stop-grace-s", "0.6")
-    services.worker(sched, "null", 4, STEP_S)
-    sched.wait_workers(1)
+    sched = fleet(services, "1.5")
     with sched.client() as c:
-        rids = load(c, 8, "g")  # 3.2 s of work
+        rids = load(c, 12, "g")  # 4.8 s of work
         busy(c, rids)
         signalled = time.monotonic()
         sched.proc.proc.send_signal(signal.SIGTERM)
@@ -74,33 +78,31 @@ def test_past_its_grace_what_is_left_is_answered_shutting_down(services):
         code, _ = exit_code(sched, 10)
         took = time.monotonic() - signalled
     outcomes = [(r.status, r.error_code) for r in results]
-    assert outcomes[0] == ("done", None), outcomes  # the one running ended within the grace
+    assert outcomes[0] == ("done", None), outcomes  # the one running (0.4 s of work) ended within the grace
     assert outcomes[-1] == ("failed", "shutting_down"), outcomes
     assert set(outcomes) <= {("done", None), ("failed", "shutting_down")}, outcomes
-    assert code == 0 and took < 3.0, (code, took)
+    assert code == 0 and took < 4.5, (code, took)  # the grace, not the 4.8 s of work
     assert sched.proc.wait_line(re.compile("grace ran out"), 5)
 
 
 def test_a_second_sigterm_stops_at_once(services):
-    sched = services.scheduler("--stop-grace-s", "60")
-    services.worker(sched, "null", 4, STEP_S)
-    sched.wait_workers(1)
+    sched = fleet(services, "60")
     with sched.client() as c:
-        rids = load(c, 12, "g")  # 4.8 s of work
+        rids = load(c, 24, "g")  # 9.6 s of work
         busy(c, rids)
         sched.proc.proc.send_signal(signal.SIGTERM)
         assert sched.proc.wait_line(re.compile("stopping: serving"), 5)
         sched.proc.proc.send_signal(signal.SIGTERM)
         code, waited = exit_code(sched, 10)
         results = [c.wait(r, timeout_s=5) for r in rids]
-    assert code == 0 and waited < 2.0, (code, waited)
+    assert code == 0 and waited < 4.0, (code, waited)  # not the 9.6 s of work (closing lingers up to 2 s)
     assert ("failed", "shutting_down") in [(r.status, r.error_code) for r in results]
 
 
 @pytest.mark.parametrize("grace", ["0", "30"])
 def test_a_resubmitting_client_gets_its_group_from_the_next_run(services, grace):
     """grace 0: the group in flight is answered shutting_down; 30: the stopping run finishes it, and a
-    group sent while it stops is refused draining. Either way the client sends what was not run to the
+    group sent while it stops is refused stopping. Either way the client sends what was not run to the
     restarted scheduler, on the same ports, and gets it done with the same bits."""
     sched = services.scheduler("--stop-grace-s", grace)
     worker = services.worker(sched, "null", 4, STEP_S)
@@ -114,7 +116,7 @@ def test_a_resubmitting_client_gets_its_group_from_the_next_run(services, grace)
                                 return_candidates=True)
 
     with sched.client() as c:
-        blockers = load(c, 3, "b")
+        blockers = load(c, 3, "b")  # 1.2 s of work ahead of the group in flight
         busy(c, blockers)
         first = threading.Thread(target=submit, args=("in-flight", 11))
         first.start()
@@ -126,7 +128,8 @@ def test_a_resubmitting_client_gets_its_group_from_the_next_run(services, grace)
         late.start()
         answered = [c.wait(r, timeout_s=20) for r in blockers]
     sched.proc.proc.wait(timeout=15)
-    assert {r.status for r in answered} == ({"failed"} if grace == "0" else {"done"})
+    statuses = {r.status for r in answered}
+    assert statuses <= {"done", "failed"} and ("failed" in statuses if grace == "0" else statuses == {"done"})
     time.sleep(0.5)  # the clients meanwhile find nobody answering; then a new run on the same ports
     restarted = services.scheduler("--request-port", ports["request"], "--control-port", ports["control"],
                                    "--worker-port", ports["worker"])
@@ -146,7 +149,8 @@ def test_a_resubmitting_client_gets_its_group_from_the_next_run(services, grace)
 
 def test_the_restart_bench_runs_and_reports(tmp_path):
     """bench/scheduler_stop.py, small: the graceful arm throws nothing away, the immediate one runs again
-    what was in flight; every group done and exact; the report and plot are written."""
+    what was in flight (told apart by each client's first answer); every group done and exact; the report
+    and plot are written."""
     from candidate_scheduler.bench import scheduler_stop
 
     small = {"groups": 8, "rate": 4.0, "signal_at_s": 1.1}
@@ -154,7 +158,7 @@ def test_the_restart_bench_runs_and_reports(tmp_path):
     assert all(r["exact"] for r in runs), runs
     graceful, immediate = runs
     assert graceful["thrown_away"] == 0 and immediate["thrown_away"] >= 1, runs
-    assert graceful["sent_during_stop"] + immediate["sent_during_stop"] >= 2  # refused draining, then sent on
+    assert graceful["sent_after_signal"] >= 1 and graceful["statuses"] == ["done"]  # those too, on the next run
     text = scheduler_stop.report(runs)
     assert "| graceful | 0 [0-0] |" in text
     scheduler_stop.plot(runs, tmp_path / "p.png")
@@ -163,15 +167,13 @@ def test_the_restart_bench_runs_and_reports(tmp_path):
 
 def test_an_async_client_resubmits_across_a_graceful_restart(services):
     """AsyncClient(..., resubmit=True) (what the openpi front uses): a group sent while the scheduler
-    stops is refused draining, waits for the next run and is done there, exact; one sent before is done
+    stops is refused stopping, waits for the next run and is done there, exact; one sent before is done
     by the stopping run."""
     import asyncio
 
     from candidate_scheduler.service.client import AsyncClient
 
-    sched = services.scheduler("--stop-grace-s", "30")
-    services.worker(sched, "null", 4, STEP_S)
-    sched.wait_workers(1)
+    sched = fleet(services, "30")
     ports = {name: getattr(sched, name).rsplit(":", 1)[1] for name in ("request", "control", "worker")}
 
     async def scenario():
@@ -181,7 +183,8 @@ def test_an_async_client_resubmits_across_a_graceful_restart(services):
                 return asyncio.ensure_future(client.submit(IMAGE, "pick", count=4, seed=seed, steps=STEPS, request_id=rid,
                                                            return_candidates=True, resubmit=True))
             before = submit("before", 21)
-            await asyncio.sleep(0.1)
+            with sched.client() as c:  # read by the scheduler before the signal
+                await asyncio.to_thread(wait_for, lambda: c.status("before").state != "unknown", 10, "it read")
             sched.proc.proc.send_signal(signal.SIGTERM)
             await asyncio.to_thread(sched.proc.wait_line, re.compile("stopping: serving"), 5)
             during = submit("during", 22)

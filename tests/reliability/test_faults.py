@@ -210,7 +210,7 @@ def test_scheduler_restart_loses_nothing_silently(services, reliability, rng_see
         if mode == "sigterm":
             reader.barrier()  # the scheduler has read every SUBMIT so far
             # a last burst right before the signal: whatever of it was read gets an answer (queued but
-            # unread at shutdown: rejected/draining); what never reached the scheduler is "unknown" below
+            # unread at shutdown: rejected/stopping); what never reached the scheduler is "unknown" below
             late = [random_request(rnd, request_id=f"rs-{k}-late-{i}", max_count=8) for i in range(10)]
             for req in late:
                 reader.send(req)
@@ -223,9 +223,9 @@ def test_scheduler_restart_loses_nothing_silently(services, reliability, rng_see
             while reader.outstanding and reader.poll_once(0.3):
                 pass  # the rest of what the exited process sent (the late burst), already on its way to us
             for rid, rs in ledger.replies.items():
-                # in flight: failed/shutting_down; still unread in the socket: rejected/draining
+                # in flight: failed/shutting_down; still unread in the socket: rejected/stopping
                 assert (rs[0].status, rs[0].error_code) in (("done", None), ("failed", "shutting_down"),
-                                                            ("rejected", "draining")), (rid, rs[0].status)
+                                                            ("rejected", "stopping")), (rid, rs[0].status)
         else:
             sched.proc.proc.kill()
         sched.proc.proc.wait(timeout=30)

@@ -69,6 +69,9 @@ class FrontConfig:
     request_timeout_s: float | None = None
     tokens: Directory | None = None  # bearer tokens every connection needs (None: no authentication)
     keys: ClientKeys | None = None  # this front's CURVE keys, for a scheduler that requires them
+    # a call the scheduler did not run because it was stopping goes to its next run (the robot sees a slower
+    # answer across an upgrade, not an error); off in a front that stops with its scheduler (`serve --openpi-port`)
+    resubmit: bool = True
 
 
 # ---- bearer tokens (shared with compat/http.py) ---------------------------------------------------------
@@ -263,9 +266,7 @@ class OpenpiFront:
         """The native result, or a _Refusal. Cancels the group when the robot goes away or the call
         times out."""
         rid = call.submit.request_id
-        # resubmit: across a restart of the scheduler (an upgrade), the robot sees a slower answer, not an
-        # error -- a group the stopping run did not run goes to the next one, within the request timeout
-        submit = asyncio.ensure_future(self.client.submit_request(call.submit, resubmit=True))
+        submit = asyncio.ensure_future(self.client.submit_request(call.submit, resubmit=self.config.resubmit))
         closed = asyncio.ensure_future(ws.wait_closed())
         try:
             done, _ = await asyncio.wait({submit, closed}, timeout=self.config.request_timeout_s,

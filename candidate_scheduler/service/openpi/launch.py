@@ -178,7 +178,8 @@ def spawn_openpi_front(args: argparse.Namespace, bound: dict[str, str], keys: Cl
         return None, None
     host, tokens, insecure = openpi_bind(args)
     cmd = [sys.executable, "-m", "candidate_scheduler.service.openpi", "--scheduler-request", bound["request"],
-           "--scheduler-control", bound["control"], "--bind", host, "--port", str(args.openpi_port)]
+           "--scheduler-control", bound["control"], "--bind", host, "--port", str(args.openpi_port),
+           "--no-resubmit"]  # it stops with this scheduler: nothing of it would see the next run
     if tokens is not None:
         cmd += ["--tokens", str(tokens)]
     elif insecure:
@@ -211,6 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "can submit work (loud warning)")
     p.add_argument("--allow-nonlocal", dest="insecure", action="store_true",
                    help="deprecated alias of --insecure")
+    p.add_argument("--no-resubmit", dest="resubmit", action="store_false",
+                   help="answer a call the scheduler did not run because it was stopping with an error, instead "
+                        "of sending it to the scheduler's next run (within --request-timeout); `serve "
+                        "--openpi-port` starts its front so: that front stops with its scheduler")
     p.add_argument("--log-level", default="WARNING")
     add_default_arguments(p)
     return p
@@ -258,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         scheduler_request=args.scheduler_request, scheduler_control=args.scheduler_control, host=args.bind,
         port=args.port, defaults=defaults, model_name=args.model_name or "cosmos3",
         max_frame_bytes=args.max_frame_bytes or DEFAULT_MAX_FRAME_BYTES, request_timeout_s=args.request_timeout,
-        tokens=tokens, keys=keys,
+        tokens=tokens, keys=keys, resubmit=args.resubmit,
     )
 
     async def run() -> None:
