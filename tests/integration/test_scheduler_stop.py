@@ -99,6 +99,24 @@ def test_a_second_sigterm_stops_at_once(services):
     assert ("failed", "shutting_down") in [(r.status, r.error_code) for r in results]
 
 
+def test_with_no_worker_left_it_goes_at_once(services):
+    """The fleet stopped with it (a whole-host stop): nobody will serve what it holds, so it does not wait
+    out its grace."""
+    sched = fleet(services, "60")
+    with sched.client() as c:
+        rids = load(c, 4, "g")
+        busy(c, rids)
+        for w in sched.workers:
+            w.kill()
+        wait_for(lambda: not c.stats()["workers"], 10, "the scheduler to count the worker lost")
+        sched.proc.proc.send_signal(signal.SIGTERM)
+        code, waited = exit_code(sched, 20)
+        results = [c.wait(r, timeout_s=5) for r in rids]
+    assert code == 0 and waited < 4.0, (code, waited)  # not the 60 s grace
+    assert sched.proc.wait_line(re.compile("no worker left"), 5)
+    assert ("failed", "shutting_down") in [(r.status, r.error_code) for r in results]
+
+
 @pytest.mark.parametrize("grace", ["0", "30"])
 def test_a_resubmitting_client_gets_its_group_from_the_next_run(services, grace):
     """grace 0: the group in flight is answered shutting_down; 30: the stopping run finishes it, and a

@@ -75,3 +75,14 @@ def test_call_rows_is_checked_when_parsed_and_handed_to_the_workers_up_starts():
             build_parser().parse_args(["worker", "--call-rows", bad])
     flags = worker_flags(build_parser().parse_args(["up", "--call-rows", "2"]))
     assert flags[flags.index("--call-rows") + 1] == "2"
+
+
+def test_graces_are_finite_and_not_negative():
+    """A NaN or infinite grace would never run out: the stop would end only by the orchestrator's SIGKILL."""
+    assert build_parser().parse_args(["serve"]).stop_grace_s == 25.0
+    assert build_parser().parse_args(["serve", "--stop-grace-s", "0"]).stop_grace_s == 0.0
+    assert build_parser().parse_args(["worker", "--leave-grace-s", "2.5"]).leave_grace_s == 2.5
+    for command, flag in (("serve", "--stop-grace-s"), ("up", "--stop-grace-s"), ("worker", "--leave-grace-s")):
+        for bad in ("nan", "inf", "-1", "soon"):
+            with pytest.raises(SystemExit):
+                build_parser().parse_args([command, flag, bad])

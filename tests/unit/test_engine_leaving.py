@@ -153,6 +153,7 @@ def test_a_cancel_reaches_a_leaving_worker_and_shutdown_tells_it_to_go():
     h.register("a")
     h.submit("g", count=2, seed=1)
     leaving(h, "a")
+    h.register("b")  # registered, not leaving: told nothing (it finds the next run by its heartbeats)
     answer, out = h.engine.cancel("g", h.now)
     h.take(out)
     assert answer.changed and [c.identity for c in h.cancels] == [b"a"]
