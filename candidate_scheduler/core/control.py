@@ -46,7 +46,8 @@ class Control:
         answer.append(ControlAnswer(ok=True, changed=changed, state=hit))
 
     def shutdown(self) -> None:
-        """Every group in flight answered `shutting_down`; a leaving worker told to go. The other workers
+        """Every group in flight answered `shutting_down`; a leaving worker told to go (best effort: the
+        worker link closes right after, and one that misses it goes at its grace). The other workers
         are told nothing: their heartbeats find the next run on the same address, which asks them to
         register (its answer to a heartbeat from a worker it does not know). Told to register again here,
         they sent their REGISTER to this run as it closed, lost, and tried again only after their

@@ -5,6 +5,10 @@ Three ROUTER sockets and one thread:
 - request socket: SUBMIT (a candidate group) and PING. Each SUBMIT gets exactly one RESULT, or one
   ERROR when the message could not be read at all.
 - control socket: CANCEL, STATUS, STATS, DRAIN, SHUTDOWN, COMPAT_REPORT (and PING).
+
+`stop(grace_s)` (SIGTERM) stops gracefully: nothing new is admitted and the loop runs on until the groups
+admitted are answered, or the grace runs out (core/graceful_stop.py); `stopping` (SIGINT, SHUTDOWN) ends
+the loop at once. Either way the loop's end answers every group still in flight, once.
 - worker link: workers REGISTER, HEARTBEAT and return BATCH_RESULTs; the shell sends BATCH, JOIN,
   CANCEL_ROWS, REGISTERED and WORKER_STOP.
 
@@ -257,8 +261,8 @@ class Scheduler:
             self._stop_asked = (time.monotonic(), grace_s)
 
     def _carry_out_stop(self) -> bool:
-        """Whether the loop must stop now (a graceful stop whose groups are all answered, or whose grace
-        ran out)."""
+        """Whether the loop must stop now: a graceful stop whose groups are all answered, whose grace ran
+        out, or with no worker left to serve them (core/graceful_stop.py)."""
         if self.graceful is None:
             began, grace_s = self._stop_asked
             self.graceful = GracefulStop(began, grace_s)
