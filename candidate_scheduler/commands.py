@@ -114,7 +114,7 @@ def _serve(args, on_ready=None) -> None:
         # SIGTERM (Kubernetes, systemd): serve what was admitted, then stop (docs/deployment.md); SIGINT
         # (Ctrl-C) or a second SIGTERM stops at once. Set before the fronts start, so a signal while they
         # do is taken up by the loop's first pass, and the `finally` below stops them
-        signal.signal(signal.SIGINT, lambda *_: scheduler.stopping.set())
+        signal.signal(signal.SIGINT, lambda *_: scheduler.stop_now.set())
         signal.signal(signal.SIGTERM, lambda *_: scheduler.stop(args.stop_grace_s))
         front_keys = scheduler.proxy_keys("openpi-front") if args.openpi_port is not None else None
         openpi, openpi_url = spawn_openpi_front(args, bound, keys=front_keys)

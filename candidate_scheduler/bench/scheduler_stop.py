@@ -8,7 +8,7 @@ it has exited (what Kubernetes' `Recreate` or systemd's `Restart=always` does), 
 register with it by themselves. Arms:
 
 - `graceful`: SIGTERM with `--stop-grace-s 30` (the default is 25): it serves what it admitted, refuses
-  the rest `draining`, then goes;
+  the rest `stopping`, then goes;
 - `immediate`: SIGTERM with `--stop-grace-s 0`, every release's behaviour before the graceful stop: what is
   in flight is answered `shutting_down`;
 - `sigkill`: a crash; the clients find out from their liveness PINGs.

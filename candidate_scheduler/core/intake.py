@@ -3,7 +3,7 @@
 `Intake` holds no state of its own: it is the part of the engine (core/engine.py) that takes new
 groups, kept in its own file as core/control.py and core/worker_link.py keep theirs. A resubmission of
 a group in flight or recently answered is answered once with that group's answer (core/resubmission.py).
-The refusals come in a fixed order -- an unreadable id, another's id in flight, draining, the
+The refusals come in a fixed order -- an unreadable id, another's id in flight, stopping or draining, the
 scheduler's and then the tenant's limit on groups in flight, an invalid request -- and each is one typed
 reply; nothing is kept before they pass.
 """

@@ -433,6 +433,7 @@ class AsyncClient:
         self.liveness_s = liveness_s  # as Client's: SchedulerUnavailable within 2 x liveness_s (3 x: a restart)
         self._heard = time.monotonic()  # when anything last came from the scheduler
         self._probe: asyncio.Task | None = None  # one liveness PING at a time, shared by every waiter
+        self._next_run_probe: asyncio.Task | None = None  # the same for waiters of a next run (shorter PINGs)
         self._futures: dict[str, asyncio.Future] = {}
         self._pongs: dict[int, asyncio.Future] = {}
         self._nonce = itertools.count(1)
@@ -497,9 +498,9 @@ class AsyncClient:
         second, not a few each."""
         while True:
             started, probe_s = time.monotonic(), nxt.probe_s
-            if self._probe is None or self._probe.done():
-                self._probe = asyncio.ensure_future(self.ping(probe_s))
-            if await asyncio.shield(self._probe):
+            if self._next_run_probe is None or self._next_run_probe.done():
+                self._next_run_probe = asyncio.ensure_future(self.ping(probe_s))
+            if await asyncio.shield(self._next_run_probe):
                 if nxt.answered_by(self._incarnation):
                     return
                 await asyncio.sleep(0.2)
@@ -579,8 +580,9 @@ class AsyncClient:
             self._pongs.pop(nonce, None)
 
     def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
+        for task in (self._reader, self._probe, self._next_run_probe):
+            if task is not None:
+                task.cancel()
         self._sock.close(0)
         if self.control is not None:
             self.control.close()

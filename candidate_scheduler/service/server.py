@@ -5,12 +5,13 @@ Three ROUTER sockets and one thread:
 - request socket: SUBMIT (a candidate group) and PING. Each SUBMIT gets exactly one RESULT, or one
   ERROR when the message could not be read at all.
 - control socket: CANCEL, STATUS, STATS, DRAIN, SHUTDOWN, COMPAT_REPORT (and PING).
-
-`stop(grace_s)` (SIGTERM) stops gracefully: nothing new is admitted and the loop runs on until the groups
-admitted are answered, or the grace runs out (core/graceful_stop.py); `stopping` (SIGINT, SHUTDOWN) ends
-the loop at once. Either way the loop's end answers every group still in flight, once.
 - worker link: workers REGISTER, HEARTBEAT and return BATCH_RESULTs; the shell sends BATCH, JOIN,
   CANCEL_ROWS, REGISTERED and WORKER_STOP.
+
+`stop(grace_s)` (SIGTERM) stops gracefully: nothing new is admitted (`rejected` / `stopping`) and the loop
+runs on until the groups admitted are answered, the grace runs out, or no worker is left to serve them
+(core/graceful_stop.py); `stop_now` (SIGINT, SHUTDOWN, a second SIGTERM) ends the loop at once. Either
+way the loop's end answers every group still in flight, once.
 
 Every decision is the engine's (core/engine.py); this module decodes, converts (convert.py), passes the
 time in, and sends. It is a plain `zmq.Poller` loop rather than asyncio: the engine is synchronous, and
@@ -104,7 +105,7 @@ class Scheduler:
         self.metrics = self.engine.metrics
         self._owns_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
-        self.stopping = threading.Event()
+        self.stop_now = threading.Event()  # set: the loop ends at once (SIGINT, SHUTDOWN, a second SIGTERM)
         self.graceful: GracefulStop | None = None  # a stop asked with a grace (SIGTERM), once the loop took it up
         self._stop_asked: tuple[float, float] | None = None  # (when, grace_s), set by `stop` from a signal handler
         self.bound: dict[str, str] = {}
@@ -218,7 +219,7 @@ class Scheduler:
             poller.register(sock, zmq.POLLIN)
         next_tick = time.monotonic()
         try:
-            while not self.stopping.is_set():
+            while not self.stop_now.is_set():
                 if self._stop_asked is not None and self._carry_out_stop():
                     break
                 # the engine may ask for a planning pass sooner: a worker becomes due for prefetched work
@@ -253,10 +254,10 @@ class Scheduler:
     # ---- stopping ---------------------------------------------------------------------------------------
     def stop(self, grace_s: float) -> None:
         """Stop gracefully (what SIGTERM does, core/graceful_stop.py): admit nothing new, serve what is in
-        flight for up to `grace_s`, then stop as `stopping` does. A second call, or a grace of 0, stops at
+        flight for up to `grace_s`, then stop as `stop_now` does. A second call, or a grace of 0, stops at
         once. Safe in a signal handler: it only notes the request; the loop carries it out."""
         if self._stop_asked is not None or grace_s <= 0:
-            self.stopping.set()
+            self.stop_now.set()
         else:
             self._stop_asked = (time.monotonic(), grace_s)
 
@@ -451,7 +452,7 @@ class Scheduler:
         self.control_sock.send_multipart(protocol.reply_frames(identity, delimited, protocol.Kind.CONTROL_REPLY, reply))
         self._send_all(out)
         if kind is protocol.Kind.SHUTDOWN and answer.ok:
-            self.stopping.set()
+            self.stop_now.set()
 
     def _control(self, kind: protocol.Kind, msg, principal: Principal) -> tuple[messages.ControlAnswer, list]:
         engine = self.engine

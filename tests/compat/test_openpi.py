@@ -356,6 +356,7 @@ def test_spawn_from_serve_flags(fake_scheduler):
     proc, url = launch.spawn_openpi_front(args, bound)
     try:
         assert re.fullmatch(r"ws://127\.0\.0\.1:\d+", url)
+        assert "--no-resubmit" in proc.args  # it stops with its scheduler: no next run to wait for
         ws = websockets.sync.client.connect(url, compression=None)
         meta = msgpack_numpy.unpackb(ws.recv())
         assert meta["defaults"]["candidates"]["count"] == 5 and meta["defaults"]["candidates"]["return_candidates"]

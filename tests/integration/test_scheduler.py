@@ -474,7 +474,7 @@ def test_the_loop_plans_at_the_engines_wake_at_with_no_message_and_no_spin():
     loop.start()
     time.sleep(0.8)
     stopped = time.monotonic()
-    sched.stopping.set()  # seen when the poll returns: at the next tick, 2 s after the first
+    sched.stop_now.set()  # seen when the poll returns: at the next tick, 2 s after the first
     loop.join(timeout=10)
     assert not loop.is_alive()
     assert len([t for t in sched.engine.ticks if t < stopped]) == 1  # the first, at start

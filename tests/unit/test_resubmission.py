@@ -98,3 +98,32 @@ def test_an_id_reused_for_a_different_request_is_refused_in_flight_and_after():
     assert later.error_code == "duplicate_request_id" and "different request" in later.error
     send("g", "same-later", b"one", count=2, seed=1)
     assert _replies_to(h, "same-later", "g")[0] is _replies_to(h, "first", "g")[0]
+
+
+def test_a_stopping_scheduler_still_answers_resubmissions_and_refuses_new_groups_stopping():
+    """What makes a resubmitting client's resend safe while the scheduler stops: the group it still holds
+    takes the resend as a waiter, the one it answered answers it again; only a new id is refused, and
+    `stopping` (send it to the next run), not an operator's `draining`."""
+    h = _recording()
+
+    def send(rid: str, client: str, fingerprint: bytes, **kw) -> None:
+        h.take(h.engine.submit((client, rid), submission(rid, **kw), h.now, principal=ALICE,
+                               fingerprint=fingerprint))
+
+    send("done", "first", b"done", count=2, seed=2)
+    h.run_all()
+    send("held", "first", b"held", count=2, seed=1)  # running when the stop comes
+    h.engine.draining = h.engine.stopping = True  # what the shell sets when it stops (service/server.py)
+    assert h.engine.stats()["stopping"]
+    send("held", "again", b"held", count=2, seed=1)
+    send("done", "again", b"done", count=2, seed=2)
+    send("new", "again", b"new", count=2, seed=3)
+    assert _replies_to(h, "again", "held") == []  # a waiter: answered with the group, once
+    assert _replies_to(h, "again", "done")[0] is _replies_to(h, "first", "done")[0]
+    [refused] = _replies_to(h, "again", "new")
+    assert (refused.status, refused.error_code) == ("rejected", "stopping")
+    h.run_all()
+    assert _replies_to(h, "again", "held")[0] is _replies_to(h, "first", "held")[0]
+    h.engine.stopping = False  # an operator's drain alone
+    send("other", "again", b"other", count=2, seed=4)
+    assert _replies_to(h, "again", "other")[0].error_code == "draining"
