@@ -37,8 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from candidate_scheduler.bench.common import median_range
-from candidate_scheduler.bench.worker_leave import IMAGE
-from candidate_scheduler.bench.worker_leave import _expected as expected
+from candidate_scheduler.bench.worker_leave import IMAGE, expected
 from candidate_scheduler.service.launcher import Launcher
 
 ARMS = ("graceful", "immediate", "sigkill")

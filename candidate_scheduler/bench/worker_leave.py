@@ -45,7 +45,8 @@ IMAGE = synthetic_image(64, 64, seed=5)
 WORKER_LINE = re.compile(r"candidate-scheduler worker (\S+): connecting")  # its first line: its id
 
 
-def _expected(seed: int, count: int, steps: int) -> np.ndarray:
+def expected(seed: int, count: int, steps: int) -> np.ndarray:
+    """The null model's candidates for a group of this seed, count and steps on IMAGE: what exact means."""
     sampling, mean = SamplingSpec(steps=steps), float(IMAGE.astype(np.float64).mean())
     seeds = rng.candidate_seeds(seed, count, "per_candidate")
     return np.stack([NullAdapter.expected(s, mean, sampling) for s in seeds])
@@ -92,7 +93,7 @@ def run_arm(arm: str, *, workers: int = 4, capacity: int = 4, step_s: float = 0.
             waiter.join()
             wall = time.monotonic() - t0
             exit_code = victim.proc.wait(timeout=40) if arm != "none" else None
-    exact = all(r.status == "done" and np.array_equal(r.candidates, _expected(1000 + i, count, steps))
+    exact = all(r.status == "done" and np.array_equal(r.candidates, expected(1000 + i, count, steps))
                 for i, r in enumerate(replies[rid] for rid in rids))
     return {"arm": arm, "wall_s": wall, "retries": sum(int(r.metrics["retries"]) for r in replies.values()),
             "statuses": sorted({r.status for r in replies.values()}), "exact": exact,
