@@ -179,7 +179,13 @@ class Cosmos3CandidateAdapter:
         if not groups:
             return 0
         with self._lock, self._torch.inference_mode():
-            return run_step(self, groups)
+            forwards = run_step(self, groups)
+            if self.device.startswith("cuda"):
+                # CUDA kernels run after the call returns: wait for them, so the time callers take around a
+                # step (the warm-up profile, step records, the cost model's forecasts) is the step's, not
+                # its launch's, and the wait is not charged to whatever reads the device next
+                self._torch.cuda.synchronize(self.device)
+            return forwards
 
     def finish(self, group: Cosmos3Group) -> GroupOutput:
         """The output of a done group; the group leaves the batch."""
