@@ -53,6 +53,7 @@ class Kind(enum.IntEnum):
     LEAVING = 0x28  # the worker is going (SIGTERM): send it nothing more; it finishes what it holds
     LEAVE_ACK = 0x29  # the scheduler's answer: the assignments it counts on the worker to finish
     LEFT = 0x2A  # the worker's last message: forget it now, not after its heartbeats lapse
+    GIVE_BACK = 0x2B  # a leaving worker's assignments it has not started: run them elsewhere now
     # scheduler -> client
     RESULT = 0x80
     ERROR = 0x81
@@ -338,6 +339,11 @@ class LeftMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     reason: str  # "finished" (it answered every assignment), "grace_expired", "no_ack"
 
 
+class GiveBackMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    worker_id: str
+    batch_ids: list[int]  # assignments it holds and will not run: none of their groups started here
+
+
 PAYLOAD_TYPES: dict[Kind, type] = {
     Kind.SUBMIT: SubmitRequest,
     Kind.PING: Ping,
@@ -359,6 +365,7 @@ PAYLOAD_TYPES: dict[Kind, type] = {
     Kind.LEAVING: LeavingMsg,
     Kind.LEAVE_ACK: LeaveAckMsg,
     Kind.LEFT: LeftMsg,
+    Kind.GIVE_BACK: GiveBackMsg,
     Kind.RESULT: GroupResult,
     Kind.ERROR: ErrorReply,
     Kind.CONTROL_REPLY: ControlReply,
@@ -440,4 +447,5 @@ REQUEST_KINDS = frozenset({Kind.SUBMIT, Kind.PING})
 CONTROL_KINDS = frozenset(
     {Kind.CANCEL, Kind.STATUS, Kind.STATS, Kind.DRAIN, Kind.SHUTDOWN, Kind.PING, Kind.COMPAT_REPORT, Kind.WORKER_LEAVE}
 )
-WORKER_KINDS = frozenset({Kind.REGISTER, Kind.HEARTBEAT, Kind.BATCH_RESULT, Kind.LEAVING, Kind.LEFT})
+WORKER_KINDS = frozenset({Kind.REGISTER, Kind.HEARTBEAT, Kind.BATCH_RESULT, Kind.LEAVING, Kind.LEFT,
+                          Kind.GIVE_BACK})

@@ -48,6 +48,7 @@ from candidate_scheduler.core.intake import Intake
 from candidate_scheduler.core.messages import (
     CancelRows,
     ControlAnswer,
+    GiveBack,
     Heartbeat,
     InternalFault,
     Leaving,
@@ -474,6 +475,9 @@ class Engine:
 
     def worker_left(self, identity: Any, msg: Left, now: float, *, plan: bool = True) -> list:
         return self._event("left", now, self.link.left, identity, msg, plan=plan)
+
+    def worker_gave_back(self, identity: Any, msg: GiveBack, now: float, *, plan: bool = True) -> list:
+        return self._event("give_back", now, self.link.gave_back, identity, msg, plan=plan)
 
     def worker_of(self, worker_id: str) -> WorkerState | None:
         """A live or leaving worker: either may hold assignments."""

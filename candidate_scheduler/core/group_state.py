@@ -320,11 +320,7 @@ class GroupState:
         if sl.status is not WorkStatus.RUNNING or (worker_id is not None and sl.worker_id != worker_id):
             return False
         if sl.attempts < retry_limit:
-            sl.status = WorkStatus.PENDING
-            sl.worker_id = None
-            sl.started_at = None
-            for cid in sl.candidate_ids:
-                self.candidate_status[cid] = WorkStatus.PENDING
+            self._back_to_pending(sl)
             return True
         self._transition(
             GroupStatus.FAILED,
@@ -335,6 +331,26 @@ class GroupState:
             },
         )
         return True
+
+    def return_slice(self, slice_idx: int, worker_id: str) -> bool:
+        """A slice its worker gave back unstarted (it is leaving): pending again, and the attempt not
+        counted -- nothing ran, so it neither nears the retry limit nor reads as a retry in the reply.
+        Returns whether anything changed."""
+        if is_finished(self.status):
+            return False
+        sl = self._slice(slice_idx)
+        if sl.status is not WorkStatus.RUNNING or sl.worker_id != worker_id:
+            return False
+        sl.attempts -= 1
+        self._back_to_pending(sl)
+        return True
+
+    def _back_to_pending(self, sl) -> None:
+        sl.status = WorkStatus.PENDING
+        sl.worker_id = None
+        sl.started_at = None
+        for cid in sl.candidate_ids:
+            self.candidate_status[cid] = WorkStatus.PENDING
 
     def finish(self) -> bool:
         """Reduce a complete group and end it (DONE, or FAILED if the reducer raised).

@@ -62,6 +62,15 @@ class Left:
 
 
 @value
+class GiveBack:
+    """A leaving worker hands back assignments it holds and has not started (they waited for its rows):
+    run elsewhere now, they need not wait for what it runs before it goes."""
+
+    worker_id: str
+    batch_ids: tuple[int, ...]
+
+
+@value
 class SliceOutcome:
     """One group's answer inside a worker result; arrays already decoded. `malformed` says why the
     shell could not decode it (the worker's fault: retried)."""

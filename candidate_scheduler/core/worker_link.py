@@ -36,6 +36,7 @@ from candidate_scheduler.core.messages import (
     REREGISTER,
     AckLeaving,
     AckRegistration,
+    GiveBack,
     Heartbeat,
     Leaving,
     Left,
@@ -170,6 +171,25 @@ class WorkerLink:
             self._forget_worker(worker, "left")
         else:
             self.lost(worker, "left_unfinished", "left")
+
+    def gave_back(self, identity: Any, msg: GiveBack) -> None:
+        """A leaving worker's assignments it had not started (they waited for its rows): run elsewhere
+        now, from their snapshots (the same bits), not after what it runs before it goes."""
+        e = self.engine
+        worker = e.worker_of(msg.worker_id)
+        if worker is None or worker.identity != identity:
+            return
+        for batch_id in msg.batch_ids:
+            a = e.assignments.get(batch_id)
+            if a is None or a.worker_id != worker.worker_id:
+                continue  # answered, or retried already
+            self.drop(a)
+            for entry in a.entries:
+                with e.guard("give_back", entry.request_id):
+                    g = e.groups.get(entry.request_id)
+                    if g is not None and g.return_slice(entry.slice_index, worker.worker_id):
+                        e.metrics.retry("given_back")
+                        e.requeue(g, entry.slice_index)
 
     # ---- results --------------------------------------------------------------------------------------
 

@@ -60,7 +60,7 @@ CANCEL_STATES = ("queued", "admitted", "running", "reducing", "done", "unknown",
 _FINISHED_STATES = frozenset({"done", "failed", "cancelled", "expired"})
 # reregistered: a worker registered again under its id (it restarted), so its old work is lost.
 RETRY_REASONS = ("worker_died", "heartbeat_timeout", "worker_error", "reregistered", "out_of_memory",
-                 "left_unfinished", OTHER)
+                 "left_unfinished", "given_back", OTHER)
 WORKER_FAILURE_KINDS = ("worker_died", "heartbeat_timeout", "worker_error", "reregistered", "left_unfinished", OTHER)
 DEPARTURES = ("finished", "unfinished", OTHER)
 SOCKETS = ("request", "control", "worker", "compat", OTHER)
@@ -75,8 +75,8 @@ PROTOCOL_ERROR_KINDS = (
     OTHER,
 )
 # the engine's events (core/engine.py), plus the shell's own loop: where code raised
-EVENTS = ("submit", "register", "heartbeat", "result", "leaving", "left", "tick", "cancel", "worker_leave",
-          "shutdown", "schedule", "shell", OTHER)
+EVENTS = ("submit", "register", "heartbeat", "result", "leaving", "left", "give_back", "tick", "cancel",
+          "worker_leave", "shutdown", "schedule", "shell", OTHER)
 # the tenants named in the key directory (core/access.py): set per instance, see SchedulerMetrics
 CONFIGURED_TENANTS = ("<configured tenants>",)
 RESUBMISSIONS = ("in_flight", "answered", OTHER)

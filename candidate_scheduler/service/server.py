@@ -429,6 +429,10 @@ class Scheduler:
         elif kind is protocol.Kind.LEFT:
             log.info("worker %s left: %s", msg.worker_id, msg.reason)
             self._run(self.engine.worker_left, identity, messages.Left(msg.worker_id, msg.reason), now, plan=False)
+        elif kind is protocol.Kind.GIVE_BACK:
+            log.info("worker %s gave back %d assignment(s) it had not started", msg.worker_id, len(msg.batch_ids))
+            self._run(self.engine.worker_gave_back, identity, messages.GiveBack(msg.worker_id, tuple(msg.batch_ids)),
+                      now, plan=False)
         else:
             self._run(self.engine.worker_result, identity, convert.worker_result_from_wire(msg), now, plan=False)
 

@@ -87,8 +87,9 @@ class Worker:
         self.heartbeat_interval_s = 0.5
         self.ctx = zmq.Context()
         self._inbox: queue.Queue = queue.Queue()
-        self._lock = threading.Lock()  # guards _cancelled, _forwards and _step
+        self._lock = threading.Lock()  # guards _cancelled, _giving_back, _forwards and _step
         self._cancelled: dict[int, set[str]] = {}
+        self._giving_back = False  # leaving, and the scheduler knows: hand back what has not started
         self._forwards: list[tuple[int, float, str]] = []
         self._step: int | None = None
         self._held: list[int] = []  # assignment ids received and not yet answered (I/O thread only)
@@ -117,7 +118,12 @@ class Worker:
                     return
                 with self._lock:
                     cancelled = {k: set(v) for k, v in self._cancelled.items()}
+                    giving_back = self._giving_back
                 batch.drop(cancelled)
+                if giving_back:  # leaving: what waits for our rows is run elsewhere now
+                    for batch_id in batch.give_back():
+                        msg = protocol.GiveBackMsg(self.worker_id, [batch_id])
+                        out.send_multipart([batch_id.to_bytes(8, "big"), *protocol.encode(protocol.Kind.GIVE_BACK, msg)])
                 if not batch.idle:
                     with self._lock:
                         self._step = batch.steps_run
@@ -281,6 +287,8 @@ class Worker:
         elif kind is protocol.Kind.LEAVE_ACK:
             if self._departure is not None and self._departure.owed is None:
                 self._departure.acknowledged(msg.batch_ids, self._held)
+                with self._lock:  # the scheduler knows we go: hand back what we have not started
+                    self._giving_back = True
                 if self._departure.lost_on_link:
                     log.warning("%d assignment(s) the scheduler sent never arrived; it retries them",
                                 self._departure.lost_on_link)

@@ -303,6 +303,24 @@ class RunningBatch:
         """Nothing to step and nothing to answer: only groups being prepared, or nothing at all."""
         return self.idle and not any(a.complete for a in self.assignments.values())
 
+    def give_back(self) -> list[int]:
+        """The assignments not admitted yet (waiting for rows): let go of, their ids. A leaving worker hands
+        them back to be run elsewhere now instead of after what it runs. None of their groups has stepped;
+        one started early on the conditioning thread is released here, or when it comes back (`prepared`)."""
+        ids = []
+        for batch_id, a in list(self.assignments.items()):
+            if a.admitted:
+                continue
+            for s in a.slots:
+                if s.group is not None:
+                    self.adapter.release(s.group)
+                    self._account(a, s.group)
+            del self.assignments[batch_id]
+            ids.append(batch_id)
+        if ids:
+            self._advance()
+        return ids
+
     # ---- cancels, steps, answers -----------------------------------------------------------------------------
 
     def drop(self, cancelled: dict[int, set[str]]) -> None:

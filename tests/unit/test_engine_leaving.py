@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from candidate_scheduler.core.messages import AckLeaving, Leaving, Left, StopWorker
+from candidate_scheduler.core.messages import AckLeaving, GiveBack, Leaving, Left, StopWorker
 from candidate_scheduler.service.metrics import SchedulerMetrics
 from tests.unit.test_engine import Harness, reduced
 
@@ -211,3 +211,33 @@ def test_an_operators_leave_is_asked_again_at_each_heartbeat_until_the_worker_sa
     assert [(m.identity, m.reason) for m in asked] == [(b"a", "leave")]
     leaving(h, "a")
     assert not [m for m in h.beat("a") if isinstance(m, StopWorker)]  # it said so: not asked again
+
+
+def test_what_a_leaving_worker_gives_back_runs_elsewhere_at_once():
+    """Prefetched work it had not started: sent now to another worker (counted as a retry of reason
+    `given_back`, not as an attempt: nothing ran), not after what it runs; what it runs it still answers; a give-back from another
+    connection, or of an assignment not its own, changes nothing."""
+    h = Harness(prefetch=1, retry_limit=1)  # one attempt a slice: a give-back must not use it up
+    metrics = Counted(h)
+    h.register("a", capacity=1)
+    h.submit("running", count=1, seed=1)
+    h.submit("prefetched", count=1, seed=2)  # sent ahead: it waits on "a" for its row
+    running, prefetched = on(h, "a")
+    leaving(h, "a")
+    h.register("b", capacity=1)
+    assert on(h, "b") == []
+    h.take(h.engine.worker_gave_back(b"intruder", GiveBack("a", (prefetched.batch_id,)), h.now))
+    h.take(h.engine.worker_gave_back(b"a", GiveBack("a", (running.batch_id + 1000,)), h.now))
+    assert on(h, "a") == [running, prefetched] and on(h, "b") == []
+    h.take(h.engine.worker_gave_back(b"a", GiveBack("a", (prefetched.batch_id,)), h.now))
+    (moved,) = on(h, "b")
+    assert [s.dispatch.request_id for s in moved.slices] == ["prefetched"] and on(h, "a") == [running]
+    assert metrics.of("retries") == {"given_back": 1}
+    h.answer(running)
+    h.answer(moved)
+    left(h, "a")
+    for rid in ("running", "prefetched"):  # once each, exact: the retry ran from the same seed
+        r = h.reply(rid)
+        assert r.status == "done" and np.array_equal(r.action, reduced(r.candidate_seeds))
+        assert r.metrics["retries"] == 0  # nothing ran twice
+    assert metrics.of("worker_departures") == {"finished": 1}

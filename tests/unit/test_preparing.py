@@ -362,3 +362,42 @@ def test_a_group_out_of_memory_while_conditioned_early_starts_again_once_admitte
         assert done[0].outputs[0].status == "ok"  # not out_of_memory
     finally:
         preparer.close()
+
+
+def test_a_leaving_worker_gives_back_what_waits_for_its_rows_and_keeps_what_runs():
+    """`give_back`: the assignments not admitted -- one never started, one conditioned early (its group
+    released), one still being conditioned (released when it comes back) -- leave; what runs stays, and
+    nothing that waited behind them is held up."""
+    adapter = HeldAdapter()
+    inbox: queue.Queue = queue.Queue()
+    preparer = Preparer(adapter.start, inbox.put)
+    try:
+        batch = _capped(adapter, 1, preparer)
+        batch.admit(_assignment(1, "running", steps=3), 0.0)
+        batch.admit(_assignment(2, "early", steps=2), 0.0)  # no row: conditioned early, READY
+        batch.prepared(inbox.get(timeout=10))
+        gate = adapter.hold("preparing")
+        batch.admit(_assignment(3, "preparing", steps=2), 0.0)  # its start is held: PREPARING
+        assert batch.assignments[2].slots[0].state is SlotState.READY
+        assert batch.assignments[3].slots[0].state is SlotState.PREPARING
+        assert batch.give_back() == [2, 3]
+        assert list(batch.assignments) == [1] and adapter.released == ["early"]
+        gate.set()
+        batch.prepared(inbox.get(timeout=10))  # it comes back for an assignment given back: released
+        assert adapter.released == ["early", "preparing"]
+        for _ in range(3):
+            batch.step()
+        assert [a.batch_id for a in batch.take_done()] == [1] and batch.idle and not batch.assignments
+        assert batch.give_back() == []
+    finally:
+        preparer.close()
+
+
+def test_a_give_back_keeps_what_was_admitted_beside_the_running_rows():
+    adapter = HeldAdapter()
+    batch = _capped(adapter, 4)
+    batch.admit(_assignment(1, "a", steps=3), 0.0)
+    batch.admit(_assignment(2, "b", steps=3), 0.0)  # rows to spare: admitted, running with "a"
+    batch.admit(_assignment(3, "c", steps=3), 0.0, protocol.Kind.BATCH)  # a BATCH waits for the running ones
+    assert batch.give_back() == [3]
+    assert _running(batch) == {"a": 0, "b": 0} and "c" not in adapter.started_on
