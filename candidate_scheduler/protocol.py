@@ -332,6 +332,9 @@ class LeavingMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 class LeaveAckMsg(msgspec.Struct, frozen=True):
     batch_ids: list[int]  # every assignment the scheduler has sent the worker and not had answered
+    # the scheduler takes GIVE_BACK: unstarted work may be handed back (absent from an older one, which
+    # would drop the message and count the work unfinished)
+    give_back: bool = False
 
 
 class LeftMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

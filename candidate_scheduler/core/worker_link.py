@@ -17,8 +17,9 @@ holds fewer rows, the slice is planned again.
 Leaving. A worker that is told to go (SIGTERM: a rolling update, a scale-down, a preemption notice)
 says `Leaving` first. It leaves the fleet at once -- no new work, no place in the forecasts or in the
 slicing -- and is told which assignments it still owes (`AckLeaving`: everything sent and not
-answered; one it never received was lost on the link, and is retried). It answers them as usual, then
-says `Left` and is forgotten there and then. When it finishes within its grace period, its groups lose
+answered; one it never received was lost on the link, and is retried). It answers them as usual -- but
+those still waiting for its rows it gives back (`GiveBack`), to run elsewhere at once without counting an
+attempt -- then says `Left` and is forgotten there and then. When it finishes within its grace period, its groups lose
 nothing: no slice runs twice and none waits out a heartbeat timeout. Work it did not finish (it says
 `Left` anyway) is retried elsewhere, as a lost worker's is; a leaving worker that goes silent is lost
 when its heartbeats lapse. An operator may ask for the same (core/control.py `worker_leave`).
@@ -176,9 +177,9 @@ class WorkerLink:
         """A leaving worker's assignments it had not started (they waited for its rows): run elsewhere
         now, from their snapshots (the same bits), not after what it runs before it goes."""
         e = self.engine
-        worker = e.worker_of(msg.worker_id)
+        worker = e.leaving.get(msg.worker_id)
         if worker is None or worker.identity != identity:
-            return
+            return  # only a leaving worker gives back: a live one would bounce work at no attempt's cost
         for batch_id in msg.batch_ids:
             a = e.assignments.get(batch_id)
             if a is None or a.worker_id != worker.worker_id:

@@ -350,7 +350,7 @@ class Scheduler:
                       list(msg.request_ids) or "no group", msg.error, msg.traceback)
         elif isinstance(msg, messages.AckLeaving):
             log.info("a worker is leaving; it owes %d assignment(s)", len(msg.batch_ids))
-            payload = protocol.LeaveAckMsg(list(msg.batch_ids))
+            payload = protocol.LeaveAckMsg(list(msg.batch_ids), give_back=True)
             self.worker_sock.send_multipart([msg.identity, *protocol.encode(protocol.Kind.LEAVE_ACK, payload)])
         elif isinstance(msg, messages.StopWorker):
             payload = protocol.WorkerStopMsg(reason=msg.reason)

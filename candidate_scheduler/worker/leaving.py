@@ -2,9 +2,10 @@
 
 On SIGTERM (a rolling update, a scale-down, a preemption notice), or when an operator asks the
 scheduler, the worker says LEAVING. The scheduler sends it nothing more and answers LEAVE_ACK with every
-assignment it has sent and not had answered. The worker runs the ones it holds as usual and goes (LEFT)
-once it has answered every one of them, or when its grace period ends, whichever comes first: then the
-scheduler retries what is left elsewhere.
+assignment it has sent and not had answered. The worker runs the ones it has admitted as usual, gives
+back those still waiting for its rows (GIVE_BACK, when the ack says the scheduler takes it: they run
+elsewhere at once), and goes (LEFT) once it has answered every one of them, or when its grace period
+ends, whichever comes first: then the scheduler retries what is left elsewhere.
 
 Why an acknowledgement, and why only what the worker holds: what the scheduler sent before LEAVE_ACK
 reaches the worker before it does (one connection, in order), and a result the worker sent before

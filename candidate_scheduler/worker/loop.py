@@ -121,6 +121,7 @@ class Worker:
                     giving_back = self._giving_back
                 batch.drop(cancelled)
                 if giving_back:  # leaving: what waits for our rows is run elsewhere now
+                    batch.leaving = True  # and nothing more is conditioned early, only to be given back
                     for batch_id in batch.give_back():
                         msg = protocol.GiveBackMsg(self.worker_id, [batch_id])
                         out.send_multipart([batch_id.to_bytes(8, "big"), *protocol.encode(protocol.Kind.GIVE_BACK, msg)])
@@ -287,8 +288,8 @@ class Worker:
         elif kind is protocol.Kind.LEAVE_ACK:
             if self._departure is not None and self._departure.owed is None:
                 self._departure.acknowledged(msg.batch_ids, self._held)
-                with self._lock:  # the scheduler knows we go: hand back what we have not started
-                    self._giving_back = True
+                with self._lock:  # the scheduler knows we go: hand back what we have not started, if it can take it
+                    self._giving_back = msg.give_back
                 if self._departure.lost_on_link:
                     log.warning("%d assignment(s) the scheduler sent never arrived; it retries them",
                                 self._departure.lost_on_link)

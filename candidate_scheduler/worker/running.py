@@ -178,6 +178,7 @@ class RunningBatch:
         self.assignments: OrderedDict[int, Assignment] = OrderedDict()  # in arrival order
         self.rows_admitted = 0  # rows of admitted groups that have no output yet
         self.steps_run = 0
+        self.leaving = False  # what is not admitted is given back: do not condition it early
 
     # ---- arrivals and admission ------------------------------------------------------------------------
 
@@ -236,7 +237,7 @@ class RunningBatch:
             a.steps_while_conditioned = self.steps_run - a.steps_at_receipt
 
     def _prepare_early(self, a: Assignment) -> None:
-        if self.preparer is None or not a.early:
+        if self.preparer is None or not a.early or self.leaving:
             return
         for s in a.slots:
             if s.state is SlotState.QUEUED:
@@ -309,12 +310,11 @@ class RunningBatch:
         one started early on the conditioning thread is released here, or when it comes back (`prepared`)."""
         ids = []
         for batch_id, a in list(self.assignments.items()):
-            if a.admitted:
+            if a.admitted or a.complete:  # a complete one (its starts failed) is answered with its errors
                 continue
             for s in a.slots:
                 if s.group is not None:
                     self.adapter.release(s.group)
-                    self._account(a, s.group)
             del self.assignments[batch_id]
             ids.append(batch_id)
         if ids:

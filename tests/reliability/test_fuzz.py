@@ -212,6 +212,9 @@ def test_fuzz_worker_link(services, reliability, rng_seed, tmp_path):
         protocol.encode(protocol.Kind.HEARTBEAT, protocol.HeartbeatMsg("fuzz-w", None, None)),
         protocol.encode(protocol.Kind.BATCH_RESULT, protocol.BatchResultMsg(real_id, 1, [protocol.GroupOutputMsg("g", "ok", [0], arr)])),
         protocol.encode(protocol.Kind.BATCH_RESULT, protocol.BatchResultMsg("fuzz-w", 7, [protocol.GroupOutputMsg("g", "error", error="x")])),
+        # a give-back for the real worker (live, not leaving: ignored) and from a stranger
+        protocol.encode(protocol.Kind.GIVE_BACK, protocol.GiveBackMsg(real_id, [1, 2**63 - 1])),
+        protocol.encode(protocol.Kind.GIVE_BACK, protocol.GiveBackMsg("fuzz-w", [7])),
     ]
     mut = Mutator(rnd, corpus, list(protocol.Kind), str(marker))
     s = reliability.scale

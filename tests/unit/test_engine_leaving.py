@@ -215,8 +215,9 @@ def test_an_operators_leave_is_asked_again_at_each_heartbeat_until_the_worker_sa
 
 def test_what_a_leaving_worker_gives_back_runs_elsewhere_at_once():
     """Prefetched work it had not started: sent now to another worker (counted as a retry of reason
-    `given_back`, not as an attempt: nothing ran), not after what it runs; what it runs it still answers; a give-back from another
-    connection, or of an assignment not its own, changes nothing."""
+    `given_back`, not as an attempt: nothing ran), not after what it runs; what it runs it still answers. A
+    give-back from another connection, of an assignment not its own, or from a worker that is not leaving,
+    changes nothing."""
     h = Harness(prefetch=1, retry_limit=1)  # one attempt a slice: a give-back must not use it up
     metrics = Counted(h)
     h.register("a", capacity=1)
@@ -232,6 +233,9 @@ def test_what_a_leaving_worker_gives_back_runs_elsewhere_at_once():
     h.take(h.engine.worker_gave_back(b"a", GiveBack("a", (prefetched.batch_id,)), h.now))
     (moved,) = on(h, "b")
     assert [s.dispatch.request_id for s in moved.slices] == ["prefetched"] and on(h, "a") == [running]
+    h.take(h.engine.worker_gave_back(b"a", GiveBack("a", (moved.batch_id,)), h.now))  # not its own
+    h.take(h.engine.worker_gave_back(b"b", GiveBack("b", (moved.batch_id,)), h.now))  # "b" is not leaving
+    assert on(h, "b") == [moved]
     assert metrics.of("retries") == {"given_back": 1}
     h.answer(running)
     h.answer(moved)
