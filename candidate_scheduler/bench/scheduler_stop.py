@@ -44,11 +44,6 @@ ARMS = ("graceful", "immediate", "sigkill")
 GRACE = {"graceful": "30", "immediate": "0", "sigkill": "30"}
 
 
-def _ports(sched) -> list[str]:
-    ports = {name: getattr(sched, name).rsplit(":", 1)[1] for name in ("request", "control", "worker")}
-    return ["--request-port", ports["request"], "--control-port", ports["control"], "--worker-port", ports["worker"]]
-
-
 def run_arm(arm: str, *, workers: int = 2, capacity: int = 4, step_s: float = 0.05, steps: int = 8,
             groups: int = 24, count: int = 4, rate: float = 4.0, signal_at_s: float = 2.1) -> dict:
     with Launcher(tempfile.mkdtemp(prefix=f"cs-stop-{arm}-")) as launcher:
@@ -56,7 +51,6 @@ def run_arm(arm: str, *, workers: int = 2, capacity: int = 4, step_s: float = 0.
         for _ in range(workers):
             launcher.worker(sched, "null", capacity, step_delay=step_s)
         sched.wait_workers(workers)
-        ports = _ports(sched)
         t0 = time.monotonic()
         sent_at: dict[str, float] = {}
         answered: dict[str, tuple[float, object]] = {}
@@ -78,7 +72,7 @@ def run_arm(arm: str, *, workers: int = 2, capacity: int = 4, step_s: float = 0.
         os.kill(sched.proc.pid, signal.SIGKILL if arm == "sigkill" else signal.SIGTERM)
         sched.proc.proc.wait(timeout=60)
         stopped = time.monotonic()
-        nxt = launcher.scheduler(*ports)  # the supervisor: the next run, on the same ports
+        nxt = launcher.scheduler(*sched.same_ports())  # the supervisor: the next run, on the same ports
         with nxt.client() as c:
             c.ping(30)
             serving = time.monotonic()

@@ -56,10 +56,11 @@ class Intake:
             e.outbox.append(Reply(client, kept[1]))
             e.metrics.resubmission("answered")
             return None
-        if e.draining and e.stopping:  # a client that resubmits sends it to the next run (service/client.py)
-            return refuse("rejected", "stopping", "the scheduler is stopping and admits no new groups; send it "
-                                                  "again once it is back")
-        if e.draining:  # an operator's drain: nothing says it comes back
+        if e.draining:
+            if e.stopping:  # a client that resubmits sends it to the next run (service/client.py)
+                return refuse("rejected", "stopping", "the scheduler is stopping and admits no new groups; send "
+                                                      "it again once it is back")
+            # an operator's drain: nothing says it comes back
             return refuse("rejected", "draining", "the scheduler is draining and admits no new groups")
         if e.tenants.over_capacity(tenant, len(e.groups), e.config.max_queued_groups):
             return refuse("overloaded", "overloaded", f"{len(e.groups)} groups in flight; try again later")

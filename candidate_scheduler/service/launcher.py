@@ -55,6 +55,11 @@ class SchedulerHandle:
     workers: list[ChildProcess] = field(default_factory=list)
     keys: Any = None  # an admin's ClientKeys when the scheduler takes keys (--curve-dir)
 
+    def same_ports(self) -> list[str]:
+        """The `serve` flags of a next run on this one's ports (a restart clients and workers find)."""
+        return [flag for name in ("request", "control", "worker")
+                for flag in (f"--{name}-port", getattr(self, name).rsplit(":", 1)[1])]
+
     def client(self, **kwargs):
         from candidate_scheduler.service.client import Client
 

@@ -25,11 +25,6 @@ from tests.integration.test_scheduler import IMAGE, expected_candidates
 LIVENESS_S = 0.5
 
 
-def _ports(handle) -> list[str]:
-    return ["--request-port", handle.request.rsplit(":", 1)[1], "--control-port", handle.control.rsplit(":", 1)[1],
-            "--worker-port", handle.worker.rsplit(":", 1)[1]]
-
-
 def test_clients_learn_of_a_dead_scheduler_within_the_bound_and_resubmit_after_a_restart(services):
     sched = services.scheduler()
     services.worker(sched, capacity=8, step_delay=0.1)
@@ -69,7 +64,7 @@ def test_clients_learn_of_a_dead_scheduler_within_the_bound_and_resubmit_after_a
     assert blocking_after <= bound and async_after <= bound, (blocking_after, async_after)
 
     # the same ports again: the worker re-registers by itself; every group resubmitted gives one result
-    again = services.scheduler(*_ports(sched))
+    again = services.scheduler(*sched.same_ports())
     again.wait_workers(1, timeout_s=30)
     results = {}
     for r in requests:
@@ -102,7 +97,7 @@ def test_resubmit_true_rides_out_a_restart_and_a_live_resubmission_waits_for_the
         assert later.candidates.tobytes() == first.candidates.tobytes()
         assert later.metrics == first.metrics | {"receipt_to_reply_s": later.metrics["receipt_to_reply_s"]}
 
-    ports = _ports(sched)
+    ports = sched.same_ports()
     client = Client(sched.request, sched.control, liveness_s=LIVENESS_S, timeout_s=90)
     services_ref = services
 
@@ -149,7 +144,7 @@ def test_a_scheduler_restarted_before_the_first_ping_is_seen_by_its_incarnation(
     assert ready.wait(10)
     os.kill(sched.proc.pid, signal.SIGKILL)
     killed_at = time.monotonic()
-    services.scheduler(*_ports(sched))  # back on the same ports before either client probes
+    services.scheduler(*sched.same_ports())  # back on the same ports before either client probes
     with pytest.raises(SchedulerUnavailable, match="restarted"):
         blocking.wait(rid)
     blocking_after = time.monotonic() - killed_at
@@ -166,7 +161,7 @@ def test_a_group_sent_after_a_restart_the_client_had_not_heard_of_is_not_taken_f
     client = Client(sched.request, sched.control, liveness_s=0.5, timeout_s=20)
     client.ping()  # the client knows this run's incarnation
     os.kill(sched.proc.pid, signal.SIGKILL)
-    services.scheduler(*_ports(sched))  # back at once: the client has heard nothing of it yet
+    services.scheduler(*sched.same_ports())  # back at once: the client has heard nothing of it yet
     rid = client.send(make_request(IMAGE, "pick", count=2, seed=5, steps=4, request_id="after-restart"))
     # its PING sees another incarnation, but the new run has the group (STATUS): it waits on, no false alarm
     with pytest.raises(TimeoutError):
@@ -194,7 +189,7 @@ def test_an_async_group_sent_after_an_unheard_restart_waits_on_with_a_control_li
         try:
             assert await client.ping(5.0)  # the client knows this run's incarnation
             os.kill(sched.proc.pid, signal.SIGKILL)
-            services.scheduler(*_ports(sched))  # back at once: the client has heard nothing of it yet
+            services.scheduler(*sched.same_ports())  # back at once: the client has heard nothing of it yet
             request = make_request(IMAGE, "pick", count=2, seed=5, steps=4, request_id="async-after-restart")
             try:
                 await asyncio.wait_for(client.submit_request(request), 3.0)

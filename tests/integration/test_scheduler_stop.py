@@ -125,7 +125,6 @@ def test_a_resubmitting_client_gets_its_group_from_the_next_run(services, grace)
     sched = services.scheduler("--stop-grace-s", grace)
     worker = services.worker(sched, "null", 4, STEP_S)
     sched.wait_workers(1)
-    ports = {name: getattr(sched, name).rsplit(":", 1)[1] for name in ("request", "control", "worker")}
     got: dict[str, object] = {}
 
     def submit(rid: str, seed: int) -> None:
@@ -149,8 +148,7 @@ def test_a_resubmitting_client_gets_its_group_from_the_next_run(services, grace)
     statuses = {r.status for r in answered}
     assert statuses <= {"done", "failed"} and ("failed" in statuses if grace == "0" else statuses == {"done"})
     time.sleep(0.5)  # the clients meanwhile find nobody answering; then a new run on the same ports
-    restarted = services.scheduler("--request-port", ports["request"], "--control-port", ports["control"],
-                                   "--worker-port", ports["worker"])
+    restarted = services.scheduler(*sched.same_ports())
     restarted.wait_workers(1, timeout_s=30)  # the same worker process, registered again by itself
     assert worker.alive()
     first.join(60)
@@ -196,7 +194,6 @@ def test_an_async_client_resubmits_across_a_graceful_restart(services):
     from candidate_scheduler.service.client import AsyncClient
 
     sched = fleet(services, "30")
-    ports = {name: getattr(sched, name).rsplit(":", 1)[1] for name in ("request", "control", "worker")}
 
     async def scenario():
         client = AsyncClient(sched.request, control=sched.control)
@@ -213,9 +210,7 @@ def test_an_async_client_resubmits_across_a_graceful_restart(services):
             await asyncio.to_thread(sched.proc.wait_line, re.compile("stopping: serving"), 5)
             during = submit("during", 22)
             await asyncio.to_thread(sched.proc.proc.wait, 15)
-            restarted = await asyncio.to_thread(
-                services.scheduler, "--request-port", ports["request"], "--control-port", ports["control"],
-                "--worker-port", ports["worker"])
+            restarted = await asyncio.to_thread(services.scheduler, *sched.same_ports())
             return await asyncio.wait_for(asyncio.gather(before, during), 60), restarted
         finally:
             client.close()

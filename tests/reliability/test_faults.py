@@ -176,13 +176,8 @@ def _answered(reader: ReplyReader, rid: str) -> bool:
         return False
 
 
-def _ports(handle) -> dict:
-    return {name: getattr(handle, name).rsplit(":", 1)[1] for name in ("request", "control", "worker")}
-
-
-def _restart(services, ports: dict, *extra):
-    return services.scheduler("--request-port", ports["request"], "--control-port", ports["control"],
-                              "--worker-port", ports["worker"], *extra)
+def _restart(services, ports: list[str], *extra):
+    return services.scheduler(*ports, *extra)
 
 
 def test_scheduler_restart_loses_nothing_silently(services, reliability, rng_seed):
@@ -194,7 +189,7 @@ def test_scheduler_restart_loses_nothing_silently(services, reliability, rng_see
     for _ in range(2):
         services.worker(sched, capacity=4, step_delay=0.05)
     worker_ids = set(sched.wait_workers(2)["workers"])
-    ports = _ports(sched)
+    ports = sched.same_ports()
     rnd = random.Random(rng_seed)
     modes = ["sigterm", "sigkill"] * max(1, reliability.scale.stops // 2)
     held = []
@@ -282,7 +277,7 @@ def test_stale_result_from_before_a_restart_is_not_taken_for_a_new_batch(service
     sched = services.scheduler()
     services.worker(sched, capacity=8, step_delay=0.1)
     wid = next(iter(sched.wait_workers(1)["workers"]))
-    ports = _ports(sched)
+    ports = sched.same_ports()
     old_obs, new_obs = synthetic_image(64, 64, seed=11), synthetic_image(64, 64, seed=12)
     with sched.client() as c:
         c.send(make_request(old_obs, "pick", request_id="robot-1", count=4, seed=7, steps=40))

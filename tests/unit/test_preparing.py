@@ -4,6 +4,7 @@ started on the conditioning thread while the running batch keeps stepping. A fak
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from dataclasses import dataclass, field
@@ -318,12 +319,20 @@ def test_the_rows_the_scheduler_allows_now_bound_what_the_worker_admits():
     assert _running(batch) == {"c": 0}
 
 
-def test_an_assignment_waiting_for_rows_is_conditioned_meanwhile_and_joins_as_soon_as_they_free():
+@contextlib.contextmanager
+def _one_row_conditioned_aside():
+    """A worker of one row with a conditioning thread: (adapter, batch, inbox of what it prepared)."""
     adapter = HeldAdapter()
     inbox: queue.Queue = queue.Queue()
     preparer = Preparer(adapter.start, inbox.put)
     try:
-        batch = _capped(adapter, 1, preparer)
+        yield adapter, _capped(adapter, 1, preparer), inbox
+    finally:
+        preparer.close()
+
+
+def test_an_assignment_waiting_for_rows_is_conditioned_meanwhile_and_joins_as_soon_as_they_free():
+    with _one_row_conditioned_aside() as (adapter, batch, inbox):
         batch.admit(_assignment(1, "running", steps=3), 0.0)
         batch.admit(_assignment(2, "next", steps=2), 0.0)  # no row for it yet: it waits on the worker
         batch.prepared(inbox.get(timeout=10))  # ... conditioned on the other thread while "running" steps
@@ -331,8 +340,6 @@ def test_an_assignment_waiting_for_rows_is_conditioned_meanwhile_and_joins_as_so
         for _ in range(3):
             batch.step()
         assert _running(batch) == {"next": 0}  # it joins at the very boundary its row frees
-    finally:
-        preparer.close()
 
 
 def test_a_group_out_of_memory_while_conditioned_early_starts_again_once_admitted():
@@ -365,14 +372,9 @@ def test_a_group_out_of_memory_while_conditioned_early_starts_again_once_admitte
 
 
 def test_a_leaving_worker_gives_back_what_waits_for_its_rows_and_keeps_what_runs():
-    """`give_back`: the assignments not admitted -- one never started, one conditioned early (its group
-    released), one still being conditioned (released when it comes back) -- leave; what runs stays, and
-    nothing that waited behind them is held up."""
-    adapter = HeldAdapter()
-    inbox: queue.Queue = queue.Queue()
-    preparer = Preparer(adapter.start, inbox.put)
-    try:
-        batch = _capped(adapter, 1, preparer)
+    """`give_back`: the assignments not admitted -- one conditioned early (its group released), one still
+    being conditioned (released when it comes back) -- leave; what runs stays and runs to its end."""
+    with _one_row_conditioned_aside() as (adapter, batch, inbox):
         batch.admit(_assignment(1, "running", steps=3), 0.0)
         batch.admit(_assignment(2, "early", steps=2), 0.0)  # no row: conditioned early, READY
         batch.prepared(inbox.get(timeout=10))
@@ -389,8 +391,6 @@ def test_a_leaving_worker_gives_back_what_waits_for_its_rows_and_keeps_what_runs
             batch.step()
         assert [a.batch_id for a in batch.take_done()] == [1] and batch.idle and not batch.assignments
         assert batch.give_back() == []
-    finally:
-        preparer.close()
 
 
 def test_a_give_back_keeps_what_was_admitted_beside_the_running_rows():
