@@ -189,7 +189,7 @@ class WorkerLink:
                 with e.guard("give_back", entry.request_id):
                     g = e.groups.get(entry.request_id)
                     if g is not None and g.return_slice(entry.slice_index, worker.worker_id):
-                        e.metrics.retry("given_back")
+                        e.metrics.given_back()
                         e.requeue(g, entry.slice_index)
 
     # ---- results --------------------------------------------------------------------------------------

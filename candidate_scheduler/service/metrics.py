@@ -60,7 +60,7 @@ CANCEL_STATES = ("queued", "admitted", "running", "reducing", "done", "unknown",
 _FINISHED_STATES = frozenset({"done", "failed", "cancelled", "expired"})
 # reregistered: a worker registered again under its id (it restarted), so its old work is lost.
 RETRY_REASONS = ("worker_died", "heartbeat_timeout", "worker_error", "reregistered", "out_of_memory",
-                 "left_unfinished", "given_back", OTHER)
+                 "left_unfinished", OTHER)
 WORKER_FAILURE_KINDS = ("worker_died", "heartbeat_timeout", "worker_error", "reregistered", "left_unfinished", OTHER)
 DEPARTURES = ("finished", "unfinished", OTHER)
 SOCKETS = ("request", "control", "worker", "compat", OTHER)
@@ -190,6 +190,9 @@ METRICS = (
     _define(Counter, "cancellations_total", "Cancel requests, by the group state they found.", state=CANCEL_STATES),
     _define(Counter, "retries_total", "Slices sent back for retry after a worker failure, by reason.",
             reason=RETRY_REASONS),
+    # Not a retry: nothing of it ran, no attempt is counted, and its reply says retries 0.
+    _define(Counter, "slices_given_back_total",
+            "Slices a leaving worker gave back unstarted, sent to another worker at once."),
     _define(Counter, "worker_failures_total", "Workers lost, by kind.", kind=WORKER_FAILURE_KINDS),
     _define(Counter, "internal_errors_total",
             "Exceptions raised by code inside the scheduler, by event; the groups concerned were answered "
@@ -336,6 +339,9 @@ class SchedulerMetrics:
 
     def retry(self, reason: object) -> None:
         self._children["retries_total"][(clip_label(reason, RETRY_REASONS),)].inc()
+
+    def given_back(self) -> None:
+        self.slices_given_back_total.inc()
 
     def worker_failure(self, kind: object) -> None:
         self.worker_failures_total.labels(clip_label(kind, WORKER_FAILURE_KINDS)).inc()
