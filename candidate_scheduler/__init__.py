@@ -5,18 +5,22 @@ candidates run as one group (one physical batch, or microbatches when they do no
 reduced to one served action by a model-declared reducer. The layout is in docs/architecture.md.
 
 The public Python API is `from candidate_scheduler import Client, AsyncClient` (and `synthetic_image`,
-and the errors they raise: `SchedulerUnavailable`, `Forbidden`, `ServiceError`).
+and the errors they raise: `SchedulerUnavailable`, `Forbidden`, `ServiceError`, `ClientClosed`).
 They load lazily, so importing the pure rooms under `candidate_scheduler.core` never pulls in zmq.
 """
 
 __version__ = "0.1.0"
 
-_CLIENT_NAMES = ("AsyncClient", "Client", "Forbidden", "Result", "SchedulerUnavailable", "ServiceError",
+_CLIENT_NAMES = ("Client", "ClientClosed", "Forbidden", "Result", "SchedulerUnavailable", "ServiceError",
                  "synthetic_image")
-__all__ = [*_CLIENT_NAMES, "__version__"]
+__all__ = ["AsyncClient", *_CLIENT_NAMES, "__version__"]
 
 
 def __getattr__(name: str):
+    if name == "AsyncClient":
+        from candidate_scheduler.service.async_client import AsyncClient
+
+        return AsyncClient
     if name in _CLIENT_NAMES:
         from candidate_scheduler.service import client
 

@@ -418,6 +418,27 @@ def decode(kind: Kind, payload: bytes) -> Any:
         raise ProtocolError("bad_msgpack", f"{kind.name} payload nests too deeply") from None
 
 
+class _Named(msgspec.Struct):
+    """Only the request id of a message that names one (other fields skipped unread)."""
+
+    request_id: str
+
+
+_NAMED = msgspec.msgpack.Decoder(_Named)
+
+
+def request_id_of(payload: bytes) -> str | None:
+    """The request id an unreadable message names, if it names a readable one: its ERROR can then say
+    which group it was about (a client with several in flight could not tell otherwise)."""
+    if len(payload) > MAX_MESSAGE_BYTES:
+        return None
+    try:
+        rid = _NAMED.decode(payload).request_id
+    except (msgspec.DecodeError, RecursionError):  # ValidationError is a DecodeError
+        return None
+    return rid if 0 < len(rid) <= MAX_REQUEST_ID_LEN else None
+
+
 def split_envelope(frames: list[bytes], allowed) -> tuple[bytes, bool, Kind, bytes]:
     """ROUTER frames -> (identity, had_delimiter, kind, payload). Raises ProtocolError with the
     identity already known, so the caller can still answer."""

@@ -54,7 +54,8 @@ DEFAULT_ARMS = tuple(a for a in ARMS if a[0] in ("fair", "fifo", "fifo, prefetch
 
 
 async def _arm(handle, keys_dir: Path, flood: int, unloaded: int, image: np.ndarray) -> dict:
-    from candidate_scheduler.service.client import AsyncClient, make_request
+    from candidate_scheduler.service.async_client import AsyncClient
+    from candidate_scheduler.service.client import make_request
     from candidate_scheduler.service.keys import ClientKeys
 
     rl = AsyncClient(handle.request, keys=ClientKeys.load(keys_dir, "rl-job"), liveness_s=None)

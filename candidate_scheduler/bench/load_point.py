@@ -61,7 +61,7 @@ def over_slo_needed(n: int) -> int:
 
 async def _run(endpoint: str, rate: float, planned: list[Planned], slo_s: float, early_stop: bool,
                drain_timeout_s: float, on_reply, cancel) -> PointRun:
-    from candidate_scheduler.service.client import AsyncClient
+    from candidate_scheduler.service.async_client import AsyncClient
 
     loop = asyncio.get_running_loop()
     client = AsyncClient(endpoint, liveness_s=None)  # measured: its own timeouts, no liveness PINGs

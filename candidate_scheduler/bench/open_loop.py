@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from candidate_scheduler.service.client import AsyncClient, ServiceError
+from candidate_scheduler.service.async_client import AsyncClient
+from candidate_scheduler.service.client import ServiceError
 
 # reply metrics kept per outcome (the rest of the reply's metrics are not needed by the summaries)
 KEPT_METRICS = ("total_s", "queue_wait_s", "first_step_s", "served_count", "requested_count", "joined_running_batches",

@@ -106,7 +106,7 @@ class ClientSpec:
         return Client(self.request, self.control, keys=keys, **kwargs)
 
     def async_client(self, **kwargs):
-        from candidate_scheduler.service.client import AsyncClient
+        from candidate_scheduler.service.async_client import AsyncClient
         from candidate_scheduler.service.keys import ClientKeys
 
         keys = None if self.keys is None else ClientKeys.from_env(self.keys)

@@ -407,7 +407,8 @@ class Scheduler:
         if not frames or len(frames[0]) == 0 or len(frames[0]) > 256:
             return  # no usable identity: nobody to answer
         delimited = len(frames) > 1 and frames[1] == b""
-        reply = protocol.ErrorReply(error=str(exc)[:2000], error_code=exc.kind)
+        reply = protocol.ErrorReply(error=str(exc)[:2000], error_code=exc.kind,
+                                    request_id=protocol.request_id_of(frames[-1]) if len(frames) > 2 else None)
         sock.send_multipart(protocol.reply_frames(frames[0], delimited, protocol.Kind.ERROR, reply))
 
     # ---- worker link ------------------------------------------------------------------------------------------

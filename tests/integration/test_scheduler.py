@@ -294,6 +294,13 @@ def test_malformed_frames_on_every_socket_get_errors(services, tmp_path):
         kind = protocol.parse_header(reply[0], {protocol.Kind.ERROR, protocol.Kind.RESULT})
         msg = protocol.decode(kind, reply[1])
         assert (kind is protocol.Kind.ERROR and msg.error_code) or msg.status == "invalid", name
+    # a SUBMIT it cannot read but whose id it can: the ERROR names the group, so a client with several in
+    # flight can tell whose it is (a mistyped field: make_request refuses it, a hand-built one gets here)
+    mistyped = msgspec.msgpack.encode({**msgspec.structs.asdict(make_request(IMAGE, "pick", request_id="named")),
+                                       "seed": "forty-two"})
+    reply = _raw(sched.request, [protocol.header(protocol.Kind.SUBMIT), mistyped])
+    msg = protocol.decode(protocol.parse_header(reply[0], {protocol.Kind.ERROR}), reply[1])
+    assert (msg.error_code, msg.request_id) == ("bad_type", "named")
     for name, frames in {
         "bad msgpack": [protocol.header(protocol.Kind.CANCEL), b"\xc1"],
         "submit on control": valid,
@@ -363,7 +370,7 @@ def test_scheduler_restart_workers_reconnect_and_lost_clients_get_an_error(servi
 def test_async_client_many_groups_in_flight_on_one_socket(services):
     import asyncio
 
-    from candidate_scheduler.service.client import AsyncClient
+    from candidate_scheduler.service.async_client import AsyncClient
 
     sched = services.scheduler()
     services.worker(sched, capacity=8)

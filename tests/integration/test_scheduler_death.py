@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from candidate_scheduler.protocol import Kind
-from candidate_scheduler.service.client import AsyncClient, Client, SchedulerUnavailable, make_request
+from candidate_scheduler.service.async_client import AsyncClient
+from candidate_scheduler.service.client import Client, SchedulerUnavailable, make_request
 from tests.conftest import wait_for
 from tests.integration.test_scheduler import IMAGE, expected_candidates
 

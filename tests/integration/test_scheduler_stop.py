@@ -191,7 +191,7 @@ def test_an_async_client_resubmits_across_a_graceful_restart(services):
     by the stopping run."""
     import asyncio
 
-    from candidate_scheduler.service.client import AsyncClient
+    from candidate_scheduler.service.async_client import AsyncClient
 
     sched = fleet(services, "30")
 

@@ -45,7 +45,8 @@ import websockets.asyncio.server
 from candidate_scheduler import convert, protocol
 from candidate_scheduler.core import reducers
 from candidate_scheduler.core.access import FORBIDDEN, Principal
-from candidate_scheduler.service.client import AsyncClient, ServiceError
+from candidate_scheduler.service.async_client import AsyncClient
+from candidate_scheduler.service.client import ServiceError
 from candidate_scheduler.service.keys import ClientKeys, Directory, authenticate
 from candidate_scheduler.service.openpi import msgpack_numpy, observation
 

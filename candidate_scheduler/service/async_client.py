@@ -1,0 +1,234 @@
+"""The asyncio Python client for the native protocol, `AsyncClient` (service/client.py: the blocking one)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from candidate_scheduler import protocol
+from candidate_scheduler.service.client import DEFAULT_LIVENESS_S, client_socket, restarted
+from candidate_scheduler.service.control_link import ControlLink
+from candidate_scheduler.service.keys import ClientKeys
+from candidate_scheduler.service.next_run import NOT_RUN_BY_A_STOPPING_SCHEDULER, NextRun
+from candidate_scheduler.service.replies import ClientClosed, Result, SchedulerUnavailable, ServiceError
+from candidate_scheduler.service.requests import make_request, submit_frames
+
+log = logging.getLogger("candidate_scheduler.client")
+
+
+class AsyncClient:
+    """asyncio client: `await client.submit(...)`; many groups in flight on one socket. With `control`
+    (the scheduler's control endpoint), a group whose scheduler seems to have restarted is asked for
+    (STATUS) before it is given up: sent after a restart this client had not heard of yet, it reached
+    the new run, which answers it. Without it, such a group is reported `restarted` (as Client does
+    without a control endpoint)."""
+
+    def __init__(self, endpoint: str, keys: ClientKeys | None = None, liveness_s: float | None = DEFAULT_LIVENESS_S,
+                 control: str | None = None):
+        self.ctx = zmq.asyncio.Context.instance()
+        self.endpoint = endpoint
+        self._sock = client_socket(self.ctx, endpoint, keys)
+        self.control = None if control is None else ControlLink(self.ctx, control, keys)
+        self.liveness_s = liveness_s  # as Client's: SchedulerUnavailable within 2 x liveness_s (3 x: a restart)
+        self._heard = time.monotonic()  # when anything last came from the scheduler
+        self._probe: asyncio.Task | None = None  # one liveness PING at a time, shared by every waiter
+        self._next_run_probe: asyncio.Task | None = None  # the same for waiters of a next run (shorter PINGs)
+        self._futures: dict[str, asyncio.Future] = {}
+        self._pongs: dict[int, asyncio.Future] = {}
+        self._nonce = itertools.count(1)
+        self._reader: asyncio.Task | None = None
+        self._incarnation: str | None = None  # of the scheduler's last PONG (None: none yet)
+        self._closed = False
+
+    def _ensure_reader(self) -> None:
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def _read(self) -> None:
+        while self._futures or self._pongs:
+            frames = await self._sock.recv_multipart()
+            self._heard = time.monotonic()
+            try:
+                kind, msg = protocol.decode_frames(frames, {protocol.Kind.RESULT, protocol.Kind.ERROR, protocol.Kind.PONG})
+            except protocol.ProtocolError:
+                continue
+            if kind is protocol.Kind.PONG:
+                self._incarnation = msg.incarnation
+                fut = self._pongs.pop(msg.nonce, None)
+            elif kind is protocol.Kind.ERROR:
+                # the scheduler names the group when it can read its id; with none, and several awaited, no
+                # waiter can be told it was theirs (make_request checks what it sends, so this is rare)
+                fut = self._futures.pop(msg.request_id, None) if msg.request_id else None
+                if fut is None and msg.request_id is None and len(self._futures) == 1:
+                    fut = self._futures.pop(next(iter(self._futures)))
+                if fut is None:
+                    log.warning("the scheduler could not read a message and no waiter can be told: %s: %s",
+                                msg.error_code, msg.error)
+                elif not fut.done():
+                    fut.set_exception(ServiceError(msg))
+                continue
+            else:
+                fut = self._futures.pop(msg.request_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+
+    async def submit_request(self, request: protocol.SubmitRequest, *, resubmit: bool = False) -> Result:
+        """Send one group and wait for its reply. With `resubmit`, as `Client.submit`'s: the same request
+        is sent again when the scheduler did not run it -- it stopped answering (SchedulerUnavailable), or
+        it was stopping and answered `shutting_down` or `stopping` -- once another run of it answers a PING.
+        No timeout of its own: bound it with `asyncio.wait_for` (cancelling it stops the wait)."""
+        resent: list[str] = []
+        while True:
+            if resubmit and not self._incarnation:
+                await self.ping(self.liveness_s or 1.0)  # which run this goes to: a stopping one is told apart
+            sent_to = self._incarnation
+            try:
+                result = await self._submit_once(request)
+            except SchedulerUnavailable:
+                if not resubmit:
+                    raise
+                resent.append("unavailable")
+                await self._await_another_run(NextRun(None, self.liveness_s, gone=True))
+                continue
+            if not resubmit or (result.status, result.error_code) not in NOT_RUN_BY_A_STOPPING_SCHEDULER:
+                result.resent = resent
+                return result
+            resent.append(result.error_code)
+            await self._await_another_run(NextRun(sent_to, self.liveness_s))
+
+    async def _await_another_run(self, nxt: NextRun) -> None:
+        """Until the run that answers a PING is the one `nxt` waits for; as `Client`'s. Every waiter shares
+        one probe at a time: many robots behind a front waiting for the next run send it a few PINGs a
+        second, not a few each."""
+        while True:
+            started, probe_s = time.monotonic(), nxt.probe_s
+            if self._next_run_probe is None or self._next_run_probe.done():
+                self._next_run_probe = asyncio.ensure_future(self.ping(probe_s))
+            if await self._shared(self._next_run_probe):
+                if nxt.answered_by(self._incarnation):
+                    return
+                await asyncio.sleep(0.2)
+            else:
+                nxt.unanswered()
+                await asyncio.sleep(max(0.0, started + probe_s - time.monotonic()))
+
+    async def _shared(self, probe: asyncio.Task) -> bool:
+        """A probe's answer, awaited by one of the waiters that share it; cancelled by `close`, it raises
+        ClientClosed there rather than a cancellation the caller never asked for."""
+        try:
+            return await asyncio.shield(probe)
+        except asyncio.CancelledError:
+            if self._closed and probe.cancelled():
+                raise ClientClosed(f"the client of {self.endpoint} was closed") from None
+            raise
+
+    async def _submit_once(self, request: protocol.SubmitRequest) -> Result:
+        rid = request.request_id
+        if rid in self._futures:  # one future an id: the second waiter would never be answered
+            raise ValueError(f"{rid!r} is in flight on this client already")
+        frames = submit_frames(request)
+        if self.liveness_s is not None and self._incarnation is None:
+            # once: which run of the scheduler this client talks to ("" when it did not answer: no verdict)
+            self._incarnation = self._incarnation if await self.ping(self.liveness_s) else ""
+        self._check_open()
+        sent_to = self._incarnation
+        fut = asyncio.get_running_loop().create_future()
+        self._futures[rid] = fut
+        try:
+            await self._sock.send_multipart(frames)
+            self._ensure_reader()
+            return Result.from_wire(await self._answer(fut, rid, sent_to))
+        finally:  # answered, given up or cancelled (asyncio.wait_for): a reply that comes later has no taker
+            if self._futures.get(rid) is fut:
+                del self._futures[rid]
+
+    async def _answer(self, fut: asyncio.Future, rid: str, sent_to: str | None) -> protocol.GroupResult:
+        """The reply `fut` gets; SchedulerUnavailable when the scheduler stops answering, or restarted and
+        does not hold the group."""
+        if self.liveness_s is None:
+            return await fut
+        while True:
+            quiet = self._heard + self.liveness_s - time.monotonic()  # the scheduler spoke this recently
+            try:
+                return await asyncio.wait_for(asyncio.shield(fut), max(quiet, 0.01))
+            except TimeoutError:
+                pass
+            if time.monotonic() - self._heard < self.liveness_s:
+                continue  # other groups' replies came meanwhile: it is alive
+            if self._probe is None or self._probe.done():
+                self._probe = asyncio.ensure_future(self.ping(self.liveness_s))
+            if not await self._shared(self._probe):
+                self._incarnation = None  # the next send learns which run answers then
+                raise SchedulerUnavailable(f"the scheduler at {self.endpoint} did not answer a PING within "
+                                           f"{self.liveness_s:.1f} s; {rid!r} was not answered")
+            if restarted(sent_to, self._incarnation) and not fut.done():
+                if await self._held_here(rid) or fut.done():  # answered meanwhile: taken above
+                    sent_to = self._incarnation
+                    continue
+                raise SchedulerUnavailable(f"the scheduler at {self.endpoint} restarted; {rid!r} was "
+                                           "sent to the run before and was not answered")
+
+    async def _held_here(self, request_id: str) -> bool:
+        """Whether the run that answers now has the group (see the class docstring). Asked within
+        `liveness_s`, the wait for the link included (every waiter of a restart asks), so a group is given
+        up within 3 x liveness_s: the silence, the PING, the STATUS."""
+        if self.control is None:
+            return False
+        ask = self.control.ask(protocol.Kind.STATUS, protocol.StatusRequest(request_id), self.liveness_s)
+        try:
+            reply = await asyncio.wait_for(ask, self.liveness_s)
+        except (TimeoutError, zmq.ZMQError):  # no answer in time, or no link: no evidence it is held
+            return False
+        return reply is not None and reply.ok and reply.state not in (None, "unknown")
+
+    async def submit(self, image: np.ndarray, prompt: str | list[str] = "", resubmit: bool = False,
+                     **kwargs: Any) -> Result:
+        return await self.submit_request(make_request(image, prompt, **kwargs), resubmit=resubmit)
+
+    async def ping(self, timeout_s: float = 2.0) -> bool:
+        """Whether the scheduler answers a PING within `timeout_s`, the send included (with no scheduler to
+        send to it would wait for one)."""
+        self._check_open()
+        nonce = next(self._nonce)
+        fut = asyncio.get_running_loop().create_future()
+        self._pongs[nonce] = fut
+
+        async def send_and_wait() -> None:
+            await self._sock.send_multipart(protocol.encode(protocol.Kind.PING, protocol.Ping(nonce)))
+            self._ensure_reader()
+            await fut
+
+        try:
+            await asyncio.wait_for(send_and_wait(), timeout_s)
+            return True
+        except TimeoutError:
+            return False
+        finally:  # answered, timed out or cancelled: a PONG that comes later has nobody to wake
+            self._pongs.pop(nonce, None)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosed(f"the client of {self.endpoint} is closed")
+
+    def close(self) -> None:
+        """Close the sockets; every call waiting on this client raises ClientClosed."""
+        self._closed = True
+        closed = ClientClosed(f"the client of {self.endpoint} was closed")
+        for fut in [*self._futures.values(), *self._pongs.values()]:
+            if not fut.done():
+                fut.set_exception(closed)
+        self._futures.clear()
+        self._pongs.clear()
+        for task in (self._reader, self._probe, self._next_run_probe):
+            if task is not None:
+                task.cancel()
+        self._sock.close(0)
+        if self.control is not None:
+            self.control.close()
