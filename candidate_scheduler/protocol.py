@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import numpy as np
@@ -289,8 +289,13 @@ class GroupWorkMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     candidates: list[CandidateMsg]
 
 
+# An assignment id as a worker reads it: the worker frames its answers with the id as 8 unsigned bytes,
+# so one outside that range is refused when the BATCH or JOIN is decoded (the scheduler's are counters).
+AssignmentId = Annotated[int, msgspec.Meta(ge=0)]  # msgpack carries no int of 2**64 or more
+
+
 class BatchMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
-    batch_id: int
+    batch_id: AssignmentId
     groups: list[GroupWorkMsg]
     # The rows the worker may run at once, as the scheduler counts them now, when that is fewer than the
     # worker registered with (it ran out of memory, or its memory budget caps it); 0: its own capacity.

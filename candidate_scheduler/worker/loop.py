@@ -17,7 +17,18 @@ Two threads, so heartbeats and cancels keep flowing while the model computes:
   inbox. With nothing running, the compute thread starts them itself (running.py says why).
 
 If the scheduler forgets us (restart, or it declared us dead), it answers WORKER_STOP("reregister")
-and we register again; ZMQ reconnects the TCP link by itself.
+and we register again; ZMQ reconnects the TCP link by itself. What we held then is dropped, unanswered:
+that scheduler retries it elsewhere, or is a new one that never heard of it, and either way it would
+discard the answers as late while its own first assignments waited behind that work. Answers carry the
+epoch (one per REREGISTER) they were computed in, and the I/O thread drops those of an earlier one.
+
+Sends never block (link.py): a scheduler that has been away for minutes must not stall the I/O thread.
+
+The compute thread never dies of a worker bug: whatever escapes a turn of its loop is logged with its
+traceback, and every assignment it holds is answered (`worker_error` for the groups without an output,
+which the scheduler retries) before it goes on with an empty running batch. Should it die anyway, the
+I/O thread notices and leaves (LEFT), so the scheduler retries what we held at once instead of reading
+heartbeats that list it forever; `serve` then raises `WorkerFailed`.
 
 `leave(grace_s)` (SIGTERM, or WORKER_STOP("leave") when an operator asks the scheduler) goes
 gracefully: LEAVING, finish what the scheduler says we owe, LEFT (leaving.py). A second SIGTERM, or
@@ -30,22 +41,45 @@ import logging
 import os
 import queue
 import socket
+import struct
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 
 import zmq
 
 from candidate_scheduler import convert, protocol
 from candidate_scheduler.core.messages import LEAVE, REREGISTER
+from candidate_scheduler.worker import link
 from candidate_scheduler.worker.leaving import Departure
 from candidate_scheduler.worker.preparing import Prepared, Preparer, supports_concurrent_start
-from candidate_scheduler.worker.running import Arrival, RunningBatch, arrival_from_wire
+from candidate_scheduler.worker.running import (
+    Arrival,
+    RunningBatch,
+    abandoned_outputs,
+    arrival_from_wire,
+    assignment_of,
+)
 from candidate_scheduler.worker.stepping import StepAdapter
 
 log = logging.getLogger("candidate_scheduler.worker")
 
 _MAX_FORWARD_RECORDS = 1024  # per heartbeat; older ones are dropped rather than growing without bound
+_TAG = struct.Struct(">QQ")  # (assignment id, epoch) in front of each answer on the inproc pipe
+COMPUTE_FAILED = "compute_failed"  # LEFT's reason when the compute thread died
+
+
+class WorkerFailed(RuntimeError):
+    """The compute thread died: the worker left (LEFT) and cannot serve any more."""
+
+
+@dataclass(frozen=True)
+class Reset:
+    """For the compute thread: the scheduler forgot us; let go of everything held, unanswered. What it
+    answers from now on belongs to `epoch`."""
+
+    epoch: int
 
 
 class Worker:
@@ -92,7 +126,11 @@ class Worker:
         self._giving_back = False  # leaving, and the scheduler knows: hand back what has not started
         self._forwards: list[tuple[int, float, str]] = []
         self._step: int | None = None
-        self._held: list[int] = []  # assignment ids received and not yet answered (I/O thread only)
+        self._held: list[int] = []  # assignment ids received and whose answer is not sent yet (I/O thread only)
+        self._outbox = link.Outbox()  # answers the link could not take yet (I/O thread only)
+        self._epoch = 0  # REREGISTERs so far: answers of an earlier epoch are dropped (I/O thread only)
+        self._answer_epoch = 0  # the epoch of the last Reset the compute thread took (compute thread only)
+        self._arriving: Arrival | None = None  # an assignment being admitted (compute thread only)
         self._cache_seen: dict[str, int] = {}
         self._stop = threading.Event()
         self.leave_grace_s = leave_grace_s  # how long a leave (SIGTERM, or an operator's) waits for what it holds
@@ -113,52 +151,81 @@ class Worker:
         batch = RunningBatch(self.adapter, self.capacity, self.step_delay_s, preparer)
         try:
             while not self._stop.is_set():
-                # nothing to run or answer: wait for an assignment, or a group the preparer is starting
-                if not self._take_new(batch, block=batch.waiting):
-                    return
-                with self._lock:
-                    cancelled = {k: set(v) for k, v in self._cancelled.items()}
-                    giving_back = self._giving_back
-                batch.drop(cancelled)
-                if giving_back:  # leaving: what waits for our rows is run elsewhere now
-                    batch.leaving = True  # and nothing more is conditioned early, only to be given back
-                    for batch_id in batch.give_back():
-                        msg = protocol.GiveBackMsg(self.worker_id, [batch_id])
-                        out.send_multipart([batch_id.to_bytes(8, "big"), *protocol.encode(protocol.Kind.GIVE_BACK, msg)])
-                if not batch.idle:
-                    with self._lock:
-                        self._step = batch.steps_run
-                    forwards, rows, seconds, label = batch.step()
-                    if forwards:
-                        # per forward: exact when the step ran one forward (groups of one cohort)
-                        record = (max(1, rows // forwards), seconds / forwards, label)
-                        with self._lock:
-                            self._forwards.extend([record] * forwards)
-                            del self._forwards[:-_MAX_FORWARD_RECORDS]
-                for a in batch.take_done():
-                    outputs = [a.outputs[i] for i in range(len(a.items))]
-                    if self._mangle is not None:
-                        outputs = self._mangle([it for it in a.items if it is not None], outputs)
-                    try:
-                        result = protocol.BatchResultMsg(self.worker_id, a.batch_id,
-                                                         [convert.output_to_wire(o) for o in outputs], a.wire_report())
-                        frames = protocol.encode(protocol.Kind.BATCH_RESULT, result)
-                    except Exception as exc:  # noqa: BLE001 - an unencodable result still gets an answer
-                        log.exception("assignment %d could not be encoded", a.batch_id)
-                        outputs = [protocol.GroupOutputMsg(o.request_id, "error", error=f"{type(exc).__name__}: {exc}",
-                                                           error_code="worker_error") for o in outputs]
-                        frames = protocol.encode(protocol.Kind.BATCH_RESULT,
-                                                 protocol.BatchResultMsg(self.worker_id, a.batch_id, outputs))
-                    with self._lock:
-                        self._cancelled.pop(a.batch_id, None)
-                    out.send_multipart([a.batch_id.to_bytes(8, "big"), *frames])
-                if batch.idle:
-                    with self._lock:
-                        self._step = None
+                try:
+                    if not self._compute_turn(batch, out):
+                        return
+                except Exception as exc:  # noqa: BLE001 - a worker bug must not strand what the worker holds
+                    log.exception("the compute thread failed: answering what it holds with worker_error")
+                    self._abandon(batch, out, exc)
         finally:
             if preparer is not None:
                 preparer.close()
             out.close(0)
+
+    def _compute_turn(self, batch: RunningBatch, out) -> bool:
+        """Admit what arrived, drop what was cancelled, give back what a leave hands back, run one step,
+        answer what is done. False: stop."""
+        # nothing to run or answer: wait for an assignment, or a group the preparer is starting
+        if not self._take_new(batch, block=batch.waiting):
+            return False
+        with self._lock:
+            cancelled = {k: set(v) for k, v in self._cancelled.items()}
+            giving_back = self._giving_back
+        batch.drop(cancelled)
+        if giving_back:  # leaving: what waits for our rows is run elsewhere now
+            batch.leaving = True  # and nothing more is conditioned early, only to be given back
+            for batch_id in batch.give_back():
+                msg = protocol.GiveBackMsg(self.worker_id, [batch_id])
+                out.send_multipart([self._tag(batch_id), *protocol.encode(protocol.Kind.GIVE_BACK, msg)])
+        if not batch.idle:
+            with self._lock:
+                self._step = batch.steps_run
+            forwards, rows, seconds, label = batch.step()
+            if forwards:
+                # per forward: exact when the step ran one forward (groups of one cohort)
+                record = (max(1, rows // forwards), seconds / forwards, label)
+                with self._lock:
+                    self._forwards.extend([record] * forwards)
+                    del self._forwards[:-_MAX_FORWARD_RECORDS]
+        for a in batch.take_done():
+            outputs = [a.outputs[i] for i in range(len(a.items))]
+            if self._mangle is not None:
+                outputs = self._mangle([it for it in a.items if it is not None], outputs)
+            self._answer(out, a.batch_id, outputs, a.wire_report)
+        if batch.idle:
+            with self._lock:
+                self._step = None
+        return True
+
+    def _abandon(self, batch: RunningBatch, out, exc: BaseException) -> None:
+        """After a failed turn: answer every assignment held (and one caught half-way into the batch), and
+        go on with nothing."""
+        gone = batch.abandon()
+        arriving, self._arriving = self._arriving, None
+        if arriving is not None and all(a.batch_id != arriving.batch_id for a in gone):
+            gone.append(assignment_of(arriving))
+        with self._lock:
+            self._step = None
+        for a in gone:
+            self._answer(out, a.batch_id, abandoned_outputs(a, exc), a.wire_report)
+
+    def _answer(self, out, batch_id: int, outputs: list, report) -> None:
+        """Encode an assignment's BATCH_RESULT (`report()`: its report) and hand it to the I/O thread."""
+        try:
+            result = protocol.BatchResultMsg(self.worker_id, batch_id, [convert.output_to_wire(o) for o in outputs],
+                                             report())
+            frames = protocol.encode(protocol.Kind.BATCH_RESULT, result)
+        except Exception as exc:  # noqa: BLE001 - an unencodable result still gets an answer
+            log.exception("assignment %d could not be encoded", batch_id)
+            outputs = [protocol.GroupOutputMsg(o.request_id, "error", error=f"{type(exc).__name__}: {exc}",
+                                               error_code="worker_error") for o in outputs]
+            frames = protocol.encode(protocol.Kind.BATCH_RESULT, protocol.BatchResultMsg(self.worker_id, batch_id, outputs))
+        with self._lock:
+            self._cancelled.pop(batch_id, None)
+        out.send_multipart([self._tag(batch_id), *frames])
+
+    def _tag(self, batch_id: int) -> bytes:
+        return _TAG.pack(batch_id, self._answer_epoch)
 
     def _take_new(self, batch: RunningBatch, block: bool) -> bool:
         """Admit every assignment and every prepared group that arrived; wait for one when there is
@@ -175,27 +242,20 @@ class Worker:
             if isinstance(item, Prepared):
                 batch.prepared(item)
             elif isinstance(item, Arrival):
+                self._arriving = item
                 batch.arrive(item)
+                self._arriving = None
+            elif isinstance(item, Reset):  # what we held is nobody's now: its answers would be discarded
+                try:
+                    batch.abandon()
+                finally:  # even so: answers tagged with the old epoch from now on would all be dropped
+                    self._answer_epoch = item.epoch
+                with self._lock:
+                    self._step = None
             # an assignment joins only once all its groups are ready: until then there may be nothing to do
             block = batch.waiting
 
     # ---- I/O side --------------------------------------------------------------------------------------
-    def _socket(self) -> zmq.Socket:
-        sock = self.ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IDENTITY, self.worker_id.encode())
-        sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
-        sock.setsockopt(zmq.RECONNECT_IVL, 100)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-        if self.curve_dir is not None:
-            from zmq.auth import load_certificate
-
-            pub, sec = load_certificate(os.path.join(self.curve_dir, "client.key_secret"))
-            server_pub, _ = load_certificate(os.path.join(self.curve_dir, "server.key"))
-            sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = pub, sec, server_pub
-        sock.connect(self.endpoint)
-        return sock
-
     def _register_msg(self) -> list[bytes]:
         msg = protocol.RegisterMsg(
             worker_id=self.worker_id,
@@ -220,31 +280,9 @@ class Worker:
         wake.bind(self._wake_addr)
         compute = threading.Thread(target=self._compute_loop, name="compute", daemon=True)
         compute.start()
-        sock = self._socket()
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(wake, zmq.POLLIN)
-        last_beat = time.monotonic()
+        sock = link.connect(self.ctx, self.endpoint, self.worker_id, self.curve_dir)
         try:
-            if self._leave_asked_s is not None:
-                return  # told to go during the warm-up: nobody has heard of us, and nobody should now
-            self._register(sock)
-            while not self._stop.is_set():
-                events = dict(poller.poll(timeout=int(self.heartbeat_interval_s * 250)))
-                now = time.monotonic()
-                if wake in events:
-                    self._forward_results(wake, sock)
-                if sock in events:
-                    if self._on_message(sock, sock.recv_multipart()):
-                        return
-                if self._leave_asked_s is not None and self._leaving(sock, wake, now):
-                    return
-                if not self.registered.is_set():
-                    if now - self._registered_asked > self.register_timeout_s:
-                        self._register(sock)
-                elif now - last_beat >= self.heartbeat_interval_s:
-                    sock.send_multipart(protocol.encode(protocol.Kind.HEARTBEAT, self._heartbeat()))
-                    last_beat = now
+            self._io_loop(sock, wake, compute)
         finally:
             self._stop.set()
             self._inbox.put(None)
@@ -252,20 +290,59 @@ class Worker:
             sock.close()  # with its LINGER: 0, or a second for LEFT and the last results when leaving
             wake.close(0)
             self.ctx.term()
+        if self.left_reason == COMPUTE_FAILED:
+            raise WorkerFailed("the worker's compute thread died (the log has why); it left the scheduler")
 
-    def _forward_results(self, wake, sock) -> None:
-        """Send on every result the compute thread has finished (it pushes them through `wake`)."""
+    def _io_loop(self, sock, wake, compute: threading.Thread) -> None:
+        if self._leave_asked_s is not None:
+            return  # told to go during the warm-up: nobody has heard of us, and nobody should now
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(wake, zmq.POLLIN)
+        last_beat = time.monotonic()
+        self._register(sock)
+        while not self._stop.is_set():
+            events = dict(poller.poll(timeout=int(self.heartbeat_interval_s * 250)))
+            now = time.monotonic()
+            if wake in events:
+                self._take_answers(wake)
+            self._send_answers(sock)  # new ones, and those the link could not take before
+            if sock in events:
+                if self._on_message(sock, sock.recv_multipart()):
+                    return
+            if self._leave_asked_s is not None and self._leaving(sock, wake, now):
+                return
+            # is_alive first: a compute thread that ended because we stop ended after `_stop` was set
+            if not compute.is_alive() and not self._stop.is_set():
+                log.error("the compute thread died: leaving, so that the scheduler retries what we hold now")
+                self._left(sock, wake, COMPUTE_FAILED)
+                return
+            if not self.registered.is_set():
+                if now - self._registered_asked > self.register_timeout_s:
+                    self._register(sock)
+            elif now - last_beat >= self.heartbeat_interval_s:
+                # dropped when the link is full: the next one lists the same work (its forwards are lost)
+                link.try_send(sock, protocol.encode(protocol.Kind.HEARTBEAT, self._heartbeat()))
+                last_beat = now
+
+    def _take_answers(self, wake) -> None:
+        """Queue every answer the compute thread has finished (it pushes them through `wake`)."""
         while True:
             try:
-                batch_id, *frames = wake.recv_multipart(zmq.NOBLOCK)
+                tag, *frames = wake.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            answered = int.from_bytes(batch_id, "big")
-            if answered in self._held:  # answered: no longer held
+            batch_id, epoch = _TAG.unpack(tag)
+            if epoch == self._epoch:  # else: work of a scheduler that forgot us (`_forget_work`)
+                self._outbox.put(batch_id, frames)
+
+    def _send_answers(self, sock) -> None:
+        """Send the queued answers the link takes; an assignment is held until its answer has gone."""
+        for answered in self._outbox.flush(sock):
+            if answered in self._held:
                 self._held.remove(answered)
             with self._lock:  # with a cancel that came in after the compute thread let go of it
                 self._cancelled.pop(answered, None)
-            sock.send_multipart(frames)
             if self._departure is not None:
                 self._departure.answered(answered)
 
@@ -282,6 +359,11 @@ class Worker:
             log.info("registered with %s as %s", self.endpoint, self.worker_id)
         elif kind in (protocol.Kind.BATCH, protocol.Kind.JOIN):
             received_at = time.perf_counter()
+            if msg.batch_id in self._held:
+                # a second assignment under one id would take the first one's place in the running batch,
+                # which then could never answer it nor free its rows
+                log.error("ignoring a %s with id %d: we hold an assignment with that id already", kind.name, msg.batch_id)
+                return False
             self._held.append(msg.batch_id)
             # decoded here, on the IO thread: the compute thread only steps
             self._inbox.put(arrival_from_wire(msg, kind, received_at))
@@ -310,14 +392,26 @@ class Worker:
                 # was assigned, and the scheduler would take it for a restart of this worker.
                 if self.registered.is_set():
                     self.registered.clear()
+                    self._forget_work()
                     self._register(sock)
             else:
                 log.info("scheduler asked us to stop: %s", msg.reason)
                 return True
         return False
 
+    def _forget_work(self) -> None:
+        """The scheduler forgot us: drop what we hold, unanswered (the module docstring says why)."""
+        if self._held:
+            log.warning("the scheduler no longer knows us: dropping the %d assignment(s) we held", len(self._held))
+        self._epoch += 1
+        self._held.clear()
+        self._outbox.clear()
+        with self._lock:
+            self._cancelled.clear()
+        self._inbox.put(Reset(self._epoch))  # behind what arrived before it, ahead of what arrives next
+
     def _register(self, sock) -> None:
-        sock.send_multipart(self._register_msg())
+        link.try_send(sock, self._register_msg())  # asked again after register_timeout_s if unanswered
         self._registered_asked = time.monotonic()
 
     def _heartbeat(self) -> protocol.HeartbeatMsg:
@@ -356,13 +450,17 @@ class Worker:
         return False
 
     def _say_leaving(self, sock) -> None:
-        sock.send_multipart(protocol.encode(protocol.Kind.LEAVING, protocol.LeavingMsg(self.worker_id,
-                                                                                       self._departure.grace_s)))
+        # asked again while unanswered (Departure.ask_again)
+        link.try_send(sock, protocol.encode(protocol.Kind.LEAVING, protocol.LeavingMsg(self.worker_id,
+                                                                                         self._departure.grace_s)))
 
     def _left(self, sock, wake, reason: str) -> bool:
-        self._forward_results(wake, sock)  # what is finished is answered, not run again elsewhere
+        self._take_answers(wake)  # what is finished is answered, not run again elsewhere
+        self._send_answers(sock)
         sock.setsockopt(zmq.LINGER, 1000)  # LEFT (and the last results) must leave before the socket closes
-        sock.send_multipart(protocol.encode(protocol.Kind.LEFT, protocol.LeftMsg(self.worker_id, reason)))
+        if not link.try_send(sock, protocol.encode(protocol.Kind.LEFT, protocol.LeftMsg(self.worker_id, reason))):
+            log.warning("LEFT could not be sent (the scheduler has been unreachable a while): it retries what "
+                        "we held when our heartbeats stop")
         self.left_reason = reason
         log.info("left: %s", reason)
         return True

@@ -13,6 +13,12 @@ worker points at its compute thread's inbox; the compute thread admits it at the
 (running.py, which gives it only the groups that arrive while others run). Only an adapter that declares `concurrent_start = True` is driven this way: its
 `start` may run while its `step`, `finish` and `release` run on the compute thread.
 
+A queued start whose group nobody waits for any more (its assignment given back, the group cancelled,
+the worker told to register again) is `forget`-ten: it never runs, so a leaving worker's grace is not
+spent conditioning work that runs elsewhere. Nothing waits for its delivery: the running batch forgets
+only a group it has already let go of. A start already running when it is forgotten runs to its end
+and is delivered; the running batch releases what it made.
+
 On CUDA the two threads issue to the same default stream, so GPU work stays in one order; what
 overlaps there is the host side of the join (preprocessing, tokenization, kernel launches).
 """
@@ -39,6 +45,9 @@ class Prepared:
     index: int
     group: Any = None
     error: BaseException | None = None
+    # which arrival of `batch_id` it is for: a scheduler that restarted numbers its assignments afresh, so
+    # a start delivered late must not be taken for a group of a new assignment with the same id
+    token: int = 0
 
 
 def supports_concurrent_start(adapter: Any) -> bool:
@@ -49,13 +58,23 @@ class Preparer:
     def __init__(self, start: Callable[[GroupWork], Any], deliver: Callable[[Prepared], None]):
         self._start = start
         self._deliver = deliver
-        self._queue: queue.Queue = queue.Queue()
+        self._queue: queue.Queue = queue.Queue()  # job keys, in submission order
+        self._jobs: dict[tuple[int, int, int], GroupWork] = {}  # queued, not started: forgetting one drops it
+        self._jobs_lock = threading.Lock()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="conditioning", daemon=True)
         self._thread.start()
 
-    def submit(self, batch_id: int, index: int, item: GroupWork) -> None:
-        self._queue.put((batch_id, index, item))
+    def submit(self, batch_id: int, index: int, item: GroupWork, token: int = 0) -> None:
+        key = (batch_id, index, token)
+        with self._jobs_lock:
+            self._jobs[key] = item
+        self._queue.put(key)
+
+    def forget(self, batch_id: int, index: int, token: int = 0) -> bool:
+        """Do not start this group if it has not started yet; True: it never will (no delivery comes)."""
+        with self._jobs_lock:
+            return self._jobs.pop((batch_id, index, token), None) is not None
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop after the group being prepared now; groups still queued are never started."""
@@ -65,12 +84,16 @@ class Preparer:
 
     def _run(self) -> None:
         while True:
-            job = self._queue.get()
-            if job is None or self._closed:
+            key = self._queue.get()
+            if key is None or self._closed:
                 return
-            batch_id, index, item = job
+            with self._jobs_lock:
+                item = self._jobs.pop(key, None)
+            if item is None:  # forgotten while it queued
+                continue
+            batch_id, index, token = key
             try:
-                result = Prepared(batch_id, index, group=self._start(item))
+                result = Prepared(batch_id, index, group=self._start(item), token=token)
             except Exception as exc:  # noqa: BLE001 - the compute thread answers the group with it
-                result = Prepared(batch_id, index, error=exc)
+                result = Prepared(batch_id, index, error=exc, token=token)
             self._deliver(result)

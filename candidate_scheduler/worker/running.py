@@ -24,11 +24,17 @@ Every step advances all running groups (`step`: the adapter shares forwards betw
 share them); a group that is done leaves at once and frees its rows, and an assignment whose groups all
 have an output is handed back (`take_done`) to be answered with one BATCH_RESULT. Cancelled groups
 leave at the next boundary (`drop`).
+
+`adapter.release` runs only on the ways out of a group (cancelled, given back, a failed forward, a start
+nobody waits for), where its failure must not stop the rest: it is logged, and the worker goes on
+(`_release`). `abandon` lets go of everything at once: the worker's compute thread failed (it answers
+what it held with `worker_error`, and the scheduler retries it), or the scheduler forgot the worker.
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
 import logging
 import time
 from collections import OrderedDict
@@ -64,6 +70,9 @@ ALLOWED = {
     SlotState.CANCELLED: set(),
     SlotState.UNREADABLE: set(),
 }
+
+
+_tokens = itertools.count(1)  # one per arrival: see `Prepared.token`
 
 
 class IllegalSlotTransition(RuntimeError):
@@ -138,6 +147,7 @@ class Assignment:
     # a forward it shared ran out of memory: the rows that forward carried and the step (the scheduler
     # blames those rows, once for every assignment that shared the step)
     out_of_memory: tuple[int, int] | None = None
+    token: int = field(default_factory=lambda: next(_tokens))
 
     @property
     def rows(self) -> int:
@@ -166,6 +176,17 @@ class Assignment:
                                       steps_while_conditioned=self.steps_while_conditioned, **extra)
 
 
+def assignment_of(arrival: Arrival, steps_run: int = 0) -> Assignment:
+    """An arrival's assignment, not admitted yet (`steps_run`: the running batch's steps when it came)."""
+    slots = []
+    for i, item in enumerate(arrival.items):
+        if isinstance(item, GroupOutput):
+            slots.append(Slot(i, item.request_id, None, SlotState.UNREADABLE, output=item))
+        else:
+            slots.append(Slot(i, item.request_id, item, SlotState.QUEUED))
+    return Assignment(arrival.batch_id, arrival.batch, arrival.received_at, slots, steps_at_receipt=steps_run)
+
+
 class RunningBatch:
     def __init__(self, adapter: stepping.StepAdapter, capacity: int | None = None, step_delay_s: float = 0.0,
                  preparer: Preparer | None = None):
@@ -187,14 +208,7 @@ class RunningBatch:
         # so with every assignment; what it sends ahead of time must wait for those rows, not these
         if self.registered is not None:
             self.capacity = min(self.registered, arrival.rows) if arrival.rows else self.registered
-        slots = []
-        for i, item in enumerate(arrival.items):
-            if isinstance(item, GroupOutput):
-                slots.append(Slot(i, item.request_id, None, SlotState.UNREADABLE, output=item))
-            else:
-                slots.append(Slot(i, item.request_id, item, SlotState.QUEUED))
-        self.assignments[arrival.batch_id] = Assignment(arrival.batch_id, arrival.batch, arrival.received_at, slots,
-                                                        steps_at_receipt=self.steps_run)
+        self.assignments[arrival.batch_id] = assignment_of(arrival, self.steps_run)
         self._advance()
 
     def admit(self, msg: protocol.BatchMsg, received_at: float, kind: protocol.Kind = protocol.Kind.JOIN) -> None:
@@ -242,7 +256,7 @@ class RunningBatch:
         for s in a.slots:
             if s.state is SlotState.QUEUED:
                 s.to(SlotState.PREPARING)
-                self.preparer.submit(a.batch_id, s.index, s.item)
+                self.preparer.submit(a.batch_id, s.index, s.item, a.token)
 
     def _admit(self, a: Assignment) -> None:
         a.admitted = True
@@ -253,7 +267,7 @@ class RunningBatch:
                 continue
             if aside:
                 s.to(SlotState.PREPARING)
-                self.preparer.submit(a.batch_id, s.index, s.item)
+                self.preparer.submit(a.batch_id, s.index, s.item, a.token)
                 continue
             try:
                 s.to(SlotState.READY, group=self.adapter.start(s.item))
@@ -263,10 +277,12 @@ class RunningBatch:
     def prepared(self, done: Prepared) -> None:
         """A group the preparer started (or failed to start); its assignment joins once all are back."""
         a = self.assignments.get(done.batch_id)
+        if a is not None and a.token != done.token:
+            a = None  # for an assignment let go of before this one arrived with the same id
         s = None if a is None else a.slots[done.index]
         if s is None or s.state is not SlotState.PREPARING:  # cancelled while it was being prepared
             if done.group is not None:
-                self.adapter.release(done.group)
+                self._release(done.group)
                 if a is not None:
                     self._account(a, done.group)
             return
@@ -312,9 +328,7 @@ class RunningBatch:
         for batch_id, a in list(self.assignments.items()):
             if a.admitted or a.complete:  # a complete one (its starts failed) is answered with its errors
                 continue
-            for s in a.slots:
-                if s.group is not None:
-                    self.adapter.release(s.group)
+            self._let_go(a)
             del self.assignments[batch_id]
             ids.append(batch_id)
         if ids:
@@ -334,8 +348,10 @@ class RunningBatch:
                     continue
                 group = s.group
                 if group is not None:  # READY or RUNNING: the adapter holds it; a PREPARING one is released later
-                    self.adapter.release(group)
+                    self._release(group)
                     self._account(a, group)  # the conditioning and steps it did ran on this worker all the same
+                elif s.state is SlotState.PREPARING and self.preparer is not None:
+                    self.preparer.forget(a.batch_id, s.index, a.token)  # not started yet: it never will be
                 self._finish(a, s, SlotState.CANCELLED, GroupOutput(s.request_id, "cancelled"))
         self._advance()
 
@@ -364,7 +380,7 @@ class RunningBatch:
                     a.out_of_memory = blame
             for a, s in members:
                 group = s.group
-                self.adapter.release(group)
+                self._release(group)
                 self._account(a, group)
                 self._finish(a, s, SlotState.DONE, stepping.error_output(s.request_id, exc))
             self._advance()
@@ -386,6 +402,36 @@ class RunningBatch:
         self._advance()
         return forwards, sum(g.rows for g in groups), elapsed, label
 
+    def _release(self, group: Any) -> None:
+        """Release a group on its way out. A release that raises (a sticky device error after a failed
+        forward) is logged and the worker goes on: the group's answer does not depend on it, and an
+        exception here would leave the rest of the running batch unanswered."""
+        try:
+            self.adapter.release(group)
+        except Exception:  # noqa: BLE001
+            log.exception("releasing group %s failed", getattr(group, "request_id", "?"))
+
+    def _let_go(self, a: Assignment) -> None:
+        """Release what the adapter holds of `a`, and skip its starts still queued on the conditioning
+        thread (one already under way is released when it comes back: `prepared`)."""
+        for s in a.slots:
+            if s.group is not None:
+                self._release(s.group)
+                s.group = None
+            elif s.state is SlotState.PREPARING and self.preparer is not None:
+                self.preparer.forget(a.batch_id, s.index, a.token)
+
+    def abandon(self) -> list[Assignment]:
+        """Let go of every assignment held, wherever its groups are, and return them (the rows are all
+        free). Only slot-independent cleanup runs here: it is also the way out when the batch's own
+        state may be inconsistent (the compute thread failed half-way through a step)."""
+        gone = list(self.assignments.values())
+        self.assignments.clear()
+        self.rows_admitted = 0
+        for a in gone:
+            self._let_go(a)
+        return gone
+
     @staticmethod
     def _account(a: Assignment, g: stepping.RunningGroup) -> None:
         r = g.report
@@ -402,3 +448,12 @@ class RunningBatch:
         if done:
             self._advance()
         return done
+
+
+def abandoned_outputs(a: Assignment, exc: BaseException) -> list[GroupOutput]:
+    """The answer of an assignment the worker let go of because its compute thread failed: the outputs
+    its groups already have, and `worker_error` for the rest (the scheduler retries those from their
+    snapshots, elsewhere or here)."""
+    error = f"the worker's compute thread failed: {stepping.describe_exception(exc)}"
+    return [s.output if s.finished and s.output is not None
+            else GroupOutput(s.request_id, "error", error=error, error_code="worker_error") for s in a.slots]

@@ -173,7 +173,7 @@ def test_sigkill_mid_group_retries_from_snapshots(services):
         assert_single_reply(c, rid)
 
 
-def test_sigstopped_worker_is_declared_dead_and_its_late_result_discarded(services):
+def test_sigstopped_worker_is_declared_dead_and_its_work_retried_once(services):
     sched = services.scheduler()
     stopped = services.worker(sched, capacity=8, step_delay=0.1)
     sched.wait_workers(1)
@@ -189,9 +189,12 @@ def test_sigstopped_worker_is_declared_dead_and_its_late_result_discarded(servic
             os.kill(stopped.pid, signal.SIGCONT)
         assert r.status == "done" and r.metrics["retries"] == 1
         np.testing.assert_array_equal(r.candidates, expected_candidates(8, 4, steps=6))
-        # the resumed worker answers its old batch: discarded, never a second reply
-        wait_for(lambda: c.stats()["late_results_discarded"] >= 1, 15, "the late result")
+        # the resumed worker is told to register again and drops its old batch (an answer that crossed
+        # that is discarded as late): never a second reply, and it serves again
+        wait_for(lambda: len(c.stats()["workers"]) == 2, 15, "the resumed worker registered again")
         assert_single_reply(c, rid)
+        again = c.submit(IMAGE, "pick", count=8, seed=9, return_candidates=True, steps=2)
+        assert again.status == "done" and again.metrics["retries"] == 0
 
 
 def test_retry_limit_fails_the_group_with_a_clear_error(services):

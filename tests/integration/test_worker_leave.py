@@ -8,21 +8,17 @@ from __future__ import annotations
 import os
 import re
 import signal
-import threading
 import time
 
 import numpy as np
 import pytest
-import zmq
 
-from candidate_scheduler import convert, protocol
+from candidate_scheduler import protocol
 from candidate_scheduler.bench.scrape import scrape
 from candidate_scheduler.bench.worker_leave import WORKER_LINE, report, run_arm
-from candidate_scheduler.core.work import SamplingSpec
 from candidate_scheduler.service.client import make_request
-from candidate_scheduler.worker.loop import Worker
-from candidate_scheduler.worker.null_adapter import NullAdapter
 from tests.conftest import wait_for
+from tests.integration.played_scheduler import PlayedScheduler
 from tests.integration.test_scheduler import IMAGE, assert_single_reply, expected_candidates
 
 LEFT = re.compile(r": left \((\w+)\)")
@@ -154,67 +150,6 @@ def test_work_prefetched_to_a_leaving_worker_is_given_back_and_runs_elsewhere_at
 
 
 # ---- the worker's side against a scheduler the test plays (one ROUTER socket, in process) ----------------
-
-
-class PlayedScheduler:
-    def __init__(self, step_s: float = 0.05, register: bool = True, leave_first: bool = False):
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
-        self.worker = Worker(f"tcp://127.0.0.1:{port}", NullAdapter(4), capacity=4, worker_id="w",
-                             warmup_shapes=[], step_delay_s=step_s, leave_grace_s=30.0)
-        self.results: set[int] = set()  # batch ids answered, whenever they came
-        self.given_back: set[int] = set()  # batch ids handed back unstarted (GIVE_BACK)
-        if leave_first:  # a SIGTERM during the warm-up, before it serves
-            self.worker.leave()
-        self.thread = threading.Thread(target=self.worker.serve, daemon=True)
-        self.thread.start()
-        self.identity = None
-        if register:
-            self.identity, _kind, _msg = self.next({protocol.Kind.REGISTER})
-            self.send(protocol.Kind.REGISTERED, protocol.RegisteredMsg("w", 0.2))
-            wait_for(self.worker.registered.is_set, 5, "registered")
-
-    def send(self, kind, msg) -> None:
-        self.sock.send_multipart([self.identity, *protocol.encode(kind, msg)])
-
-    def batch(self, batch_id: int, steps: int) -> None:
-        sampling = convert.sampling_to_wire(SamplingSpec(steps=steps))
-        group = protocol.GroupWorkMsg(f"g{batch_id}", protocol.array_to_wire(np.zeros((1, 16, 16, 3), np.uint8)),
-                                      ["pick"], sampling, [protocol.CandidateMsg(0, batch_id)])
-        self.send(protocol.Kind.BATCH, protocol.BatchMsg(batch_id, [group]))
-
-    def next(self, kinds, timeout_s: float = 10.0):
-        """The worker's next message of one of `kinds` (results are kept, heartbeats skipped): (identity,
-        kind, msg)."""
-        deadline = time.monotonic() + timeout_s
-        while self.sock.poll(max(1, int((deadline - time.monotonic()) * 1000))):
-            identity, *frames = self.sock.recv_multipart()
-            kind, msg = protocol.decode_frames(frames, protocol.WORKER_KINDS)
-            if kind is protocol.Kind.BATCH_RESULT:
-                self.results.add(msg.batch_id)
-            elif kind is protocol.Kind.GIVE_BACK:
-                self.given_back.update(msg.batch_ids)
-            if kind in kinds:
-                return identity, kind, msg
-            if time.monotonic() > deadline:
-                break
-        raise TimeoutError(f"no {kinds} within {timeout_s} s")
-
-    def holding(self, batch_id: int) -> None:
-        """Until a heartbeat lists `batch_id` among what the worker holds."""
-        while batch_id not in self.next({protocol.Kind.HEARTBEAT})[2].running:
-            pass
-
-    def gone(self, within_s: float) -> None:
-        self.thread.join(within_s)
-        assert not self.thread.is_alive()
-
-    def close(self) -> None:
-        self.worker.stop()
-        self.thread.join(10)
-        self.sock.close(0)
-        self.ctx.term()
 
 
 @pytest.fixture

@@ -40,13 +40,20 @@ class HeldAdapter:
 
     def __init__(self):
         self.held: dict[str, threading.Event] = {}
+        self.began: dict[str, threading.Event] = {}  # set when a held start is under way (waits at its gate)
         self.started_on: dict[str, str] = {}
         self.released: list[str] = []
         self.out_of_memory: set[str] = set()  # the next start of these runs out of memory
 
     def hold(self, request_id: str) -> threading.Event:
         self.held[request_id] = threading.Event()
+        self.began[request_id] = threading.Event()
         return self.held[request_id]
+
+    def under_way(self, request_id: str) -> None:
+        """Until the held start of `request_id` has begun: a start still queued is never run once its
+        group is let go of (`Preparer.forget`), one under way is delivered and released."""
+        assert self.began[request_id].wait(10), f"the start of {request_id} never began"
 
     def capability_dict(self) -> dict:
         return {"max_candidates_per_batch": 8}
@@ -54,6 +61,7 @@ class HeldAdapter:
     def start(self, item: GroupWork) -> Group:
         gate = self.held.get(item.request_id)
         if gate is not None:
+            self.began[item.request_id].set()
             assert gate.wait(10), "the test never let this start go"
         self.started_on[item.request_id] = threading.current_thread().name
         if item.request_id.startswith("bad"):
@@ -152,6 +160,7 @@ def test_a_group_cancelled_while_it_is_conditioned_is_answered_at_once_and_relea
     _with_a_running_group(adapter, batch)
     gate = adapter.hold("slow")
     batch.admit(_assignment(1, "slow"), 0.0)
+    adapter.under_way("slow")
     batch.drop({1: {"slow"}})
     [done] = batch.take_done()
     assert done.outputs[0].status == "cancelled"
@@ -166,6 +175,7 @@ def test_a_cancelled_sibling_lets_the_rest_of_its_assignment_join(prepared_batch
     gate = adapter.hold("slow")
     batch.admit(_assignment(1, "fast", "slow"), 0.0)
     back()
+    adapter.under_way("slow")
     batch.drop({1: {"slow"}})
     assert _running(batch) == {"long": 0, "fast": 0}
     gate.set()
@@ -174,6 +184,7 @@ def test_a_cancelled_sibling_lets_the_rest_of_its_assignment_join(prepared_batch
     gate = adapter.hold("waiting")
     batch.admit(_assignment(2, "ready", "waiting"), 0.0)
     back()
+    adapter.under_way("waiting")
     batch.drop({2: {"ready", "waiting"}})  # a prepared group waiting for a sibling is released when cancelled too
     [done] = batch.take_done()
     assert [o.status for o in done.outputs.values()] == ["cancelled", "cancelled"]
@@ -380,6 +391,7 @@ def test_a_leaving_worker_gives_back_what_waits_for_its_rows_and_keeps_what_runs
         batch.prepared(inbox.get(timeout=10))
         gate = adapter.hold("preparing")
         batch.admit(_assignment(3, "preparing", steps=2), 0.0)  # its start is held: PREPARING
+        adapter.under_way("preparing")
         assert batch.assignments[2].slots[0].state is SlotState.READY
         assert batch.assignments[3].slots[0].state is SlotState.PREPARING
         assert batch.give_back() == [2, 3]
@@ -401,3 +413,124 @@ def test_a_give_back_keeps_what_was_admitted_beside_the_running_rows():
     batch.admit(_assignment(3, "c", steps=3), 0.0, protocol.Kind.BATCH)  # a BATCH waits for the running ones
     assert batch.give_back() == [3]
     assert _running(batch) == {"a": 0, "b": 0} and "c" not in adapter.started_on
+
+
+# ---- letting go: starts nobody waits for, releases that raise, everything at once -------------------------
+
+
+def _after_what_queued(batch: RunningBatch, inbox: queue.Queue) -> list[Prepared]:
+    """Every delivery up to a last start submitted now: the conditioning thread runs its starts in order,
+    so what was queued before it has run by then, or never will."""
+    sentinel = arrival_from_wire(_assignment(0, "sentinel"), protocol.Kind.JOIN, 0.0).items[0]
+    batch.preparer.submit(0, 0, sentinel, token=-1)
+    delivered = []
+    while not delivered or delivered[-1].token != -1:
+        delivered.append(inbox.get(timeout=10))
+    return delivered[:-1]
+
+
+def test_a_queued_start_of_an_assignment_given_back_never_runs():
+    """A leaving worker's grace is not spent conditioning what runs elsewhere."""
+    with _one_row_conditioned_aside() as (adapter, batch, inbox):
+        batch.admit(_assignment(1, "running", steps=3), 0.0)
+        gate = adapter.hold("busy")
+        batch.admit(_assignment(2, "busy", steps=2), 0.0)  # the conditioning thread is busy with it ...
+        adapter.under_way("busy")
+        batch.admit(_assignment(3, "given-back", steps=2), 0.0)  # ... and this one queues behind it
+        assert batch.give_back() == [2, 3]
+        gate.set()
+        for done in _after_what_queued(batch, inbox):
+            batch.prepared(done)  # "busy" was under way: it comes back and is released
+        assert "given-back" not in adapter.started_on and adapter.released == ["busy"]
+        for _ in range(3):
+            batch.step()
+        assert [a.batch_id for a in batch.take_done()] == [1] and not batch.assignments
+
+
+def test_a_queued_start_of_a_cancelled_group_never_runs_and_its_siblings_do_not_wait_for_it():
+    with _one_row_conditioned_aside() as (adapter, batch, inbox):
+        batch.admit(_assignment(1, "running", steps=3), 0.0)
+        gate = adapter.hold("busy")
+        batch.admit(_assignment(2, "busy", steps=2), 0.0)
+        adapter.under_way("busy")
+        batch.admit(_assignment(3, "kept", "cancelled", steps=2), 0.0)
+        batch.drop({3: {"cancelled"}})
+        gate.set()
+        for done in _after_what_queued(batch, inbox):
+            batch.prepared(done)
+        assert "kept" in adapter.started_on and "cancelled" not in adapter.started_on
+        answers = {}
+        for _ in range(8):
+            batch.step()
+            answers.update({a.batch_id: a for a in batch.take_done()})
+        assert sorted(answers) == [1, 2, 3]
+        assert [answers[3].outputs[i].status for i in (0, 1)] == ["ok", "cancelled"]
+
+
+def test_a_start_delivered_after_its_assignment_was_let_go_of_is_not_taken_for_a_new_one_with_its_id(prepared_batch):
+    """A restarted scheduler numbers its assignments afresh: the old assignment 1's late start must not
+    become the new assignment 1's group."""
+    adapter, batch, back = prepared_batch
+    _with_a_running_group(adapter, batch)
+    gate = adapter.hold("old")
+    batch.admit(_assignment(1, "old"), 0.0)
+    adapter.under_way("old")
+    assert [a.batch_id for a in batch.abandon()] == [99, 1] and adapter.released == ["long"]
+    _with_a_running_group(adapter, batch)
+    new_gate = adapter.hold("new")
+    batch.admit(_assignment(1, "new"), 0.0)  # conditioned aside, behind "old"
+    gate.set()
+    back()  # the old one's group: released, not joined
+    assert adapter.released == ["long", "old"] and _running(batch) == {"long": 0}
+    assert batch.assignments[1].slots[0].state is SlotState.PREPARING
+    new_gate.set()
+    back()
+    assert _running(batch) == {"long": 0, "new": 0}
+
+
+class _ReleaseRaises(HeldAdapter):
+    def release(self, group: Group) -> None:
+        super().release(group)
+        raise RuntimeError("a sticky device error")
+
+
+class _StepRaises(_ReleaseRaises):
+    def step(self, groups) -> int:
+        raise RuntimeError("the forward failed")
+
+
+def test_a_release_that_raises_is_logged_and_the_rest_goes_on(caplog):
+    adapter = _ReleaseRaises()
+    batch = RunningBatch(adapter)
+    batch.admit(_assignment(1, "a", "b", steps=3), 0.0)
+    batch.drop({1: {"a"}})  # cancelled: released, and the release raised
+    for _ in range(3):
+        batch.step()
+    [done] = batch.take_done()
+    assert [done.outputs[i].status for i in (0, 1)] == ["cancelled", "ok"] and adapter.released == ["a"]
+    assert "releasing group a failed" in caplog.text
+    failing = RunningBatch(_StepRaises())
+    failing.admit(_assignment(2, "c", "d"), 0.0)
+    failing.step()  # every group of the failed forward is released (each release raising) and answered
+    [done] = failing.take_done()
+    assert [done.outputs[i].error_code for i in (0, 1)] == ["model_error", "model_error"]
+    assert failing.adapter.released == ["c", "d"] and failing.rows_admitted == 0
+
+
+def test_abandoning_releases_everything_and_answers_the_unfinished_groups_worker_error():
+    from candidate_scheduler.worker.running import abandoned_outputs
+
+    adapter = _ReleaseRaises()
+    batch = _capped(adapter, 1)
+    batch.admit(_assignment(1, "a", "bad-group", steps=3), 0.0)  # "bad-group" failed to start: it has its answer
+    batch.admit(_assignment(2, "waiting"), 0.0)  # no rows for it yet
+    batch.step()
+    gone = batch.abandon()
+    assert [a.batch_id for a in gone] == [1, 2] and not batch.assignments and batch.rows_admitted == 0
+    assert adapter.released == ["a"]
+    outputs = [abandoned_outputs(a, KeyError("lost")) for a in gone]
+    assert [[(o.status, o.error_code) for o in outs] for outs in outputs] == [
+        [("error", "worker_error"), ("error", "bad_request")], [("error", "worker_error")]]
+    batch.admit(_assignment(3, "after", steps=1), 0.0)  # it goes on with nothing
+    batch.step()
+    assert [a.batch_id for a in batch.take_done()] == [3]
