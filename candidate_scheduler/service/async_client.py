@@ -17,7 +17,13 @@ from candidate_scheduler.service.client import DEFAULT_LIVENESS_S, client_socket
 from candidate_scheduler.service.control_link import ControlLink
 from candidate_scheduler.service.keys import ClientKeys
 from candidate_scheduler.service.next_run import NOT_RUN_BY_A_STOPPING_SCHEDULER, NextRun
-from candidate_scheduler.service.replies import ClientClosed, Result, SchedulerUnavailable, ServiceError
+from candidate_scheduler.service.replies import (
+    ClientClosed,
+    ConnectionDropped,
+    Result,
+    SchedulerUnavailable,
+    ServiceError,
+)
 from candidate_scheduler.service.requests import make_request, submit_frames
 
 log = logging.getLogger("candidate_scheduler.client")
@@ -35,6 +41,10 @@ class AsyncClient:
         self.ctx = zmq.asyncio.Context.instance()
         self.endpoint = endpoint
         self._sock = client_socket(self.ctx, endpoint, keys)
+        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)  # as Client's: replies to a
+        self._drops = 0  # dropped connection are lost, so a group sent before a drop is sent again
+        self._next_drop: asyncio.Future | None = None  # resolved at the next drop: it wakes the waiters
+        self._watcher: asyncio.Task | None = None
         self.control = None if control is None else ControlLink(self.ctx, control, keys)
         self.liveness_s = liveness_s  # as Client's: SchedulerUnavailable within 2 x liveness_s (3 x: a restart)
         self._heard = time.monotonic()  # when anything last came from the scheduler
@@ -46,10 +56,26 @@ class AsyncClient:
         self._reader: asyncio.Task | None = None
         self._incarnation: str | None = None  # of the scheduler's last PONG (None: none yet)
         self._closed = False
+        self.unclaimed = 0  # replies for groups nobody awaited (as Client's)
 
     def _ensure_reader(self) -> None:
         if self._reader is None or self._reader.done():
             self._reader = asyncio.get_running_loop().create_task(self._read())
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.get_running_loop().create_task(self._watch_drops())
+
+    def _drop_future(self) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        if self._next_drop is None or self._next_drop.get_loop() is not loop:
+            self._next_drop = loop.create_future()
+        return self._next_drop
+
+    async def _watch_drops(self) -> None:
+        while True:
+            await self._monitor.recv_multipart()
+            self._drops += 1
+            woken, self._next_drop = self._drop_future(), None
+            woken.set_result(None)
 
     async def _read(self) -> None:
         while self._futures or self._pongs:
@@ -76,6 +102,7 @@ class AsyncClient:
                 continue
             else:
                 fut = self._futures.pop(msg.request_id, None)
+                self.unclaimed += fut is None
             if fut is not None and not fut.done():
                 fut.set_result(msg)
 
@@ -91,6 +118,9 @@ class AsyncClient:
             sent_to = self._incarnation
             try:
                 result = await self._submit_once(request)
+            except ConnectionDropped:  # the same run holds it: sent again over the new connection
+                resent.append("reconnected")
+                continue
             except SchedulerUnavailable:
                 if not resubmit:
                     raise
@@ -138,30 +168,33 @@ class AsyncClient:
             # once: which run of the scheduler this client talks to ("" when it did not answer: no verdict)
             self._incarnation = self._incarnation if await self.ping(self.liveness_s) else ""
         self._check_open()
-        sent_to = self._incarnation
+        sent_to, drops = self._incarnation, self._drops
         fut = asyncio.get_running_loop().create_future()
         self._futures[rid] = fut
         try:
             await self._sock.send_multipart(frames)
             self._ensure_reader()
-            return Result.from_wire(await self._answer(fut, rid, sent_to))
+            return Result.from_wire(await self._answer(fut, rid, sent_to, drops))
         finally:  # answered, given up or cancelled (asyncio.wait_for): a reply that comes later has no taker
             if self._futures.get(rid) is fut:
                 del self._futures[rid]
 
-    async def _answer(self, fut: asyncio.Future, rid: str, sent_to: str | None) -> protocol.GroupResult:
+    async def _answer(self, fut: asyncio.Future, rid: str, sent_to: str | None, drops: int) -> protocol.GroupResult:
         """The reply `fut` gets; SchedulerUnavailable when the scheduler stops answering, or restarted and
-        does not hold the group."""
-        if self.liveness_s is None:
-            return await fut
+        does not hold the group; ConnectionDropped when the connection dropped since it was sent and the
+        same run answers (send it again)."""
         while True:
-            quiet = self._heard + self.liveness_s - time.monotonic()  # the scheduler spoke this recently
-            try:
-                return await asyncio.wait_for(asyncio.shield(fut), max(quiet, 0.01))
-            except TimeoutError:
-                pass
-            if time.monotonic() - self._heard < self.liveness_s:
-                continue  # other groups' replies came meanwhile: it is alive
+            if self._drops != drops:
+                drops = self._drops
+                if await self._same_run(sent_to):
+                    raise ConnectionDropped(f"the connection to {self.endpoint} dropped after {rid!r} was sent; "
+                                            "its reply may be lost: send it again under its id")
+            quiet = None if self.liveness_s is None else max(self._heard + self.liveness_s - time.monotonic(), 0.01)
+            await asyncio.wait({fut, self._drop_future()}, timeout=quiet, return_when=asyncio.FIRST_COMPLETED)
+            if fut.done():
+                return fut.result()
+            if self._drops != drops or time.monotonic() - self._heard < self.liveness_s:
+                continue  # a drop; or other groups' replies came meanwhile: it is alive
             if self._probe is None or self._probe.done():
                 self._probe = asyncio.ensure_future(self.ping(self.liveness_s))
             if not await self._shared(self._probe):
@@ -174,6 +207,15 @@ class AsyncClient:
                     continue
                 raise SchedulerUnavailable(f"the scheduler at {self.endpoint} restarted; {rid!r} was "
                                            "sent to the run before and was not answered")
+
+    async def _same_run(self, sent_to: str | None) -> bool:
+        """After a drop: whether the run a group was sent to answers (without liveness PINGs, assumed: a
+        group sent again is answered once either way). Another run, or none: the usual verdicts decide."""
+        if self.liveness_s is None:
+            return True
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.ensure_future(self.ping(self.liveness_s))
+        return await self._shared(self._probe) and not restarted(sent_to, self._incarnation)
 
     async def _held_here(self, request_id: str) -> bool:
         """Whether the run that answers now has the group (see the class docstring). Asked within
@@ -226,9 +268,11 @@ class AsyncClient:
                 fut.set_exception(closed)
         self._futures.clear()
         self._pongs.clear()
-        for task in (self._reader, self._probe, self._next_run_probe):
+        for task in (self._reader, self._watcher, self._probe, self._next_run_probe):
             if task is not None:
                 task.cancel()
+        self._sock.disable_monitor()
+        self._monitor.close(0)
         self._sock.close(0)
         if self.control is not None:
             self.control.close()

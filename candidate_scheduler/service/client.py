@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import zmq
@@ -19,6 +19,7 @@ from candidate_scheduler.service.keys import ClientKeys
 from candidate_scheduler.service.next_run import NOT_RUN_BY_A_STOPPING_SCHEDULER, NextRun
 from candidate_scheduler.service.replies import (  # noqa: F401 - the names callers import from here
     ClientClosed,
+    ConnectionDropped,
     Forbidden,
     Result,
     SchedulerUnavailable,
@@ -48,6 +49,13 @@ SEND_TIMEOUT_MS = 10_000
 _SENT_TO_KEPT = 100_000
 
 
+class Sent(NamedTuple):
+    """An awaited group: the scheduler run it was sent to, and the connection drops seen before it was."""
+
+    incarnation: str | None
+    drops: int
+
+
 def client_socket(ctx: zmq.Context, endpoint: str, keys: ClientKeys | None) -> zmq.Socket:
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -71,12 +79,23 @@ class Client:
         self.control_endpoint = control_endpoint
         self.timeout_s = timeout_s
         self._sock = self._dealer(endpoint)
+        # a dropped connection loses the replies routed to it (the scheduler answers the connection a group
+        # came on): the monitor counts drops, and a group sent before one is sent again (ConnectionDropped)
+        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
+        self._drops = 0
+        self._verdict: tuple[int, bool] = (0, True)  # (drops, whether the same run answered after them)
+        # replies that came for a group nobody awaited (a second answer to one submission, one that came
+        # after its wait gave up): dropped, and counted here
+        self.unclaimed = 0
         self._ctl = None
         self._pending: dict[str, protocol.GroupResult | protocol.ErrorReply] = {}  # replies of awaited groups
         self._pongs: set[int] = set()
         self._nonce = itertools.count(1)
         self._incarnation: str | None = None  # of the scheduler's last PONG (None: none yet)
-        self._sent_to: dict[str, str | None] = {}  # awaited request id -> the incarnation it was sent to
+        self._sent_to: dict[str, Sent] = {}  # awaited request id -> where and when it was sent
 
     def _dealer(self, endpoint: str) -> zmq.Socket:
         sock = client_socket(self.ctx, endpoint, self.keys)
@@ -88,13 +107,14 @@ class Client:
             # once: which run of the scheduler this client talks to ("" when it did not answer: no verdict)
             self._incarnation = self._incarnation if self._answers_ping(self.liveness_s) else ""
         frames = submit_frames(request)
+        self._count_drops()  # one before this send is not this group's
         try:
             self._sock.send_multipart(frames)
         except zmq.Again:  # SNDTIMEO: no scheduler to queue for (a refused handshake), or a full queue
             raise SchedulerUnavailable(f"could not send {request.request_id!r} to {self.endpoint} within "
                                        f"{SEND_TIMEOUT_MS / 1000:.0f} s") from None
         self._sent_to.pop(request.request_id, None)  # sent again: the newest, last to be forgotten
-        self._sent_to[request.request_id] = self._incarnation
+        self._sent_to[request.request_id] = Sent(self._incarnation, self._drops)
         if len(self._sent_to) > _SENT_TO_KEPT:  # sent and never waited for: forget the oldest (its wait, if
             self.forget(next(iter(self._sent_to)))  # it ever comes, times out)
         return request.request_id
@@ -106,18 +126,25 @@ class Client:
 
     def wait(self, request_id: str, timeout_s: float | None = None) -> Result:
         """The group's reply. TimeoutError after `timeout_s`; SchedulerUnavailable as soon as the
-        scheduler stops answering PINGs (see `liveness_s`)."""
+        scheduler stops answering PINGs (see `liveness_s`); ConnectionDropped when the connection dropped
+        since the group was sent and its reply may be lost: send it again."""
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         heard = time.monotonic()
         while request_id not in self._pending:
+            if self._dropped_since_sent(request_id):
+                while self._read_one(time.monotonic() + 0.001):  # what came before the drop, first
+                    pass
+                if request_id not in self._pending:
+                    self._after_drop(request_id, deadline)
+                continue
             quiet_until = deadline if self.liveness_s is None else min(deadline, heard + self.liveness_s)
             if self._read_one(quiet_until):
                 heard = time.monotonic()
                 continue
+            if self._dropped_since_sent(request_id) or time.monotonic() < quiet_until:
+                continue  # woken by a drop, or the poll's whole milliseconds ended short
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"no reply for {request_id!r}")
-            if self.liveness_s is None:  # the poll's whole milliseconds ended short of the deadline
-                continue
             probe_s = min(self.liveness_s, deadline - time.monotonic())
             if not self._answers_ping(probe_s):
                 if probe_s < self.liveness_s:  # cut short by the timeout: not a verdict on the scheduler
@@ -126,7 +153,8 @@ class Client:
                 raise SchedulerUnavailable(f"the scheduler at {self.endpoint} did not answer a PING within "
                                            f"{self.liveness_s:.1f} s (after {self.liveness_s:.1f} s without a word); "
                                            f"{request_id!r} was not answered")
-            if restarted(self._sent_to.get(request_id), self._incarnation) \
+            sent = self._sent_to.get(request_id)
+            if sent is not None and restarted(sent.incarnation, self._incarnation) \
                     and not self._held_here(request_id, deadline - time.monotonic()):
                 self._sent_to.pop(request_id, None)
                 raise SchedulerUnavailable(f"the scheduler at {self.endpoint} restarted; {request_id!r} was sent to "
@@ -137,6 +165,25 @@ class Client:
         if isinstance(reply, protocol.ErrorReply):
             raise ServiceError(reply)
         return Result.from_wire(reply)
+
+    def _dropped_since_sent(self, request_id: str) -> bool:
+        sent = self._sent_to.get(request_id)
+        return sent is not None and self._drops > sent.drops
+
+    def _after_drop(self, request_id: str, deadline: float) -> None:
+        """The connection dropped since `request_id` was sent. If the run it was sent to still answers, the
+        group (or its kept reply) is there: ConnectionDropped, to send it again. Another run, or none: the
+        restart and liveness verdicts decide, as without a drop."""
+        sent = self._sent_to[request_id]
+        if self.liveness_s is not None and self._verdict[0] != self._drops:  # one PING a drop, for every group
+            drops = self._drops
+            answered = self._answers_ping(min(self.liveness_s, max(0.0, deadline - time.monotonic())))
+            self._verdict = (drops, answered)
+        if self.liveness_s is not None and (not self._verdict[1] or restarted(sent.incarnation, self._incarnation)):
+            self._sent_to[request_id] = sent._replace(drops=self._drops)
+            return
+        raise ConnectionDropped(f"the connection to {self.endpoint} dropped after {request_id!r} was sent; its "
+                                "reply may be lost: send it again under its id")
 
     def _held_here(self, request_id: str, timeout_s: float) -> bool:
         """Whether the scheduler that answers now has the group after all: sent after a restart this
@@ -151,7 +198,7 @@ class Client:
         except (TimeoutError, ServiceError):
             return False
         if held:
-            self._sent_to[request_id] = self._incarnation
+            self._sent_to[request_id] = Sent(self._incarnation, self._drops)
         return held
 
     def _answers_ping(self, timeout_s: float) -> bool:
@@ -199,7 +246,7 @@ class Client:
             while True:
                 try:
                     self.send(request)
-                    sent_to = self._sent_to.get(rid)
+                    sent_to = self._sent_to[rid].incarnation
                     result = self.wait(rid, max(0.0, deadline - time.monotonic()))
                     if not resubmit or (result.status, result.error_code) not in NOT_RUN_BY_A_STOPPING_SCHEDULER:
                         result.resent = resent
@@ -208,6 +255,8 @@ class Client:
                     self._await_another_run(NextRun(sent_to, self.liveness_s), deadline,
                                             f"{rid!r} was answered {result.status} ({result.error_code}) by a "
                                             "stopping scheduler")
+                except ConnectionDropped:  # the same run holds it: sent again over the new connection
+                    resent.append("reconnected")
                 except SchedulerUnavailable:  # it stopped answering, or the send found no scheduler
                     if not resubmit:
                         raise
@@ -241,15 +290,21 @@ class Client:
             return False
         deadline = time.monotonic() + timeout_s
         while nonce not in self._pongs:
-            if not self._read_one(deadline):
+            if not self._read_one(deadline) and time.monotonic() >= deadline:
                 return False
         self._pongs = {n for n in self._pongs if n > nonce}  # with any late answer to an earlier ping
         return True
 
     def _read_one(self, deadline: float) -> bool:
-        """Read one reply into `_pending` (a RESULT) or `_pongs`; False when none came by `deadline`."""
+        """Read one reply into `_pending` (a RESULT) or `_pongs`; False when none came by `deadline`, or
+        when the connection dropped first (counted in `_drops`)."""
         remaining = deadline - time.monotonic()
-        if remaining <= 0 or not self._sock.poll(int(remaining * 1000)):
+        if remaining <= 0:
+            return False
+        ready = dict(self._poller.poll(int(remaining * 1000)))
+        if self._monitor in ready:
+            self._count_drops()
+        if self._sock not in ready:
             return False
         kind, msg = protocol.decode_frames(self._sock.recv_multipart(),
                                            {protocol.Kind.RESULT, protocol.Kind.ERROR, protocol.Kind.PONG})
@@ -260,7 +315,14 @@ class Client:
             self._pending[msg.request_id] = msg
         elif kind is protocol.Kind.ERROR and msg.request_id is None:  # no group to blame: whoever reads it
             raise ServiceError(msg)
+        else:
+            self.unclaimed += 1
         return True
+
+    def _count_drops(self) -> None:
+        while self._monitor.poll(0):
+            self._monitor.recv_multipart()
+            self._drops += 1
 
     # ---- control ------------------------------------------------------------------------------------
     def control(self, kind: protocol.Kind, payload, timeout_s: float = 10.0) -> protocol.ControlReply:
@@ -304,6 +366,8 @@ class Client:
         return self.control(protocol.Kind.WORKER_LEAVE, protocol.WorkerLeaveRequest(worker_id))
 
     def close(self) -> None:
+        self._sock.disable_monitor()
+        self._monitor.close(0)
         self._sock.close(0)
         if self._ctl is not None:
             self._ctl.close(0)

@@ -27,8 +27,9 @@ class Result:
     # rollouts: log_probs, latents, next_latents, means, stds, final_latents (candidate axis first),
     # sigmas [T+1], timesteps [T], step_indices [S] (see protocol.RolloutResult)
     rollout: dict[str, np.ndarray] | None = None
-    # set by a resubmitting client: why it sent the group again, in order (`shutting_down` or `stopping`: a
-    # stopping scheduler did not run it; `unavailable`: it stopped answering); empty when sent once
+    # set by `submit`: why it sent the group again, in order (`reconnected`: the connection dropped, and the
+    # run that holds it was asked for its answer again; with `resubmit`, `shutting_down` or `stopping`: a
+    # stopping scheduler did not run it, and `unavailable`: it stopped answering); empty when sent once
     resent: list[str] = field(default_factory=list)
 
     @property
@@ -91,6 +92,14 @@ class SchedulerUnavailable(ConnectionError):
     address, faster than the PING: protocol.Pong.incarnation), which never heard of the group. A client
     learns of a dead scheduler within 2 x liveness_s instead of its whole timeout; resubmitting the same
     request id then is safe (core/resubmission.py)."""
+
+
+class ConnectionDropped(SchedulerUnavailable):
+    """The connection to the scheduler dropped and came back while the group was awaited (a network reset,
+    or the scheduler's socket closing it), and the same run answers: the reply, unless it came before, went
+    to the closed connection and is lost. Send the same request again, under its id: the scheduler answers
+    it once, from the group still running or from the reply it kept. `Client.submit` and
+    `AsyncClient.submit` do that themselves (`Result.resent`: "reconnected")."""
 
 
 class ClientClosed(RuntimeError):

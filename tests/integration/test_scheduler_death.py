@@ -21,7 +21,7 @@ from candidate_scheduler.protocol import Kind
 from candidate_scheduler.service.async_client import AsyncClient
 from candidate_scheduler.service.client import Client, SchedulerUnavailable, make_request
 from tests.conftest import wait_for
-from tests.integration.test_scheduler import IMAGE, expected_candidates
+from tests.integration.test_scheduler import IMAGE, assert_single_reply, expected_candidates
 
 LIVENESS_S = 0.5
 
@@ -76,8 +76,7 @@ def test_clients_learn_of_a_dead_scheduler_within_the_bound_and_resubmit_after_a
         got = results[r.request_id]
         assert got.status == "done", got.error
         np.testing.assert_array_equal(got.candidates, expected_candidates(10 + i, 2, steps=40))
-    with pytest.raises(TimeoutError):  # exactly one result each
-        blocking.wait(requests[0].request_id, timeout_s=0.5)
+    assert_single_reply(blocking, requests[0].request_id)
     blocking.close()
 
 

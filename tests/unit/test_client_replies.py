@@ -42,6 +42,11 @@ class Played:
 
     def _serve(self) -> None:
         while not self._stop.is_set():
+            if self.state.pop("drop", False):  # the connection drops; the same run listens again at once
+                self.router.close(0)
+                self.router = self.ctx.socket(zmq.ROUTER)
+                self.router.setsockopt(zmq.LINGER, 0)
+                self.router.bind(self.endpoint)
             if not self.router.poll(20):
                 continue
             ident, header, payload = self.router.recv_multipart()
@@ -85,6 +90,27 @@ def test_a_second_answer_from_a_stopping_run_is_not_taken_as_the_next_runs():
             r = c.submit(IMAGE, "pick", request_id="g", resubmit=True, timeout_s=10)
             assert (r.status, r.resent) == ("done", ["unavailable", "shutting_down"]), played.state["submits"]
             assert c.ping(1) and c._pending == {} and c._sent_to == {}
+    finally:
+        played.close()
+
+
+def test_submit_sends_again_what_a_dropped_connection_was_to_answer():
+    """The connection drops with the group in flight and the same run answers the PING after it: its reply
+    would have gone to the closed connection, so submit sends the group again, under its id, and takes the
+    one answer (`resent`: "reconnected"). Without the drop count it waited out its timeout."""
+
+    def answer(msg, state):
+        if len(state["submits"]) == 1:
+            state["drop"] = True
+            return []
+        return [(protocol.Kind.RESULT, result(msg.request_id))]
+
+    played = Played(answer)
+    try:
+        with Client(played.endpoint, liveness_s=0.5) as c:
+            r = c.submit(IMAGE, "pick", request_id="g", timeout_s=10)
+            assert (r.status, r.resent) == ("done", ["reconnected"])
+            assert played.state["submits"] == [("A", "g"), ("A", "g")] and c.unclaimed == 0
     finally:
         played.close()
 
