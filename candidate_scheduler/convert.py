@@ -169,12 +169,16 @@ def worker_result_from_wire(msg: protocol.BatchResultMsg) -> messages.WorkerResu
                                  _report(msg.report))
 
 
+_REPORT_MAX = 2.0**53  # no count or time a worker measures; a reply could not carry the int of one beyond 2**64
+
+
 def _report(report: dict | None) -> dict[str, float]:
     # A report is counts and seconds; the engine does arithmetic on it, so anything else (a string, inf,
-    # a negative time from a broken worker) is dropped here rather than raising mid-result.
+    # a negative time from a broken worker, a count no worker reaches) is dropped here rather than
+    # raising mid-result or in the reply it ends up in.
     return {k: v for k, v in (report or {}).items()
             if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
-            and math.isfinite(v) and v >= 0}
+            and math.isfinite(v) and 0 <= v <= _REPORT_MAX}
 
 
 def registration_from_wire(msg: protocol.RegisterMsg) -> messages.Registration:

@@ -110,6 +110,8 @@ def array_from_wire(a: Array, *, max_bytes: int = MAX_MESSAGE_BYTES) -> np.ndarr
     expected = math.prod(a.shape) * dtype.itemsize
     if expected > max_bytes:
         raise ProtocolError("oversize", f"array of {expected} bytes is over the {max_bytes}-byte limit")
+    if max(a.shape, default=0) > 2**31:  # beside a 0 the byte count checks out, and numpy's reshape refuses it
+        raise ProtocolError("bad_type", f"bad array shape {a.shape!r}")
     if expected != len(a.data):
         raise ProtocolError("bad_type", f"array data has {len(a.data)} bytes, shape {a.shape} needs {expected}")
     arr = np.frombuffer(a.data, dtype=dtype).reshape(a.shape)

@@ -251,7 +251,8 @@ class Engine:
 
     def _unit(self, g: Group, slice_index: int, ids: tuple[int, ...]) -> Unit:
         return Unit(g.request_id, slice_index, ids, g.batch_key, g.forward_key, (*g.order, slice_index),
-                    g.sampling.steps, len(ids) * g.request.observations, g.label)
+                    g.sampling.steps, len(ids) * g.request.observations, g.label,
+                    wire_bytes=g.request.wire_bytes(len(ids)))
 
     def _enqueue(self, g: Group) -> None:
         """Index every pending slice of the group (after admission or a change of its slices)."""

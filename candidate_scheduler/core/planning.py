@@ -70,6 +70,7 @@ class Unit:
     steps: int = 0
     cost_rows: int = 0  # rows a forward carries: candidates x observations
     label: str = ""  # forward label (cost model key)
+    wire_bytes: int = 0  # its weight in an assignment message (GroupRequest.wire_bytes)
     size: int = field(init=False, repr=False, compare=False)  # candidate rows: read a dozen times per pass
 
     def __post_init__(self) -> None:

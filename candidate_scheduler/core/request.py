@@ -56,6 +56,12 @@ class GroupRequest:
     def observations(self) -> int:
         return int(self.images.shape[0])
 
+    def wire_bytes(self, candidates: int) -> int:
+        """What a slice of `candidates` weighs in an assignment message, about: its observations, their
+        initial noise, and room for each candidate's generator snapshot (a torch CPU one is 5 KB)."""
+        noise = 0 if self.initial_noise is None else int(self.initial_noise[0].nbytes) * candidates
+        return int(self.images.nbytes) + noise + 8192 * candidates
+
 
 def check_request_id(request_id: Any) -> None:
     if not isinstance(request_id, str) or not request_id or len(request_id) > MAX_REQUEST_ID_LEN:

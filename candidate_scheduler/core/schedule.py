@@ -7,7 +7,8 @@ it returns. A pass either fixes elastic counts (`resizes`) or places work (`plac
 a count changes a group's slices, so the engine applies the resizes and plans again.
 
 Placements become assignments (one BATCH or JOIN message each). Under dispatch batching a worker gets
-one batch. Under step batching the slices a pass places on one worker that share a batch key (they
+one batch, unless its slices together would weigh more than `MAX_ASSIGNMENT_BYTES` (large
+observations): then it gets them as consecutive batches, the later ones waiting on it for its rows. Under step batching the slices a pass places on one worker that share a batch key (they
 run in lockstep: same schedule, same steps) go out as one assignment when conditioning them all costs
 less than one step there -- a joiner then waits at most about a step for the others, the worker gets
 one message instead of many, and lockstep slices share their solver steps; otherwise each slice is an
@@ -29,6 +30,10 @@ from candidate_scheduler.core.values import value
 
 ELASTIC_LOOKAHEAD = 4  # waiting slices per worker at the head whose elastic counts each pass reconsiders
 ELASTIC_BUDGET = 8  # counts reconsidered per pass beyond those of the groups it places
+# An assignment message must stay under the worker socket's limit (protocol.MAX_MESSAGE_BYTES, 64 MiB):
+# over it, ZMQ closes the worker's connection, which does not come back, and the groups in it are lost
+# with the worker. One slice fits alone (an observation is at most 32 MiB); more go together up to this.
+MAX_ASSIGNMENT_BYTES = 48 * 2**20
 
 
 @value
@@ -132,7 +137,7 @@ def _assignments(snap: PlanningSnapshot, placed, trace: Trace) -> tuple[Placemen
         busy = bool(view.running)
         free = view.free_rows if snap.batching == "step" else (0 if busy else view.rows)
         until = view.busy_until  # when what it holds is predicted done, this pass's placements included
-        for units in _together(snap, view, groups):
+        for units in _by_weight(_together(snap, view, groups)):
             trace.at(units[0].request_id)
             rows = sum(u.size for u in units)
             predicted = run = 0.0
@@ -151,11 +156,28 @@ def _assignments(snap: PlanningSnapshot, placed, trace: Trace) -> tuple[Placemen
                 else:
                     run = alone
                     predicted = wait + alone
-            free -= rows
+            free = free - rows if snap.batching == "step" else 0  # a dispatch worker runs one batch at a time
             out.append(Placement(wid, units, busy and snap.batching == "step", predicted, run))
             busy = True
     trace.at(None)
     return tuple(out)
+
+
+def _by_weight(assignments: list[tuple[Unit, ...]]) -> list[tuple[Unit, ...]]:
+    """Each assignment cut, in order, into parts of at most MAX_ASSIGNMENT_BYTES (a slice heavier than
+    that alone goes alone): one message each."""
+    out: list[tuple[Unit, ...]] = []
+    for units in assignments:
+        part: list[Unit] = []
+        weight = 0
+        for u in units:
+            if part and weight + u.wire_bytes > MAX_ASSIGNMENT_BYTES:
+                out.append(tuple(part))
+                part, weight = [], 0
+            part.append(u)
+            weight += u.wire_bytes
+        out.append(tuple(part))
+    return out
 
 
 def _together(snap: PlanningSnapshot, view, groups: list[tuple[Unit, ...]]) -> list[tuple[Unit, ...]]:

@@ -22,6 +22,7 @@ every `tick_s` for deadlines, heartbeat timeouts and gauges; a planning pass als
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import math
@@ -45,8 +46,9 @@ from candidate_scheduler.core.access import (
     acting_for,
     denied,
 )
-from candidate_scheduler.core.engine import Engine, EngineConfig
+from candidate_scheduler.core.engine import INTERNAL_ERROR, Engine, EngineConfig
 from candidate_scheduler.core.graceful_stop import GracefulStop, Verdict
+from candidate_scheduler.core.group import refusal
 from candidate_scheduler.service.endpoints import bind_socket, is_loopback_endpoint, is_loopback_host
 from candidate_scheduler.service.keys import CLIENTS_DOMAIN, WORKERS_DOMAIN, Authenticator, ClientKeys, Directory
 
@@ -238,9 +240,9 @@ class Scheduler:
                         handled += self._pump(sock, handler)
                 wake = self.engine.wake_at
                 if handled or (wake is not None and time.monotonic() >= wake):
-                    self._run(self.engine.plan, time.monotonic())
+                    self._guarded(self.engine.plan, time.monotonic())
                 if time.monotonic() >= next_tick:
-                    self._run(self.engine.tick, time.monotonic())
+                    self._guarded(self.engine.tick, time.monotonic())
                     next_tick = time.monotonic() + self.config.tick_s
         finally:
             # Messages already queued but never read still get their one answer: new groups are refused
@@ -318,12 +320,34 @@ class Scheduler:
     def _run(self, event, *args, **kwargs) -> None:
         self._send_all(event(*args, **kwargs))
 
+    def _guarded(self, event, *args) -> None:
+        """An event of the loop's own (a planning pass, a tick): the engine answers its own faults, so what
+        raises here is the shell's; counted, and the loop goes on."""
+        try:
+            self._run(event, *args)
+        except Exception:  # noqa: BLE001 - the loop must outlive it
+            log.exception("the shell failed in %s; the service keeps serving", getattr(event, "__name__", event))
+            self.engine.counters["handler_errors"] += 1
+            self.metrics.internal_error("shell")
+
     def _send_all(self, out: list) -> None:
         for msg in out:
             try:
                 self._send(msg)
             except zmq.ZMQError as exc:  # a peer that went away must not take the loop with it
                 log.warning("could not send %s: %s", type(msg).__name__, exc)
+            except Exception as exc:  # noqa: BLE001 - one message that cannot be encoded; the rest still go
+                log.exception("could not encode %s; the service keeps serving", type(msg).__name__)
+                self.engine.counters["handler_errors"] += 1
+                self.metrics.internal_error("shell")
+                if isinstance(msg, messages.Reply):  # its group is answered all the same, once
+                    self._send_fallback(msg, exc)
+
+    def _send_fallback(self, msg: messages.Reply, exc: Exception) -> None:
+        rid = msg.result.request_id
+        text = f"internal error while sending the reply: {type(exc).__name__}: {exc}"
+        with contextlib.suppress(Exception):
+            self._send(messages.Reply(msg.client, refusal(rid, "failed", INTERNAL_ERROR, text)))
 
     def _send(self, msg) -> None:
         if isinstance(msg, messages.Reply):
@@ -380,6 +404,13 @@ class Scheduler:
         except protocol.ProtocolError as exc:  # an array that cannot be decoded: the request is invalid
             self.metrics.group_received()
             self._run(self.engine.refuse, client, msg.request_id, "invalid", exc.kind, str(exc))
+            return
+        except Exception as exc:  # noqa: BLE001 - the shell's own fault: still one answer for the SUBMIT
+            log.exception("could not read the SUBMIT of %r", msg.request_id)
+            self.metrics.group_received()
+            self.metrics.internal_error("shell")
+            self._run(self.engine.refuse, client, msg.request_id, "failed", INTERNAL_ERROR,
+                      f"internal error while reading the request: {type(exc).__name__}: {exc}")
             return
         # a resubmission under this id must be the same request (core/resubmission.py): its bytes' digest.
         # SHA-256 (truncated): on CPUs with the SHA extensions (x86 since Intel Ice Lake and AMD Zen) it is

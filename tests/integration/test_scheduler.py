@@ -292,6 +292,8 @@ def test_malformed_frames_on_every_socket_get_errors(services, tmp_path):
         "pickle": [protocol.header(protocol.Kind.SUBMIT), pickle.dumps(Evil())],
         "control kind on request socket": [protocol.header(protocol.Kind.CANCEL), msgspec.msgpack.encode({"request_id": "x"})],
         "deep nesting": [protocol.header(protocol.Kind.SUBMIT), b"\x91" * 100_000 + b"\x00"],
+        "no bytes, a dimension numpy cannot make": protocol.encode(protocol.Kind.SUBMIT, msgspec.structs.replace(
+            make_request(IMAGE, "pick"), images=protocol.Array("uint8", [0, 2**64 - 1, 3], b""))),
     }
     for name, frames in cases.items():
         reply = _raw(sched.request, frames)

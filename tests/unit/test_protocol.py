@@ -24,6 +24,10 @@ def test_arrays_round_trip_exactly():
         # dims whose int64 product wraps around: must be refused as oversize, not slip through
         (protocol.Array("uint8", [2**32, 2**32, 2], b""), "oversize"),
         (protocol.Array("float64", [2**40, 2**30], b""), "oversize"),
+        # no bytes, so no size to refuse, but a dimension numpy cannot make (it raised a plain ValueError,
+        # and the SUBMIT holding it got no answer)
+        (protocol.Array("uint8", [0, 2**64 - 1, 3], b""), "bad_type"),
+        (protocol.Array("float32", [2**63, 0], b""), "bad_type"),
     ],
 )
 def test_bad_arrays_are_protocol_errors(array, kind):
@@ -72,3 +76,13 @@ def test_the_leaving_handshake_round_trips_and_stays_on_its_sockets():
         protocol.parse_header(protocol.header(protocol.Kind.LEAVING), protocol.REQUEST_KINDS)
     with pytest.raises(protocol.ProtocolError):
         protocol.decode(protocol.Kind.LEAVING, msgspec.msgpack.encode({"worker_id": "w", "grace_s": "soon"}))
+
+
+def test_a_worker_report_keeps_only_what_a_worker_can_measure():
+    """A count past 2**53 is dropped with the other nonsense: it was kept, ended up as an int beyond 2**64
+    in a reply's metrics, and the reply could not be encoded."""
+    from candidate_scheduler import convert
+
+    msg = protocol.BatchResultMsg("w", 1, [], {"transformer_forwards": 1e20, "forward_s": 0.5, "steps": 4,
+                                               "bad": float("nan"), "neg": -1.0, "flag": True})
+    assert convert.worker_result_from_wire(msg).report == {"forward_s": 0.5, "steps": 4}

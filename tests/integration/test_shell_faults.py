@@ -1,0 +1,80 @@
+"""The shell's own faults (service/server.py), on a scheduler run in this process (so a fault can be
+planted) with a real null worker: a reply that cannot be encoded still answers its group once, and a
+planning pass or tick that raises does not end the loop. Before, the reply was lost (the engine had
+already taken it and forgotten the group), and a fault in a tick -- a deadline expiry whose reply could
+not be encoded -- stopped the scheduler."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from candidate_scheduler import convert
+from candidate_scheduler.service.client import Client
+from candidate_scheduler.service.server import Scheduler, SchedulerConfig
+from tests.integration.test_scheduler import IMAGE, expected_candidates
+
+
+@pytest.fixture
+def in_process(services):
+    """A scheduler serving on a thread of this process, one null worker, and a client of it."""
+    sched = Scheduler(SchedulerConfig(request_endpoint="tcp://127.0.0.1:0", control_endpoint="tcp://127.0.0.1:0",
+                                      worker_endpoint="tcp://127.0.0.1:0", metrics_port=None))
+    bound = sched.bind()
+    failed: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            sched.serve()
+        except BaseException as exc:  # noqa: BLE001 - what the test asserts did not happen
+            failed.append(exc)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    services.worker(SimpleNamespace(worker=bound["worker"], workers=[]), "null", 8, 0.01)
+    client = Client(bound["request"], bound["control"], timeout_s=30)
+    try:
+        yield sched, client, failed
+    finally:
+        client.close()
+        sched.stop_now.set()
+        thread.join(10)
+
+
+def test_a_reply_that_cannot_be_encoded_is_answered_internal_error_once(in_process, monkeypatch):
+    sched, c, failed = in_process
+    encode = convert.result_to_wire
+
+    def poisoned(result):
+        if result.request_id == "poisoned" and result.status == "done":
+            raise OverflowError("int too big to convert")  # what msgspec raised for a count past 2**64
+        return encode(result)
+
+    monkeypatch.setattr(convert, "result_to_wire", poisoned)
+    r = c.submit(IMAGE, "pick", count=2, seed=1, request_id="poisoned")
+    assert (r.status, r.error_code) == ("failed", "internal_error") and "OverflowError" in r.error
+    ok = c.submit(IMAGE, "pick", count=2, seed=2, return_candidates=True)
+    assert ok.status == "done" and (ok.candidates == expected_candidates(2, 2)).all()
+    assert c.stats()["handler_errors"] == 1 and not failed
+
+
+def test_a_tick_or_planning_pass_that_raises_does_not_stop_the_scheduler(in_process, monkeypatch):
+    sched, c, failed = in_process
+    assert c.submit(IMAGE, "pick", count=1, seed=3).ok  # the worker registered; the loop runs
+    for name in ("tick", "plan"):
+        real = getattr(sched.engine, name)
+        raised = threading.Event()
+
+        def once(*args, real=real, raised=raised, **kwargs):
+            if not raised.is_set():
+                raised.set()
+                raise RuntimeError("a fault of the shell's own")
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(sched.engine, name, once)
+        assert raised.wait(5), f"no {name} ran"
+        r = c.submit(IMAGE, "pick", count=2, seed=4, return_candidates=True)
+        assert r.status == "done" and (r.candidates == expected_candidates(4, 2)).all(), name
+    assert c.stats()["handler_errors"] == 2 and not failed
