@@ -125,7 +125,7 @@ class Engine:
         self.control = Control(self)
         self.intake = Intake(self)
         self.tenants = Tenants(self.config.tenants, fair=self.config.fair_queueing, remember=self.config.finished_memory)
-        self.replies = ReplyCache(self.config.replies_kept)  # answers resubmissions of ended groups
+        self.replies = ReplyCache(self.config.replies_kept, self.config.replies_kept_bytes)  # for resubmissions
         self.now = 0.0
 
     def clock(self) -> float:

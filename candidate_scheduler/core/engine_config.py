@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from candidate_scheduler.core.admission import AdmissionPolicy
 from candidate_scheduler.core.cost_model import check_margin_quantile
-from candidate_scheduler.core.resubmission import DEFAULT_REPLIES_KEPT
+from candidate_scheduler.core.resubmission import DEFAULT_REPLIES_KEPT, DEFAULT_REPLIES_KEPT_BYTES
 from candidate_scheduler.core.tenants import TenantPolicy
 
 BATCHING_MODES = ("dispatch", "step")
@@ -22,6 +22,7 @@ class EngineConfig:
     heartbeat_timeout_s: float = 3.0
     finished_memory: int = 10_000  # finished groups remembered for STATUS
     replies_kept: int = DEFAULT_REPLIES_KEPT  # the last replies a resubmission is answered from
+    replies_kept_bytes: int = DEFAULT_REPLIES_KEPT_BYTES  # and the most their arrays may weigh together
     best_effort_s: float = 30.0  # a group without a deadline is ordered as if due this long after receipt
     margin_quantile: float = 0.9  # of the measured prediction error that deadline forecasts plan for
     # Batches' worth of work a worker may hold beyond what it runs: its next batch (dispatch) or rows

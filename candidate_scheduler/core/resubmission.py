@@ -18,15 +18,24 @@ from __future__ import annotations
 import collections
 from typing import Any
 
+import numpy as np
+
 DEFAULT_REPLIES_KEPT = 1024
+# and at most this many bytes of their arrays: 1,024 replies with candidates or rollouts (latents at every
+# step) can weigh gigabytes; past it the oldest go, and a resubmission of one runs again (the same bits)
+DEFAULT_REPLIES_KEPT_BYTES = 256 * 2**20
 
 
 class ReplyCache:
-    """The last `size` groups' replies, by request id, with the principals they belong to."""
+    """The last `size` groups' replies (their arrays `max_bytes` at most), by request id, with the
+    principals they belong to."""
 
-    def __init__(self, size: int = DEFAULT_REPLIES_KEPT):
+    def __init__(self, size: int = DEFAULT_REPLIES_KEPT, max_bytes: int = DEFAULT_REPLIES_KEPT_BYTES):
         self.size = size
+        self.max_bytes = max_bytes
+        self.bytes = 0
         self._kept: collections.OrderedDict[str, tuple[tuple[str, ...], bytes | None, Any]] = collections.OrderedDict()
+        self._weights: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -34,10 +43,14 @@ class ReplyCache:
     def put(self, request_id: str, owners: tuple[str, ...], fingerprint: bytes | None, result: Any) -> None:
         if self.size <= 0:
             return
+        self.bytes -= self._weights.pop(request_id, 0)
         self._kept[request_id] = (owners, fingerprint, result)
         self._kept.move_to_end(request_id)
-        while len(self._kept) > self.size:
-            self._kept.popitem(last=False)
+        self._weights[request_id] = weight = _weight(result)
+        self.bytes += weight
+        while self._kept and (len(self._kept) > self.size or self.bytes > self.max_bytes):
+            gone, _ = self._kept.popitem(last=False)
+            self.bytes -= self._weights.pop(gone)
 
     def get(self, request_id: str, principal: str) -> tuple[bytes | None, Any] | None:
         """(fingerprint, reply) kept for `request_id` when `principal` is one of its owners; else None."""
@@ -45,6 +58,16 @@ class ReplyCache:
         if kept is None or principal not in kept[0]:
             return None
         return kept[1], kept[2]
+
+
+def _weight(result: Any) -> int:
+    """The bytes of a reply's arrays (its candidates, action, rollout); the rest is small."""
+    total = 0
+    for v in getattr(result, "__dict__", {}).values():
+        for a in v.values() if isinstance(v, dict) else (v,):
+            if isinstance(a, np.ndarray):
+                total += a.nbytes
+    return total
 
 
 def same_request(a: bytes | None, b: bytes | None) -> bool:

@@ -4,6 +4,8 @@ twice; anyone else's submission under that id is refused without revealing anyth
 
 from __future__ import annotations
 
+import numpy as np
+
 from candidate_scheduler.core.access import Principal, Role
 from candidate_scheduler.core.resubmission import ReplyCache
 from tests.unit.test_engine import Harness, submission
@@ -77,6 +79,25 @@ def test_the_kept_replies_are_bounded_and_only_for_their_owners():
     off = ReplyCache(0)
     off.put("x", ("alice",), None, 1)
     assert off.get("x", "alice") is None
+
+
+def test_the_kept_replies_are_bounded_by_the_bytes_of_their_arrays():
+    """1,024 replies with candidates or rollouts could weigh gigabytes: the oldest go past the byte bound
+    (replaced replies counted once)."""
+    from candidate_scheduler.core.messages import GroupResult
+
+    def reply(rid: str, floats: int) -> GroupResult:
+        return GroupResult(rid, "done", action=np.zeros(floats, np.float32),
+                           rollout={"latents": np.zeros(floats, np.float32)})
+
+    cache = ReplyCache(100, max_bytes=3 * 800)  # three replies of 100 + 100 floats
+    for i in range(4):
+        cache.put(f"r{i}", ("alice",), None, reply(f"r{i}", 100))
+    assert len(cache) == 3 and cache.bytes == 2400 and cache.get("r0", "alice") is None
+    cache.put("r3", ("alice",), None, reply("r3", 100))  # the same id again: not counted twice
+    assert len(cache) == 3 and cache.bytes == 2400 and cache.get("r1", "alice") is not None
+    cache.put("huge", ("alice",), None, reply("huge", 1000))  # alone over the bound: nothing kept
+    assert len(cache) == 0 and cache.bytes == 0
 
 
 def test_an_id_reused_for_a_different_request_is_refused_in_flight_and_after():
