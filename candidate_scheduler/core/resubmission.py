@@ -61,12 +61,15 @@ class ReplyCache:
 
 
 def _weight(result: Any) -> int:
-    """The bytes of a reply's arrays (its candidates, action, rollout); the rest is small."""
+    """The bytes of a reply's arrays (its candidates, action, rollout); the rest is small. (Read field by
+    field: it runs for every group answered.)"""
     total = 0
-    for v in getattr(result, "__dict__", {}).values():
-        for a in v.values() if isinstance(v, dict) else (v,):
-            if isinstance(a, np.ndarray):
-                total += a.nbytes
+    for a in (getattr(result, "action", None), getattr(result, "candidates", None)):
+        if a is not None:
+            total += a.nbytes
+    rollout = getattr(result, "rollout", None)
+    if rollout:
+        total += sum(a.nbytes for a in rollout.values() if isinstance(a, np.ndarray))
     return total
 
 

@@ -168,6 +168,9 @@ def _by_weight(assignments: list[tuple[Unit, ...]]) -> list[tuple[Unit, ...]]:
     that alone goes alone): one message each."""
     out: list[tuple[Unit, ...]] = []
     for units in assignments:
+        if len(units) == 1 or sum(u.wire_bytes for u in units) <= MAX_ASSIGNMENT_BYTES:
+            out.append(units)  # nearly always
+            continue
         part: list[Unit] = []
         weight = 0
         for u in units:
