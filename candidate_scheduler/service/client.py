@@ -176,8 +176,10 @@ class Client:
         restart and liveness verdicts decide, as without a drop."""
         sent = self._sent_to[request_id]
         if self.liveness_s is not None and self._verdict[0] != self._drops:  # one PING a drop, for every group
-            drops = self._drops
-            answered = self._answers_ping(min(self.liveness_s, max(0.0, deadline - time.monotonic())))
+            drops, probe_s = self._drops, min(self.liveness_s, deadline - time.monotonic())
+            answered = probe_s > 0 and self._answers_ping(probe_s)
+            if not answered and probe_s < self.liveness_s:  # cut short by the timeout: not a verdict
+                raise TimeoutError(f"no reply for {request_id!r}")
             self._verdict = (drops, answered)
         if self.liveness_s is not None and (not self._verdict[1] or restarted(sent.incarnation, self._incarnation)):
             self._sent_to[request_id] = sent._replace(drops=self._drops)
@@ -282,13 +284,18 @@ class Client:
         raise TimeoutError(f"{what}, and it did not come back before the timeout")
 
     def ping(self, timeout_s: float = 2.0) -> bool:
-        """Whether the scheduler answers a PING; results of groups in flight that arrive first are kept."""
+        """Whether the scheduler answers a PING within `timeout_s`; results of groups in flight that arrive
+        first are kept."""
         nonce = next(self._nonce)
-        try:
-            self._sock.send_multipart(protocol.encode(protocol.Kind.PING, protocol.Ping(nonce)), flags=zmq.NOBLOCK)
-        except zmq.Again:
-            return False
         deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self._sock.send_multipart(protocol.encode(protocol.Kind.PING, protocol.Ping(nonce)), flags=zmq.NOBLOCK)
+                break
+            except zmq.Again:  # no connection now (reconnecting after a drop, or nobody there): tried again
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
         while nonce not in self._pongs:
             if not self._read_one(deadline) and time.monotonic() >= deadline:
                 return False

@@ -46,7 +46,12 @@ class Played:
                 self.router.close(0)
                 self.router = self.ctx.socket(zmq.ROUTER)
                 self.router.setsockopt(zmq.LINGER, 0)
-                self.router.bind(self.endpoint)
+                for _ in range(100):  # ZMQ closes the old listener on its own thread, a moment later
+                    try:
+                        self.router.bind(self.endpoint)
+                        break
+                    except zmq.ZMQError:
+                        time.sleep(0.01)
             if not self.router.poll(20):
                 continue
             ident, header, payload = self.router.recv_multipart()
