@@ -15,6 +15,7 @@ import pytest
 from candidate_scheduler import protocol
 from candidate_scheduler.service.async_client import AsyncClient
 from candidate_scheduler.service.client import ConnectionDropped, make_request
+from tests.conftest import wait_for
 from tests.integration.test_scheduler import IMAGE, assert_single_reply, expected_candidates
 
 STEPS = 20  # 20 steps of 50 ms: the group is running when the connection drops
@@ -41,7 +42,10 @@ def test_a_client_is_told_to_send_again_what_a_dropped_connection_was_to_answer(
     with sched.client(liveness_s=0.5) as c:
         request = make_request(IMAGE, "pick", count=4, seed=3, steps=STEPS, return_candidates=True)
         c.send(request)
+        wait_for(lambda: c.status(request.request_id).state == "running", 10, "the group to run")
         drop_the_connection(c._sock)
+        wait_for(lambda: (c._count_drops(), c._drops)[1] >= 1, 10, "the client to see the drop")
+        assert c.status(request.request_id).state == "running"  # its reply is still to come
         after = c.submit(IMAGE, "pick", count=2, seed=4, steps=2, return_candidates=True, timeout_s=30)
         assert after.status == "done" and after.resent == []
         with pytest.raises(ConnectionDropped):
