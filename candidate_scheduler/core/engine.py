@@ -90,7 +90,7 @@ class Engine:
         self.assignments: dict[int, Assignment] = {}
         # Batch ids never repeat across restarts (the shell picks the first at random): else a worker
         # finishing a previous incarnation's batch would have its stale result taken.
-        self._next_batch = first_batch_id
+        self.next_batch = first_batch_id
         self.draining = False
         self.stopping = False  # draining because the scheduler is going away: refusals say `stopping`
         self.counters: collections.Counter = collections.Counter()
@@ -272,7 +272,8 @@ class Engine:
         if self.workers and len(g.slices[slice_index]) > self._largest():
             self._split(g, self._largest())
             self._enqueue(g)
-        else:
+        else:  # with no live worker, the next one's pass splits it if it must (_fit_slices)
+            self._largest_fitted = self._largest_fitted if self.workers else max(self._largest_fitted, len(g.slices[slice_index]))
             self.pending.add(self._unit(g, slice_index, g.slices[slice_index]))
 
     def _largest(self) -> int:
@@ -412,8 +413,8 @@ class Engine:
             return  # a plan made before the engine changed: what it no longer fits is planned again
         if len(units) < len(p.units):
             p = dataclasses.replace(p, units=tuple(units))
-        batch_id = self._next_batch
-        self._next_batch += 1
+        batch_id = self.next_batch
+        self.next_batch += 1
         # a dispatch batch sent to a busy worker (prefetch) is a BATCH: it runs after the current one
         join = self.config.batching == "step" and not worker.idle
         shared = join or len({u.request_id for u in p.units}) > 1

@@ -134,7 +134,7 @@ class WorkerLink:
                     e.metrics.worker_failure("worker_error")
                 for entry in a.entries:
                     with e.guard("heartbeat", entry.request_id):
-                        self.slice_failed(entry, worker, "worker_error",
+                        self.slice_failed(a, entry, worker, "worker_error",
                                           "batch lost: the worker no longer holds it and its result never arrived")
 
     # ---- leaving ----------------------------------------------------------------------------------------
@@ -187,8 +187,8 @@ class WorkerLink:
             self.drop(a)
             for entry in a.entries:
                 with e.guard("give_back", entry.request_id):
-                    g = e.groups.get(entry.request_id)
-                    if g is not None and g.return_slice(entry.slice_index, worker.worker_id):
+                    g = None if entry.request_id in a.cancelled else e.groups.get(entry.request_id)  # ended: not
+                    if g is not None and g.return_slice(entry.slice_index, worker.worker_id):  # its namesake
                         e.metrics.given_back()
                         e.requeue(g, entry.slice_index)
 
@@ -226,7 +226,7 @@ class WorkerLink:
             # A wrong-shaped answer is the worker's fault: retry every member elsewhere.
             for entry in a.entries:
                 with e.guard("result", entry.request_id):
-                    self.slice_failed(entry, worker, "worker_error", "batch result has the wrong number of outputs")
+                    self.slice_failed(a, entry, worker, "worker_error", "batch result has the wrong number of outputs")
         else:
             share = 1.0 / max(1, len(a.entries))
             for entry, outcome in zip(a.entries, result.outputs):
@@ -293,14 +293,14 @@ class WorkerLink:
             try:
                 g.fold(entry.slice_index, worker.worker_id, outcome)
             except CandidateContractError as exc:  # a malformed result
-                self.slice_failed(entry, worker, "worker_error", f"malformed result: {exc}")
+                self.slice_failed(a, entry, worker, "worker_error", f"malformed result: {exc}")
                 return
             if g.status is GroupStatus.REDUCING:
                 g.finish()
                 e.metrics.reducer_time(g.reducer_s or 0.0)
                 e.end(g)
         elif judged.verdict is Verdict.RETRY:
-            self.slice_failed(entry, worker, "worker_error", judged.detail)
+            self.slice_failed(a, entry, worker, "worker_error", judged.detail)
         elif judged.verdict is Verdict.FAIL:
             g.fail(outcome.error_code, judged.detail)
             e.end(g)
@@ -317,8 +317,10 @@ class WorkerLink:
         e = self.engine
         rows = int(report.get("oom_rows") or 0) or rows_in_use
         key = ("step", report["oom_step"]) if "oom_step" in report else ("batch", a.batch_id)
-        if key != worker.oom_key:
-            worker.oom_key, worker.oom_rows = key, rows
+        # the same incident only for work sent before it was counted: a worker that numbers its incidents by
+        # the steps it ran (before 2026-12-05) gives two failures in a row, no step between, one number
+        if key != worker.oom_key or a.batch_id >= worker.oom_since:
+            worker.oom_key, worker.oom_rows, worker.oom_since = key, rows, e.next_batch
             worker.capacity = max(1, min(worker.capacity, rows - 1))
             if worker.worker_id in e.workers:  # a leaving worker's rows are out of the fleet already
                 e.rows_changed()
@@ -330,10 +332,10 @@ class WorkerLink:
             e.metrics.retry("out_of_memory")  # the planning pass halves what no worker can hold now
             e.requeue(g, entry.slice_index)
 
-    def slice_failed(self, entry, worker: WorkerState, reason: str, detail: str) -> None:
+    def slice_failed(self, a: Assignment, entry, worker: WorkerState, reason: str, detail: str) -> None:
         e = self.engine
         g = e.groups.get(entry.request_id)
-        if g is None:
+        if g is None or entry.request_id in a.cancelled:  # its group ended: the id may be a new group's now
             return
         if g.fail_slice(entry.slice_index, f"{reason}: {detail}", e.config.retry_limit, worker_id=worker.worker_id):
             e.metrics.retry(reason)
@@ -388,4 +390,4 @@ class WorkerLink:
         for a in held:
             for entry in a.entries:
                 with e.guard(event, entry.request_id):
-                    self.slice_failed(entry, worker, reason, "worker lost")
+                    self.slice_failed(a, entry, worker, reason, "worker lost")

@@ -62,6 +62,7 @@ class WorkerState:
     rows: int = 0  # the rows it may hold: capacity capped by predicted memory (the engine keeps it)
     registered_rows: int = 0  # the rows it registered with: it runs that many unless told fewer
     oom_key: Any = None  # the last out-of-memory incident (see worker_link._out_of_memory)
+    oom_since: int = 0  # the first assignment id sent after it: those are not part of it
     said_leaving: bool = False  # it said LEAVING (an operator's leave is asked again until it does)
     # told the worker's id when its view goes stale: the engine rebuilds only those views (Engine.snapshot)
     on_stale: Any = field(default=None, repr=False, compare=False)

@@ -199,6 +199,7 @@ class RunningBatch:
         self.assignments: OrderedDict[int, Assignment] = OrderedDict()  # in arrival order
         self.rows_admitted = 0  # rows of admitted groups that have no output yet
         self.steps_run = 0
+        self.step_attempts = 0  # steps tried, failed ones too: an out-of-memory incident's number
         self.leaving = False  # what is not admitted is given back: do not condition it early
 
     # ---- arrivals and admission ------------------------------------------------------------------------
@@ -365,6 +366,7 @@ class RunningBatch:
         label = labels.pop() if len(labels) == 1 else ""
         groups = [s.group for _a, s in members]
         started = time.perf_counter()
+        self.step_attempts += 1
         for a, _s in members:
             if a.first_step_at is None:
                 a.first_step_at = started
@@ -375,7 +377,8 @@ class RunningBatch:
         except Exception as exc:  # noqa: BLE001 - a failed forward fails the groups that shared it
             log.exception("a denoise step failed")
             if stepping.is_out_of_memory(exc):
-                blame = (sum(s.rows for _a, s in members), self.steps_run)
+                # numbered by attempt: two failures in a row, no step run between them, are two incidents
+                blame = (sum(s.rows for _a, s in members), self.step_attempts)
                 for a, _s in members:
                     a.out_of_memory = blame
             for a, s in members:

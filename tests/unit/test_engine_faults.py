@@ -304,3 +304,26 @@ def test_a_guard_answers_an_exception_and_lets_an_interrupt_through():
     with pytest.raises(KeyboardInterrupt), Guard(lambda *fault: faults.append(fault), "result", ()):
         raise KeyboardInterrupt
     assert len(faults) == 1  # an interrupt is not a fault to answer: the process is being stopped
+
+
+@pytest.mark.parametrize("batching", ["dispatch", "step"])
+def test_out_of_memory_again_after_the_rows_were_lowered_is_a_new_incident(batching):
+    """A worker that numbered its incidents by the steps it ran said the same step twice when two forwards
+    failed in a row (a failed step runs no step): the second was taken for the first, the rows stayed, and
+    the same slice was retried at the same size forever. Work sent after an incident is never part of it."""
+    h = Harness(batching=batching)
+    h.register("w1", capacity=8)
+    h.submit("g", count=8, seed=3)
+    for _ in range(60):  # the worker holds 2 rows; every incident says step 0
+        live = [w for w in h.work if w.batch_id in h.engine.assignments]
+        if not live:
+            break
+        for w in live:
+            rows = sum(len(s.dispatch.candidate_ids) for s in w.slices)
+            if rows > 2:
+                h.answer(w, status="error", error_code="out_of_memory", report={"oom_rows": rows, "oom_step": 0})
+            else:
+                h.answer(w)
+    r = h.reply("g")
+    assert r.status == "done" and np.array_equal(r.action, reduced(r.candidate_seeds))
+    assert h.engine.workers["w1"].capacity <= 3

@@ -250,3 +250,22 @@ def test_what_a_leaving_worker_gives_back_runs_elsewhere_at_once():
         assert r.status == "done" and np.array_equal(r.action, reduced(r.candidate_seeds))
         assert r.metrics["retries"] == 0  # nothing ran twice
     assert metrics.of("worker_departures") == {"finished": 1}
+
+
+@pytest.mark.parametrize("batching", ["dispatch", "step"])
+def test_a_slice_put_back_with_no_live_worker_is_split_for_the_next_one(batching):
+    """w1 (8 rows) runs an 8-candidate slice and leaves; a 2-row replacement comes and goes; w1 leaves
+    unfinished, so the slice goes back with no live worker -- whole. A 4-row worker then comes: the slice
+    must be split for it (it was not: the last fit had been to 2 rows, and 4 is not less than 2)."""
+    h = Harness(batching=batching)
+    h.register("w1", capacity=8)
+    h.submit("g", count=8, seed=3)
+    leaving(h, "w1")
+    h.register("w2", capacity=2)
+    h.submit("h", count=2, seed=4)
+    leaving(h, "w2")
+    left(h, "w1", "grace_expired")
+    h.register("w3", capacity=4)
+    h.run_all()
+    r = h.reply("g")
+    assert r.status == "done" and np.array_equal(r.action, reduced(r.candidate_seeds))

@@ -534,3 +534,22 @@ def test_abandoning_releases_everything_and_answers_the_unfinished_groups_worker
     batch.admit(_assignment(3, "after", steps=1), 0.0)  # it goes on with nothing
     batch.step()
     assert [a.batch_id for a in batch.take_done()] == [3]
+
+
+def test_two_forwards_out_of_memory_in_a_row_are_two_incidents():
+    """A failed step runs no step: numbered by the steps run, two failures in a row were one incident to
+    the scheduler, which then kept the worker's rows and retried the same slice at the same size."""
+
+    class Failing(HeldAdapter):
+        def step(self, groups) -> int:
+            raise stepping.OutOfMemory("CUDA out of memory (the test's)")
+
+    adapter = Failing()
+    batch = _capped(adapter, 8)
+    incidents = []
+    for batch_id in (1, 2):
+        batch.admit(_assignment(batch_id, f"g{batch_id}"), 0.0)
+        batch.step()
+        (a,) = batch.take_done()
+        incidents.append(a.wire_report()["oom_step"])
+    assert incidents[0] != incidents[1]

@@ -148,3 +148,41 @@ def test_a_stopping_scheduler_still_answers_resubmissions_and_refuses_new_groups
     h.engine.stopping = False  # an operator's drain alone
     send("other", "again", b"other", count=2, seed=4)
     assert _replies_to(h, "again", "other")[0].error_code == "draining"
+
+
+def test_the_leftovers_of_an_ended_group_never_touch_a_new_group_under_its_id():
+    """An ended group's slice still out on a worker (cancelled there, unanswered), its id then reused (by
+    another principal, or once its kept reply is gone): when that worker is lost, or gives the slice back,
+    the slice was failed or returned by request id -- the new group's. It was answered internal_error."""
+    from candidate_scheduler.core.messages import GiveBack, Leaving
+
+    h = Harness(replies_kept=0)  # nothing kept: the id runs again, as once its reply is evicted
+    h.register("w1", capacity=2)
+    h.register("w2", capacity=2)
+    h.submit("r", count=4, seed=1)  # slices 0 and 1: one on each worker
+    on_w1 = next(w for w in h.work if w.identity == b"w1")
+    h.take(h.engine.cancel("r", h.now)[1])
+    h.replies.clear()
+    h.answer(on_w1, status="cancelled")
+    h.submit("r", count=1, seed=2)  # a new group, one slice, on w1
+    h.advance(h.engine.config.heartbeat_timeout_s + 1)  # w2 never answers and goes silent: lost
+    h.beat("w1", running=[w.batch_id for w in h.work if w.identity == b"w1" and w.batch_id in h.engine.assignments])
+    h.take(h.engine.tick(h.now))
+    assert "r" not in h.replies
+    h.run_all()
+    assert h.reply("r").status == "done" and h.reply("r").candidate_seeds == (2,)
+
+    g = Harness(replies_kept=0, prefetch=1)
+    g.register("a", capacity=2)
+    g.submit("r", count=4, seed=1)  # slice 0 runs on "a", slice 1 is sent ahead and waits there
+    g.take(g.engine.plan(g.now))
+    waiting = g.work[1]
+    g.take(g.engine.cancel("r", g.now)[1])
+    g.replies.clear()
+    g.take(g.engine.worker_leaving(b"a", Leaving("a", 30.0), g.now))
+    g.register("b", capacity=2)
+    g.submit("r", count=1, seed=2)
+    g.take(g.engine.worker_gave_back(b"a", GiveBack("a", (waiting.batch_id,)), g.now))
+    assert "r" not in g.replies
+    g.run_all()
+    assert g.reply("r").status == "done"
