@@ -29,7 +29,7 @@ from candidate_scheduler.service.processes import ChildProcess
 from tests.conftest import Services
 
 from . import openpi_client_env
-from .conftest import ENV, FAIL_PROMPT, HOLD_PROMPT, ROOT
+from .conftest import ENV, FAIL_PROMPT, HOLD_PROMPT, ROOT, FakeScheduler
 
 pytestmark = pytest.mark.sglang
 
@@ -343,6 +343,23 @@ def test_disconnect_cancels_the_group_and_timeouts_answer(fake_scheduler, tmp_pa
         fake.release()
         waiting.stop()
         timed.stop()
+
+
+def test_a_scheduler_that_goes_away_is_said_so_not_an_internal_error(tmp_path):
+    """The front serve starts does not resubmit (--no-resubmit): when its scheduler stops answering, the
+    robot is told the scheduler is not available (it was told "internal error", and counted so)."""
+    fake = FakeScheduler()
+    front = Front(fake.request_endpoint, fake.control_endpoint, "--no-resubmit", log_path=tmp_path / "front.log")
+    try:
+        mark = fake.mark()
+        ws = _send(front.url, {"observation/image": IMAGES["a"], "prompt": HOLD_PROMPT})
+        fake.wait(lambda: len(fake.received) > mark, what="the held group")
+        fake.close()  # the scheduler goes away with the group in flight
+        answer = ws.recv(timeout=30)  # within 2 x the client's liveness (3 s)
+        assert isinstance(answer, str) and "the scheduler is not available" in answer, answer
+        ws.close()
+    finally:
+        front.stop()
 
 
 def test_spawn_from_serve_flags(fake_scheduler):

@@ -46,7 +46,7 @@ from candidate_scheduler import convert, protocol
 from candidate_scheduler.core import reducers
 from candidate_scheduler.core.access import FORBIDDEN, Principal
 from candidate_scheduler.service.async_client import AsyncClient
-from candidate_scheduler.service.client import ServiceError
+from candidate_scheduler.service.client import ClientClosed, SchedulerUnavailable, ServiceError
 from candidate_scheduler.service.keys import ClientKeys, Directory, authenticate
 from candidate_scheduler.service.openpi import msgpack_numpy, observation
 
@@ -280,6 +280,9 @@ class OpenpiFront:
             except ServiceError as exc:
                 self.stats["failed"] += 1
                 raise _Refusal("scheduler_error", f"the scheduler could not read the request: {exc}") from None
+            except (SchedulerUnavailable, ClientClosed) as exc:  # not the front's fault: say what it is
+                self.stats["failed"] += 1
+                raise _Refusal("scheduler_unavailable", f"the scheduler is not available: {exc}") from None
         submit.cancel()
         await self._cancel(rid)
         if closed in done:
