@@ -356,6 +356,14 @@ class Scheduler:
             # measured here, around the engine: what a client's round trip cannot separate from its own
             result.metrics["receipt_to_reply_s"] = time.perf_counter() - ref.received_at
             frames = protocol.reply_frames(ref.identity, ref.delimited, protocol.Kind.RESULT, result)
+            size = sum(len(f) for f in frames[1:])
+            if size > protocol.MAX_MESSAGE_BYTES:  # the client's socket would drop it, and with it its connection,
+                # for good (libzmq does not reconnect after a protocol error): a typed failure instead
+                big = refusal(msg.result.request_id, "failed", "reply_too_large",
+                              f"the reply is {size} bytes, over the {protocol.MAX_MESSAGE_BYTES}-byte message limit: "
+                              "ask for fewer candidates, or for the reduced action only (return_candidates false)")
+                frames = protocol.reply_frames(ref.identity, ref.delimited, protocol.Kind.RESULT,
+                                               convert.result_to_wire(big))
             self.request_sock.send_multipart(frames)
         elif isinstance(msg, messages.SendWork):
             kind, payload = convert.work_to_wire(msg)

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from candidate_scheduler import convert
+from candidate_scheduler import convert, protocol
 from candidate_scheduler.service.client import Client
 from candidate_scheduler.service.server import Scheduler, SchedulerConfig
 from tests.integration.test_scheduler import IMAGE, expected_candidates
@@ -78,3 +78,15 @@ def test_a_tick_or_planning_pass_that_raises_does_not_stop_the_scheduler(in_proc
         r = c.submit(IMAGE, "pick", count=2, seed=4, return_candidates=True)
         assert r.status == "done" and (r.candidates == expected_candidates(4, 2)).all(), name
     assert c.stats()["handler_errors"] == 2 and not failed
+
+
+def test_a_reply_over_the_message_limit_is_a_typed_failure(in_process, monkeypatch):
+    """A client's socket drops a message over its limit, and libzmq does not bring that connection back
+    (a protocol error): every later answer to that client would be lost. So an over-size reply is answered
+    `failed` / `reply_too_large` instead. (The limit is lowered here between a request's size and a reply's.)"""
+    _sched, c, failed = in_process
+    monkeypatch.setattr(protocol, "MAX_MESSAGE_BYTES", 20_000)  # a request is 12 KB; 64 candidates are 28 KB
+    r = c.submit(IMAGE, "pick", count=64, seed=5, return_candidates=True)
+    assert (r.status, r.error_code) == ("failed", "reply_too_large") and "fewer candidates" in r.error
+    small = c.submit(IMAGE, "pick", count=64, seed=5)  # the reduced action alone fits
+    assert small.status == "done" and small.candidates is None and not failed
