@@ -7,8 +7,8 @@ A separate process, so the scheduler itself never unpickles. It binds a ZMQ ROUT
 sglang's Scheduler (frames ``[identity, b"", pickle(payload)]``, exactly one
 ``[identity, b"", pickle(OutputBatch)]`` reply per message; anything else is ignored), reads every
 payload through the allow-list unpickler (`compat.unpickle`), and forwards each generation request as
-ONE native candidate group to the scheduler's request socket (a DEALER; many groups in flight,
-matched by request_id). It never imports sglang.
+ONE native candidate group to the scheduler's request socket through `AsyncClient` (many groups in
+flight on one connection, matched by request_id). It never imports sglang.
 
 - ``{"method": "ping"}`` is answered from the receive loop itself, never queued behind work.
 - ``ShutdownReq`` is answered, then the bridge stops. The scheduler keeps running unless
@@ -16,8 +16,14 @@ matched by request_id). It never imports sglang.
 - Warmup Reqs (``is_warmup``; server-based warmup sends them with ``return_warmup_result``) get an
   empty successful OutputBatch at once, which is what sglang's scheduler returns for them after
   dropping the payload; they are not run (the scheduler's workers warm themselves).
-- With ``--control`` and ``--request-timeout``, a request that gets no result in time is answered with
-  an error AND its group is cancelled. (sglang's protocol has no cancel message; a client-side RPC
+- Every request is answered, whatever happens to the scheduler: AsyncClient PINGs it when it falls
+  silent, so a scheduler that died, or restarted and lost the group, is noticed within about
+  2-3 x ``--liveness`` seconds and the request is answered with an error (a dropped connection to the
+  same run is handled by sending the group again). Requests the bridge cannot take -- more than
+  ``--max-in-flight`` at once -- are answered with an error at once; and so is every request still
+  open when the bridge stops.
+- With ``--request-timeout``, a request that gets no result in time is answered with an error; with
+  ``--control`` too, its group is then cancelled. (sglang's protocol has no cancel message; a client-side RPC
   timeout cannot be seen here: libzmq's ROUTER_NOTIFY, which would report the disconnect, is a draft
   API that pyzmq wheels do not enable.)
 """
@@ -46,8 +52,11 @@ from candidate_scheduler.compat.foreign import dumps_output_batch, error_reply
 from candidate_scheduler.compat.mapping import plan_generation
 from candidate_scheduler.compat.replies import reply_for_result
 from candidate_scheduler.compat.unpickle import MAX_PICKLE_BYTES, safe_loads
+from candidate_scheduler.service.async_client import AsyncClient
+from candidate_scheduler.service.client import DEFAULT_LIVENESS_S
 from candidate_scheduler.service.endpoints import is_loopback_endpoint
 from candidate_scheduler.service.keys import ENV_KEYS, ClientKeys
+from candidate_scheduler.service.replies import ClientClosed, SchedulerUnavailable, ServiceError
 
 log = logging.getLogger("candidate_scheduler.compat.bridge")
 
@@ -57,6 +66,13 @@ DEFAULT_SCHEDULER = "tcp://127.0.0.1:5555"
 # in a worker thread, so a large request never delays a ping.
 INLINE_DECODE_BYTES = 512
 REPORT_INTERVAL_S = 1.0
+# Requests being decoded, planned or awaited at once; past this a request is answered "busy" from the
+# receive loop, so one client cannot make the bridge hold unbounded tasks (and their payloads).
+DEFAULT_MAX_IN_FLIGHT = 1024
+# Decodes and plans at once (each holds a payload of up to 64 MiB and its decoded observations).
+DEFAULT_MAX_DECODES = 8
+# How long shutdown waits for requests to finish before answering the rest with an error.
+SHUTDOWN_GRACE_S = 5.0
 READY_PREFIX = "candidate-scheduler compat bridge: listening on"
 
 
@@ -69,12 +85,21 @@ class BridgeConfig:
     max_message_bytes: int = MAX_PICKLE_BYTES
     request_timeout_s: float | None = None
     shutdown_scheduler: bool = False
+    liveness_s: float = DEFAULT_LIVENESS_S
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    max_decodes: int = DEFAULT_MAX_DECODES
 
 
-@dataclass
-class _InFlight:
-    future: asyncio.Future
-    identity: bytes
+class _Request:
+    """One client message, answered exactly once (`Bridge._answer`): by its task, or by shutdown when the
+    task did not finish in time."""
+
+    __slots__ = ("identity", "answered", "forwarding")
+
+    def __init__(self, identity: bytes):
+        self.identity = identity
+        self.answered = False
+        self.forwarding = False  # waiting on the scheduler: shutdown answers it at once
 
 
 class Bridge:
@@ -87,9 +112,10 @@ class Bridge:
         self._report_requests: dict[str, int] = {}
         self._report_errors: dict[str, int] = {}
         self.stopping = asyncio.Event()
-        self.in_flight: dict[str, _InFlight] = {}
-        self._tasks: set[asyncio.Task] = set()
-        self.router = self.dealer = self.control = None
+        self._tasks: dict[asyncio.Task, _Request] = {}
+        self._decodes = asyncio.Semaphore(max(1, config.max_decodes))
+        self.router = self.control = None
+        self.client: AsyncClient | None = None
         self.endpoint: str | None = None
 
     # ---- sockets ----------------------------------------------------------------------------------
@@ -117,12 +143,9 @@ class Bridge:
         # the scheduler's sockets take a key when it has a key directory: serve hands the bridge a
         # run-time proxy pair (service/keys.py); every sglang client is then this one principal
         keys = ClientKeys.from_env(os.environ[ENV_KEYS]) if os.environ.get(ENV_KEYS) else None
-        dealer = self.ctx.socket(zmq.DEALER)
-        dealer.setsockopt(zmq.LINGER, 0)
-        if keys is not None:
-            keys.apply(dealer)
-        dealer.connect(cfg.scheduler)
-        self.dealer = dealer
+        # AsyncClient, not a bare DEALER: it notices a scheduler that died or restarted (liveness PINGs, the
+        # run's incarnation) and a dropped connection, so no forwarded request waits forever
+        self.client = AsyncClient(cfg.scheduler, keys, liveness_s=cfg.liveness_s, control=cfg.control)
         if cfg.control is not None:
             control = self.ctx.socket(zmq.DEALER)
             control.setsockopt(zmq.LINGER, 500)
@@ -133,7 +156,9 @@ class Bridge:
         return self.endpoint
 
     def close(self) -> None:
-        for sock in (self.router, self.dealer, self.control):
+        if self.client is not None:
+            self.client.close()
+        for sock in (self.router, self.control):
             if sock is not None:
                 sock.close()
         if self._own_ctx:
@@ -143,7 +168,7 @@ class Bridge:
     async def serve(self) -> None:
         if self.router is None:
             self.bind()
-        loops = [asyncio.create_task(self._recv_clients()), asyncio.create_task(self._recv_scheduler())]
+        loops = [asyncio.create_task(self._recv_clients())]
         if self.control is not None:
             loops.append(asyncio.create_task(self._drain_control()))
             loops.append(asyncio.create_task(self._report_loop()))
@@ -153,11 +178,21 @@ class Bridge:
             for t in loops:
                 t.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
-            for entry in list(self.in_flight.values()):
-                if not entry.future.done():
-                    entry.future.set_exception(_BridgeStopping())
-            if self._tasks:
-                await asyncio.wait(list(self._tasks), timeout=5)
+            await self._finish_requests()
+
+    async def _finish_requests(self) -> None:
+        """Answer every request still open. Those waiting on the scheduler are answered at once (it may
+        never answer); those still being decoded or planned get `SHUTDOWN_GRACE_S`, then an error too --
+        a worker thread cannot be interrupted, but its client need not wait for it."""
+        stopping = error_reply("candidate_scheduler: the compat bridge is shutting down")
+        for task, request in list(self._tasks.items()):
+            if request.forwarding:
+                task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=SHUTDOWN_GRACE_S)
+        for task, request in list(self._tasks.items()):
+            task.cancel()
+            await self._answer(request, stopping)
 
     def stop(self) -> None:
         self.stopping.set()
@@ -184,27 +219,15 @@ class Bridge:
                     self._count("ping")
                     await self._reply(identity, dumps_output_batch())
                     continue
-            self._spawn(self._handle(identity, payload, obj))
-
-    async def _recv_scheduler(self) -> None:
-        allowed = frozenset({protocol.Kind.RESULT, protocol.Kind.ERROR, protocol.Kind.PONG})
-        while True:
-            frames = await self.dealer.recv_multipart()
-            try:
-                kind, msg = protocol.decode_frames(frames, allowed)
-            except protocol.ProtocolError as exc:
-                log.warning("unreadable message from the scheduler: %s", exc)
+            if len(self._tasks) >= self.config.max_in_flight:
+                self.stats["busy"] += 1
+                self._count("busy", error=True)
+                await self._reply(identity, error_reply(
+                    f"candidate_scheduler compat bridge: busy ({len(self._tasks)} requests in flight); "
+                    "try again"))
                 continue
-            if kind is protocol.Kind.PONG:
-                continue
-            rid = msg.request_id
-            entry = self.in_flight.get(rid) if rid else None
-            if entry is None:
-                if kind is protocol.Kind.ERROR and not rid:
-                    log.error("the scheduler could not read a message from the bridge: %s", msg.error)
-                continue
-            if not entry.future.done():
-                entry.future.set_result(msg)
+            request = _Request(identity)
+            self._spawn(request, self._handle(request, payload, obj))
 
     def _count(self, kind: str, error: bool = False) -> None:
         table = self._report_errors if error else self._report_requests
@@ -217,17 +240,35 @@ class Bridge:
             if self._report_requests or self._report_errors:
                 report = protocol.CompatReport(requests=self._report_requests, errors=self._report_errors)
                 self._report_requests, self._report_errors = {}, {}
-                await self.control.send_multipart(protocol.encode(protocol.Kind.COMPAT_REPORT, report))
+                await self._control_send(protocol.encode(protocol.Kind.COMPAT_REPORT, report))
+
+    async def _control_send(self, frames: list[bytes]) -> bool:
+        """Send on the control socket without waiting: with the scheduler down its queue fills, and a
+        blocked send would hold whatever awaits it (a reply, the report loop). Lost, a CANCEL or a report
+        changes nothing a client sees."""
+        try:
+            await self.control.send_multipart(frames, flags=zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError as exc:  # Again: the queue is full (scheduler down); or the socket is closing
+            self.stats["control_dropped"] += 1
+            log.debug("control message dropped: %s", exc)
+            return False
 
     async def _drain_control(self) -> None:
         while True:
             await self.control.recv_multipart()  # CONTROL_REPLY to our CANCEL / SHUTDOWN: nothing to do
 
     # ---- one message ------------------------------------------------------------------------------
-    def _spawn(self, coro) -> None:
+    def _spawn(self, request: _Request, coro) -> None:
         task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks[task] = request
+        task.add_done_callback(lambda t: self._tasks.pop(t, None))
+
+    async def _answer(self, request: _Request, payload: bytes) -> None:
+        if request.answered:
+            return
+        request.answered = True  # before the send: a cancellation during it must not answer twice
+        await self._reply(request.identity, payload)
 
     async def _reply(self, identity: bytes, payload: bytes) -> None:
         try:
@@ -235,93 +276,106 @@ class Bridge:
         except zmq.ZMQError as exc:  # peer gone or socket closing: nobody to answer
             log.debug("reply dropped: %s", exc)
 
-    async def _refused(self, identity: bytes, exc: Exception) -> None:
+    def _note_refusal(self, exc: Exception) -> bytes:
         self.stats["refused"] += 1
         self._count("pickle_refused", error=True)
         self.last_refusal = str(exc)[:300]
         log.warning("%s", str(exc)[:300])
-        await self._reply(identity, error_reply(str(exc)))
+        return error_reply(str(exc))
 
-    async def _handle(self, identity: bytes, payload: bytes, obj: Any) -> None:
+    async def _refused(self, identity: bytes, exc: Exception) -> None:
+        await self._reply(identity, self._note_refusal(exc))
+
+    async def _handle(self, request: _Request, payload: bytes, obj: Any) -> None:
         try:
             if obj is None:
                 try:
-                    obj = await asyncio.to_thread(safe_loads, payload, self.config.max_message_bytes)
+                    async with self._decodes:
+                        obj = await asyncio.to_thread(safe_loads, payload, self.config.max_message_bytes)
                 except RefusedPickle as exc:
-                    await self._refused(identity, exc)
+                    await self._answer(request, self._note_refusal(exc))
                     return
+            del payload  # the decoded object is what is kept from here on
             msg = classify(obj)
             if isinstance(msg, Ping):
                 self.stats["pings"] += 1
                 self._count("ping")
-                await self._reply(identity, dumps_output_batch())
+                await self._answer(request, dumps_output_batch())
             elif isinstance(msg, Shutdown):
                 self._count("shutdown")
-                await self._reply(identity, dumps_output_batch())
+                await self._answer(request, dumps_output_batch())
                 if self.config.shutdown_scheduler and self.control is not None:
-                    await self.control.send_multipart(protocol.encode(protocol.Kind.SHUTDOWN, protocol.Empty()))
+                    await self._control_send(protocol.encode(protocol.Kind.SHUTDOWN, protocol.Empty()))
                 log.warning("ShutdownReq received: stopping the compat bridge")
                 self.stop()
             elif isinstance(msg, Warmup):
                 self.stats["warmups"] += 1
                 self._count("warmup")
-                await self._reply(identity, dumps_output_batch())
+                await self._answer(request, dumps_output_batch())
             elif isinstance(msg, Answer):
                 self.stats["answered_locally"] += 1
                 self._count("unknown" if msg.error.startswith("Unknown request type") else "control")
-                await self._reply(identity, error_reply(msg.error))
+                await self._answer(request, error_reply(msg.error))
             else:
                 self._count("req" if len(msg.reqs) == 1 else "req_list")
-                await self._generate(identity, msg)
+                await self._generate(request, msg)
+        except asyncio.CancelledError:  # the bridge is stopping (`_finish_requests`)
+            await asyncio.shield(self._answer(request, error_reply(
+                "candidate_scheduler: the compat bridge is shutting down")))
+            raise
         except Exception as exc:  # exactly one reply, whatever happened
             log.exception("compat bridge failed on a request")
-            await self._reply(identity, error_reply(f"candidate_scheduler compat bridge: internal error: "
-                                                      f"{type(exc).__name__}: {exc}"))
+            await self._answer(request, error_reply(f"candidate_scheduler compat bridge: internal error: "
+                                                    f"{type(exc).__name__}: {exc}"))
 
-    async def _generate(self, identity: bytes, msg: Generation) -> None:
+    async def _generate(self, request: _Request, msg: Generation) -> None:
         try:
-            plan = await asyncio.to_thread(plan_generation, msg.reqs)
+            async with self._decodes:
+                plan = await asyncio.to_thread(plan_generation, msg.reqs)
         except CompatError as exc:
             self.stats["answered_locally"] += 1
-            await self._reply(identity, error_reply(str(exc)))
+            await self._answer(request, error_reply(str(exc)))
             return
         rid = plan.submit.request_id
-        future = asyncio.get_running_loop().create_future()
-        self.in_flight[rid] = _InFlight(future, identity)
+        self.stats["forwarded"] += 1
+        request.forwarding = True
+        timeout = self.config.request_timeout_s
         try:
-            self.stats["forwarded"] += 1
-            await self.dealer.send_multipart(protocol.encode(protocol.Kind.SUBMIT, plan.submit))
-            try:
-                result = await asyncio.wait_for(future, self.config.request_timeout_s)
-            except TimeoutError:
-                self.stats["timeouts"] += 1
-                await self._cancel(rid)
-                await self._reply(identity, error_reply(
-                    f"candidate_scheduler: no result within {self.config.request_timeout_s} s (group cancelled)"))
-                return
-            except _BridgeStopping:
-                await self._reply(identity, error_reply("candidate_scheduler: the compat bridge is shutting down"))
-                return
-            if isinstance(result, protocol.ErrorReply):
-                self.stats["failed"] += 1
-                await self._reply(identity, error_reply(f"candidate_scheduler: {result.error_code}: {result.error}"))
-                return
-            if result.status == "done":
-                self.stats["done"] += 1
-            else:
-                self.stats["failed"] += 1
-            reply = await asyncio.to_thread(reply_for_result, plan, result)
-            await self._reply(identity, reply)
+            # the send is inside the timeout too: with the scheduler down its queue fills and sends wait
+            result = await asyncio.wait_for(self.client.submit_request(plan.submit), timeout)
+        except TimeoutError:
+            self.stats["timeouts"] += 1
+            # answer first: the cancel is best effort, and must not hold the reply
+            await self._answer(request, error_reply(
+                f"candidate_scheduler: no result within {timeout} s"
+                + (" (group cancelled)" if self.control is not None else "")))
+            await self._cancel(rid)
+            return
+        except SchedulerUnavailable as exc:
+            self.stats["unavailable"] += 1
+            self._count("scheduler_unavailable", error=True)
+            await self._answer(request, error_reply(f"candidate_scheduler: scheduler unavailable: {exc}"))
+            return
+        except ServiceError as exc:
+            self.stats["failed"] += 1
+            await self._answer(request, error_reply(
+                f"candidate_scheduler: {exc.reply.error_code}: {exc.reply.error}"))
+            return
+        except ClientClosed:
+            await self._answer(request, error_reply("candidate_scheduler: the compat bridge is shutting down"))
+            return
         finally:
-            self.in_flight.pop(rid, None)
+            request.forwarding = False
+        if result.status == "done":
+            self.stats["done"] += 1
+        else:
+            self.stats["failed"] += 1
+        reply = await asyncio.to_thread(reply_for_result, plan, result)
+        await self._answer(request, reply)
 
     async def _cancel(self, rid: str) -> None:
         if self.control is not None:
-            await self.control.send_multipart(protocol.encode(protocol.Kind.CANCEL, protocol.CancelRequest(request_id=rid)))
-
-
-class _BridgeStopping(Exception):
-    pass
+            await self._control_send(protocol.encode(protocol.Kind.CANCEL, protocol.CancelRequest(request_id=rid)))
 
 
 def _warm_imports() -> None:
@@ -370,6 +424,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest accepted payload (ZMQ MAXMSGSIZE and the unpickler's limit)")
     p.add_argument("--request-timeout", type=float, default=None,
                    help="seconds before an unanswered request gets an error reply (default: wait, like sglang)")
+    p.add_argument("--liveness", type=float, default=DEFAULT_LIVENESS_S,
+                   help="seconds of silence from the scheduler before it is PINGed; one that does not answer "
+                        f"within as long again fails the requests it holds (default {DEFAULT_LIVENESS_S})")
+    p.add_argument("--max-in-flight", type=int, default=DEFAULT_MAX_IN_FLIGHT,
+                   help="requests held at once; more are answered 'busy' at once "
+                        f"(default {DEFAULT_MAX_IN_FLIGHT})")
     p.add_argument("--shutdown-scheduler", action="store_true",
                    help="on ShutdownReq also ask the scheduler (via --control) to shut down")
     p.add_argument("--log-level", default="WARNING")
@@ -386,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     config = BridgeConfig(
         bind=args.bind, scheduler=args.scheduler, control=args.control, allow_nonlocal=args.allow_nonlocal,
         max_message_bytes=args.max_message_bytes, request_timeout_s=args.request_timeout,
-        shutdown_scheduler=args.shutdown_scheduler,
+        shutdown_scheduler=args.shutdown_scheduler, liveness_s=args.liveness, max_in_flight=args.max_in_flight,
     )
 
     def announce(_bridge: Bridge, endpoint: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from candidate_scheduler import protocol
 from candidate_scheduler.compat.unpickle import ControlStub, PostTrainingStub, ReqStub
 
 
@@ -51,6 +52,10 @@ def classify(obj: Any) -> Ping | Shutdown | Warmup | Answer | Generation:
     if isinstance(obj, list):
         if not obj:
             return Answer("Invalid scheduler request: ValueError: request list cannot be empty")
+        if len(obj) > protocol.MAX_CANDIDATES:  # first: this runs on the event loop, and a list of a
+            # million memo references to one Req is a few MB of pickle
+            return Answer(f"Invalid scheduler request: at most {protocol.MAX_CANDIDATES} outputs per request, "
+                          f"got a group of {len(obj)}")
         if not all(isinstance(r, ReqStub) for r in obj):
             return Answer(f"Unknown request group type: {type(obj)}")
         if len(obj) == 1:

@@ -11,10 +11,12 @@ import base64
 import binascii
 import io
 import os
+import stat
 from typing import Any
 
 import numpy as np
 
+from candidate_scheduler import protocol
 from candidate_scheduler.compat.errors import CompatError
 from candidate_scheduler.compat.unpickle import MAX_ARRAY_BYTES, MAX_IMAGE_PIXELS, PILImageStub
 from candidate_scheduler.core.request import MAX_OBSERVATIONS_PER_GROUP
@@ -65,6 +67,30 @@ def image_to_rgb_array(image: Any) -> np.ndarray:
     return np.asarray(pil.convert("RGB"), dtype=np.uint8)
 
 
+def _read_local_file(path: str) -> bytes:
+    """The bytes of a regular file at `path`. Opened without blocking and checked on the open descriptor
+    (no race with a rename): a FIFO, a device or a directory named by a client would otherwise hold one
+    of the bridge's executor threads forever, or read without end."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except (OSError, ValueError):  # ValueError: a NUL in the path
+        raise CompatError(f"observation image path {path[:200]!r} is not a readable file") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CompatError(f"observation image path {path[:200]!r} is not a regular file")
+        if st.st_size > MAX_IMAGE_FILE_BYTES:
+            raise CompatError("observation image file is too large")
+        with os.fdopen(fd, "rb", closefd=True) as f:
+            fd = -1  # closed with f
+            return f.read(MAX_IMAGE_FILE_BYTES + 1)
+    except OSError:
+        raise CompatError(f"observation image path {path[:200]!r} is not a readable file") from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
 def _open_image(source: str | bytes | bytearray):
     from PIL import Image
 
@@ -77,14 +103,7 @@ def _open_image(source: str | bytes | bytearray):
         elif source.startswith(("http://", "https://")):
             raise CompatError("the compat bridge does not fetch image URLs; send the image itself")
         else:
-            try:
-                size = os.path.getsize(source)
-            except OSError:
-                raise CompatError(f"observation image path {source[:200]!r} is not a readable file") from None
-            if size > MAX_IMAGE_FILE_BYTES:
-                raise CompatError("observation image file is too large")
-            with open(source, "rb") as f:
-                raw = f.read(MAX_IMAGE_FILE_BYTES + 1)
+            raw = _read_local_file(source)
     else:
         raw = bytes(source)
     if len(raw) > MAX_IMAGE_FILE_BYTES:
@@ -104,7 +123,16 @@ def _open_image(source: str | bytes | bytearray):
 def observations(image_path: Any) -> tuple[np.ndarray, bool]:
     """uint8 [H, W, 3] for one observation, or [B, H, W, 3] and batched=True for B > 1 (sglang's
     Cosmos3 builder sends one image as itself and B > 1 images as a list)."""
-    arrays = [image_to_rgb_array(i) for i in _observation_list(image_path)]
+    arrays, total = [], 0
+    for item in _observation_list(image_path):
+        arrays.append(image_to_rgb_array(item))
+        total += arrays[-1].nbytes
+        # Checked while decoding, before the stack doubles it: the scheduler refuses a group's observations
+        # over this (convert.py), and a SUBMIT over its message limit makes it drop the bridge's one
+        # connection, losing every other client's request in flight.
+        if total > protocol.MAX_OBSERVATION_BYTES:
+            raise CompatError(f"the observations decode to more than {protocol.MAX_OBSERVATION_BYTES} bytes "
+                              "(the scheduler's limit for one request): send fewer or smaller images")
     if len(arrays) == 1:
         return arrays[0], False
     if any(a.shape != arrays[0].shape for a in arrays):

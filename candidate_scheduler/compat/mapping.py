@@ -22,6 +22,7 @@ from candidate_scheduler.compat.unpickle import EnumStub, ReqStub, SamplingParam
 from candidate_scheduler.core.embodiments import resolve_embodiment
 from candidate_scheduler.core.errors import CandidateContractError
 from candidate_scheduler.core.spec import CandidateTrajectorySpec
+from candidate_scheduler.service.requests import submit_frames
 
 # Where a candidate spec may travel inside a Req (first match wins; two different ones are an error).
 CANDIDATE_SPEC_KEY = "candidates"
@@ -252,6 +253,8 @@ _COMPARED_FIELDS = ("prompt", "height", "width", "num_inference_steps", "num_fra
 
 def plan_generation(reqs: tuple) -> GroupPlan:
     """Map one Req, or one expand_request_outputs group, to one native SubmitRequest."""
+    if len(reqs) > protocol.MAX_CANDIDATES:  # before any per-Req work (classify checks it too)
+        raise CompatError(f"at most {protocol.MAX_CANDIDATES} outputs per request")
     head = reqs[0]
     for r in reqs:
         _check_cosmos3_policy(r)
@@ -311,6 +314,10 @@ def plan_generation(reqs: tuple) -> GroupPlan:
         sampling=sampling,
         batched=batched,
     )
+    try:  # refused here, to this client: sent, it would cost every client its connection (images.py)
+        submit_frames(submit)
+    except ValueError as exc:
+        raise CompatError(str(exc)) from None
     return GroupPlan(kind=kind, submit=submit, request_ids=request_ids, spec=spec, batched=batched,
                      action_mode="policy", domain_id=sampling.domain_id, raw_action_dim=sampling.raw_action_dim,
                      num_inference_steps=steps, num_frames=num_frames)

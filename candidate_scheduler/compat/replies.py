@@ -15,10 +15,11 @@ from candidate_scheduler.compat.foreign import dumps_output_batch, error_reply
 from candidate_scheduler.compat.mapping import GroupPlan
 
 
-def _as_float32(a: protocol.Array | None, name: str) -> np.ndarray | None:
+def _as_float32(a: protocol.Array | np.ndarray | None, name: str) -> np.ndarray | None:
     if a is None:
         return None
-    arr = protocol.array_from_wire(a)
+    # a GroupResult off the wire, or a `Result` from AsyncClient (arrays decoded already)
+    arr = a if isinstance(a, np.ndarray) else protocol.array_from_wire(a)
     if not np.issubdtype(arr.dtype, np.floating):
         raise CompatError(f"scheduler returned {name} of dtype {arr.dtype}")
     return np.ascontiguousarray(arr, dtype=np.float32)

@@ -19,6 +19,7 @@ import collections
 import io
 import math
 import pickle
+import types
 import warnings
 from typing import Any
 
@@ -47,11 +48,66 @@ MAX_IMAGE_PIXELS = MAX_ARRAY_BYTES // 4
 
 
 # ---------------------------------------------------------------------------------------------------
+# Nothing find_class hands out can be changed by a pickle
+# ---------------------------------------------------------------------------------------------------
+# Every object of the allow-list is shared by every request of every client for the life of the process.
+# pickle's BUILD opcode applies state to whatever is on its stack: through ``__setstate__`` when the object
+# has one, otherwise by writing its ``__dict__`` and calling setattr for "slot state". Applied to an
+# allow-listed class or function it would change it for everyone (an 85-byte pickle setting
+# ``DataType.__members_by_value__ = {}`` broke every later request). So each of them refuses BUILD and
+# setattr: stub classes through `_SealedType`, functions wrapped in `_SealedCallable`, the ndarray token
+# by its own class. (Builtin types on the list -- set, complex, ... -- are immutable already.)
+
+
+def _refuse_build(*_args: Any) -> None:
+    raise RefusedPickle("refused: BUILD applied to an allow-listed global (it would change it for every client)")
+
+
+class _SealedType(type):
+    """Metaclass of the stand-in classes: the classes themselves cannot be changed by a pickle."""
+
+    # A data descriptor on the metaclass wins over the class's own ``__setstate__`` when pickle looks it up
+    # on the CLASS (BUILD applied to the class), while instances still find their class's method.
+    @property
+    def __setstate__(cls):
+        return _refuse_build
+
+    def __setattr__(cls, name: str, value: Any) -> None:
+        raise RefusedPickle(f"refused: allow-listed class {cls.__qualname__} cannot be changed")
+
+    def __delattr__(cls, name: str) -> None:
+        raise RefusedPickle(f"refused: allow-listed class {cls.__qualname__} cannot be changed")
+
+
+class _SealedCallable:
+    """An allowed function as find_class hands it out: it can be called (REDUCE), nothing else. A bare
+    function would take BUILD state into its ``__dict__`` and setattr (``__defaults__``, ``__kwdefaults__``)."""
+
+    __slots__ = ()
+    __setstate__ = _refuse_build
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        _refuse_build()
+
+    def __delattr__(self, name: str) -> None:
+        _refuse_build()
+
+    def __repr__(self) -> str:
+        return f"<allowed {type(self).__qualname__}>"
+
+
+def _sealed(func: Any) -> _SealedCallable:
+    # one subclass a function, its __call__ the function: there is no instance state to overwrite
+    return type(func.__name__, (_SealedCallable,), {"__slots__": (), "__call__": staticmethod(func),
+                                                    "__module__": __name__})()
+
+
+# ---------------------------------------------------------------------------------------------------
 # Inert stand-ins for sglang's classes
 # ---------------------------------------------------------------------------------------------------
 
 
-class SglangObject:
+class SglangObject(metaclass=_SealedType):
     """State of one pickled sglang object. Construction and BUILD only store data."""
 
     __sglang_class__ = "?"
@@ -124,7 +180,7 @@ class PostTrainingStub(SglangObject):
         return self.__sglang_class__.rsplit(".", 1)[-1]
 
 
-class EnumStub:
+class EnumStub(metaclass=_SealedType):
     """A pickled enum member (``cls(value)``); ``name`` comes from the static member table."""
 
     __sglang_class__ = "?"
@@ -146,11 +202,14 @@ class EnumStub:
     def __hash__(self) -> int:
         return hash((self.__sglang_class__, self.value))
 
+    # enums pickle as ``cls(value)`` alone; state after that would only give a member a false name
+    __setstate__ = _refuse_build
+
     def __repr__(self) -> str:
         return f"<sglang {self.__sglang_class__}.{self.name or self.value!r}>"
 
 
-class PILImageStub:
+class PILImageStub(metaclass=_SealedType):
     """A pickled PIL image (state ``[info, mode, size, palette, data]``); ``to_pil`` rebuilds it with
     ``Image.frombytes`` after checking mode, size and byte count."""
 
@@ -207,7 +266,14 @@ _NUMPY_KINDS = "biufcSU"  # no object (O), void/structured (V) or datetime (M, m
 
 class _NdarrayToken:
     """Stands for ``numpy.ndarray`` as the subtype argument of ``_reconstruct``; not callable, so
-    ``numpy.ndarray(huge_shape)`` cannot be reached through REDUCE."""
+    ``numpy.ndarray(huge_shape)`` cannot be reached through REDUCE. One instance for every client: no
+    state, and BUILD refused (see `_SealedType`)."""
+
+    __slots__ = ()
+    __setstate__ = _refuse_build
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        _refuse_build()
 
     def __repr__(self) -> str:
         return "<numpy.ndarray (token)>"
@@ -217,16 +283,27 @@ _NDARRAY = _NdarrayToken()
 
 
 def _check_dtype(dtype: Any) -> np.dtype:
-    if not isinstance(dtype, np.dtype) or dtype.kind not in _NUMPY_KINDS or dtype.fields is not None:
+    if (not isinstance(dtype, np.dtype) or dtype.kind not in _NUMPY_KINDS or dtype.fields is not None
+            or dtype.subdtype is not None):
         raise RefusedPickle(f"refused: numpy dtype {dtype!r} is not allowed")
-    return dtype
+    # numpy's own pickles BUILD a dtype after making it (to set its byte order), and dtype.__setstate__
+    # also takes flags: "holds Python objects" on a bytes dtype would read raw pickle bytes as pointers.
+    # So what is checked and used is a dtype made afresh from the plain description.
+    fresh = np.dtype(dtype.str)
+    if fresh != dtype or fresh.flags != dtype.flags or fresh.hasobject:
+        raise RefusedPickle(f"refused: numpy dtype {dtype.str!r} carries altered flags")
+    return fresh
 
 
 def _safe_dtype(obj: Any, align: bool = False, copy: bool = False) -> np.dtype:
     if not isinstance(obj, str) or len(obj) > 16:
         raise RefusedPickle("refused: numpy dtype must be named by a short string")
-    dtype = np.dtype(obj)
-    return _check_dtype(dtype)
+    # Always a copy, as numpy's own pickles ask (dtype(name, align, copy=True)): the BUILD that follows sets
+    # the byte order on it; applied to numpy's shared builtin dtype it would be ignored (">f4" read as "<f4").
+    # What BUILD leaves is checked where the dtype is used (`_check_dtype`).
+    dtype = np.dtype(obj, copy=True)
+    _check_dtype(dtype)
+    return dtype
 
 
 def _safe_reconstruct(subtype: Any, shape: Any, typecode: Any) -> np.ndarray:
@@ -234,7 +311,18 @@ def _safe_reconstruct(subtype: Any, shape: Any, typecode: Any) -> np.ndarray:
     # checks the buffer length against the declared shape and dtype.
     if subtype is not _NDARRAY or shape != (0,) or typecode not in (b"b", "b"):
         raise RefusedPickle("refused: unexpected numpy _reconstruct arguments")
-    return np.ndarray((0,), dtype=np.int8)
+    return _CheckedNdarray((0,), dtype=np.int8)
+
+
+class _CheckedNdarray(np.ndarray):
+    """The array ``_reconstruct`` returns: its BUILD (``ndarray.__setstate__``) takes the dtype as the
+    pickle left it, after any BUILD of the dtype itself, so the dtype is checked here, at use."""
+
+    def __setstate__(self, state: Any) -> None:
+        if not isinstance(state, tuple) or len(state) != 5 or not isinstance(state[4], (bytes, bytearray)):
+            raise RefusedPickle("refused: numpy array state must be (version, shape, dtype, fortran, bytes)")
+        version, shape, dtype, fortran, raw = state
+        super().__setstate__((version, shape, _check_dtype(dtype), fortran, raw))
 
 
 def _safe_scalar(dtype: Any, data: Any = None) -> Any:
@@ -355,6 +443,10 @@ def _build_allow_list() -> dict[tuple[str, str], Any]:
                         ("bytearray", _safe_bytearray)):
         allowed[("builtins", name)] = value
         allowed[("__builtin__", name)] = value
+    sealed: dict[int, _SealedCallable] = {}  # one wrapper a function (numpy.core and numpy._core share them)
+    for key, value in allowed.items():
+        if isinstance(value, types.FunctionType):
+            allowed[key] = sealed.setdefault(id(value), _sealed(value))
     return allowed
 
 
