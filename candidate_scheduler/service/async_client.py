@@ -172,12 +172,25 @@ class AsyncClient:
         fut = asyncio.get_running_loop().create_future()
         self._futures[rid] = fut
         try:
-            await self._sock.send_multipart(frames)
+            await self._send(frames, rid)
             self._ensure_reader()
             return Result.from_wire(await self._answer(fut, rid, sent_to, drops))
         finally:  # answered, given up or cancelled (asyncio.wait_for): a reply that comes later has no taker
             if self._futures.get(rid) is fut:
                 del self._futures[rid]
+
+    async def _send(self, frames: list[bytes], rid: str) -> None:
+        """Send a SUBMIT. With the scheduler away ZMQ queues it, and once the queue is full (1,000
+        messages) a send waits until the scheduler is back: with liveness, not longer than the bound
+        a waiter would wait for an answer (SchedulerUnavailable)."""
+        if self.liveness_s is None:
+            await self._sock.send_multipart(frames)
+            return
+        try:
+            await asyncio.wait_for(self._sock.send_multipart(frames), 2 * self.liveness_s)
+        except TimeoutError:
+            raise SchedulerUnavailable(f"could not send {rid!r} to {self.endpoint} within "
+                                       f"{2 * self.liveness_s:.1f} s: the scheduler has been away a while") from None
 
     async def _answer(self, fut: asyncio.Future, rid: str, sent_to: str | None, drops: int) -> protocol.GroupResult:
         """The reply `fut` gets; SchedulerUnavailable when the scheduler stops answering, or restarted and

@@ -256,3 +256,25 @@ def test_an_async_error_without_a_group_blames_nobody_when_several_wait():
         assert asyncio.run(scenario()) == (False, False)
     finally:
         played.close()
+
+
+def test_an_async_submit_does_not_wait_forever_to_be_sent():
+    """With nobody at the address ZMQ queues each SUBMIT, and past its queue's 1,000 messages a send
+    waits until someone comes: it waited forever (a front's robots with it). Now SchedulerUnavailable
+    within 2 x liveness_s, like a waiter's."""
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+    async def scenario():
+        c = AsyncClient(endpoint, liveness_s=0.2)
+        try:
+            calls = [c.submit(IMAGE, "pick", request_id=f"g{i}") for i in range(1005)]
+            outcomes = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 20)
+            return {type(o).__name__ for o in outcomes}
+        finally:
+            c.close()
+
+    assert asyncio.run(scenario()) == {"SchedulerUnavailable"}
