@@ -32,6 +32,28 @@ def grace_seconds(text: str) -> float:
     return value
 
 
+def positive_seconds(text: str) -> float:
+    """argparse type of a period that must pass (--liveness): finite and above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be finite and > 0 seconds, not {text}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type of a count that must be at least 1 (--max-in-flight)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {text}")
+    return value
+
+
 def call_rows(text: str) -> str:
     """argparse type of `worker --call-rows` (the adapter resolves it against its device)."""
     try:

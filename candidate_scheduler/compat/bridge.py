@@ -45,7 +45,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from candidate_scheduler import protocol
+from candidate_scheduler import arg_types, protocol
 from candidate_scheduler.compat.classify import Answer, Generation, Ping, Shutdown, Warmup, classify
 from candidate_scheduler.compat.errors import CompatError, RefusedPickle
 from candidate_scheduler.compat.foreign import dumps_output_batch, error_reply
@@ -424,10 +424,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest accepted payload (ZMQ MAXMSGSIZE and the unpickler's limit)")
     p.add_argument("--request-timeout", type=float, default=None,
                    help="seconds before an unanswered request gets an error reply (default: wait, like sglang)")
-    p.add_argument("--liveness", type=float, default=DEFAULT_LIVENESS_S,
+    p.add_argument("--liveness", type=arg_types.positive_seconds, default=DEFAULT_LIVENESS_S,
                    help="seconds of silence from the scheduler before it is PINGed; one that does not answer "
                         f"within as long again fails the requests it holds (default {DEFAULT_LIVENESS_S})")
-    p.add_argument("--max-in-flight", type=int, default=DEFAULT_MAX_IN_FLIGHT,
+    p.add_argument("--max-in-flight", type=arg_types.positive_int, default=DEFAULT_MAX_IN_FLIGHT,
                    help="requests held at once; more are answered 'busy' at once "
                         f"(default {DEFAULT_MAX_IN_FLIGHT})")
     p.add_argument("--shutdown-scheduler", action="store_true",

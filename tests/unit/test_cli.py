@@ -86,3 +86,15 @@ def test_graces_are_finite_and_not_negative():
         for bad in ("nan", "inf", "-1", "soon"):
             with pytest.raises(SystemExit):
                 build_parser().parse_args([command, flag, bad])
+
+
+def test_the_bridge_refuses_a_liveness_or_an_in_flight_cap_that_cannot_work():
+    """A liveness of 0 or NaN would PING at once or never; a cap below 1 would answer every request busy."""
+    from candidate_scheduler.compat.bridge import build_parser as bridge_parser
+
+    args = bridge_parser().parse_args(["--liveness", "0.5", "--max-in-flight", "8"])
+    assert (args.liveness, args.max_in_flight) == (0.5, 8)
+    for flag, bad in (("--liveness", "0"), ("--liveness", "nan"), ("--liveness", "-1"), ("--max-in-flight", "0"),
+                      ("--max-in-flight", "many")):
+        with pytest.raises(SystemExit):
+            bridge_parser().parse_args([flag, bad])
