@@ -20,27 +20,25 @@ def margin_quantile(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def grace_seconds(text: str) -> float:
-    """argparse type of --stop-grace-s and --leave-grace-s: finite and not negative (a NaN grace would never
-    run out, and the stop would end only by the orchestrator's SIGKILL)."""
+def _seconds(text: str, *, above_zero: bool) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"a grace must be finite and >= 0 seconds, not {text}")
+    if not math.isfinite(value) or value < 0 or (above_zero and value == 0):
+        raise argparse.ArgumentTypeError(f"must be finite and {'>' if above_zero else '>='} 0 seconds, not {text}")
     return value
+
+
+def grace_seconds(text: str) -> float:
+    """argparse type of --stop-grace-s and --leave-grace-s: finite and not negative (a NaN grace would never
+    run out, and the stop would end only by the orchestrator's SIGKILL)."""
+    return _seconds(text, above_zero=False)
 
 
 def positive_seconds(text: str) -> float:
     """argparse type of a period that must pass (--liveness): finite and above 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be finite and > 0 seconds, not {text}")
-    return value
+    return _seconds(text, above_zero=True)
 
 
 def positive_int(text: str) -> int:
