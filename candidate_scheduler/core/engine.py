@@ -13,8 +13,8 @@ Each event ends with a planning pass: `schedule(now)` returns a `SchedulePlan` (
 changes nothing, `apply(plan)` starts the slices it places and makes the BATCH / JOIN messages.
 `worker_result` classifies each slice's outcome (core/outcomes.py) and folds, retries or fails it; once
 every candidate is in, the group is reduced and answered. A cancel, an expiry, a shutdown or exhausted
-retries answer it instead. GroupState makes "answered exactly once" and "never a partial aggregate"
-structural.
+retries answer it instead, all through one door (core/endings.py). GroupState makes "answered exactly
+once" and "never a partial aggregate" structural.
 
 Atomic events. No event raises. When code inside one does -- admission, planning, a forecast, a
 reducer, a metric -- the groups the failing step was working on (and only those) are answered once,
@@ -39,6 +39,7 @@ from candidate_scheduler.core.admission import decide
 from candidate_scheduler.core.control import Control
 from candidate_scheduler.core.cost_model import CostModel
 from candidate_scheduler.core.elastic_index import ElasticEntry, ElasticIndex
+from candidate_scheduler.core.endings import INTERNAL_ERROR, Endings  # noqa: F401 - INTERNAL_ERROR re-exported
 from candidate_scheduler.core.engine_config import EngineConfig  # noqa: F401 - re-exported (its users import it here)
 from candidate_scheduler.core.fleet_terms import FleetTerms
 from candidate_scheduler.core.group import Group, refusal
@@ -46,7 +47,6 @@ from candidate_scheduler.core.group_state import GroupStatus
 from candidate_scheduler.core.guard import Guard
 from candidate_scheduler.core.intake import Intake
 from candidate_scheduler.core.messages import (
-    CancelRows,
     ControlAnswer,
     GiveBack,
     Heartbeat,
@@ -71,7 +71,6 @@ from candidate_scheduler.core.worker_link import WorkerLink
 from candidate_scheduler.core.worker_views import WorkerViews
 from candidate_scheduler.core.workers import Assignment, WorkerState
 
-INTERNAL_ERROR = "internal_error"
 _PLANNING_ATTEMPTS = 4  # planning passes per event when one raises on a group (which is then answered)
 
 
@@ -124,6 +123,7 @@ class Engine:
         self.link = WorkerLink(self)
         self.control = Control(self)
         self.intake = Intake(self)
+        self.endings = Endings(self)
         self.tenants = Tenants(self.config.tenants, fair=self.config.fair_queueing, remember=self.config.finished_memory)
         self.replies = ReplyCache(self.config.replies_kept, self.config.replies_kept_bytes)  # for resubmissions
         self.now = 0.0
@@ -176,7 +176,7 @@ class Engine:
             if not g.reply_taken:
                 g.take_reply()
                 self.outbox.append(Reply(g.client, refusal(rid, "failed", INTERNAL_ERROR, message)))
-            self._forget(g)
+            self.endings.forget(g)
         return True
 
     # ---- submissions ------------------------------------------------------------------------------------
@@ -423,7 +423,7 @@ class Engine:
             g = self.groups[u.request_id]
             dispatch = g.start_slice(u.slice_index, worker.worker_id)
             self.pending.discard(u.request_id, u.slice_index)
-            self._leaves_queue(g, started=True)
+            self.endings.leaves_queue(g, started=True)
             self.elastic.discard(u.request_id)  # started: its count is fixed
             self.held.setdefault(u.request_id, set()).add(batch_id)
             if g.physical_batches == 0:
@@ -488,57 +488,8 @@ class Engine:
     # ---- endings ------------------------------------------------------------------------------------------
 
     def end(self, g: Group) -> None:
-        """Send the group's one reply and forget it. Workers still running its slices are told to stop."""
-        rid = g.request_id
-        for batch_id in sorted(self.held.get(rid, ())):
-            a = self.assignments.get(batch_id)
-            worker = None if a is None else self.worker_of(a.worker_id)
-            if worker is not None and rid not in a.cancelled:
-                a.cancelled.add(rid)
-                self.outbox.append(CancelRows(worker.identity, a.batch_id, (rid,)))
-        reply = g.take_reply()
-        result = None
-        if reply is not None:
-            try:
-                result = g.result(reply)
-            except Exception as exc:  # noqa: BLE001 - the reply could not be built: still one answer
-                self.counters["internal_errors"] += 1
-                result = refusal(rid, "failed", INTERNAL_ERROR,
-                                 f"the reply could not be built: {type(exc).__name__}: {exc}")
-            self.outbox.append(Reply(g.client, result))
-            self.outbox.extend(Reply(waiter, result) for waiter in g.waiters)  # resubmissions: the same answer
-            self.replies.put(rid, self.tenants.owners_of(rid) or (), g.fingerprint, result)
-        self._forget(g)
-        # STATUS must say what the reply said ("rejected" is a FAILED group to the state machine)
-        self.finished[rid] = g.status.name.lower() if result is None else result.status
-        while len(self.finished) > self.config.finished_memory:
-            self.finished.popitem(last=False)
-        if result is None:
-            return
-        self.metrics.group_completed(result.status, self.now - g.received_at)
-        self.metrics.tenant_group(g.tenant, result.status, g.served_count if result.status == "done" else 0)
-        if result.status == "done":
-            self.metrics.served(g.spec.count, g.served_count)
-        if g.deadline is not None and result.status in ("done", "expired") and \
-                (result.status == "expired" or self.now > g.deadline):
-            self.metrics.deadline_miss()
-
-    def _forget(self, g: Group) -> None:
-        rid = g.request_id
-        if self.groups.get(rid) is g:
-            del self.groups[rid]
-        self.waiting.pop(rid, None)
-        self.pending.discard_group(rid)
-        self.elastic.discard(rid)
-        self._leaves_queue(g, started=False)
-        self.tenants.forgot(rid, g.tenant)
-        self.held.pop(rid, None)  # its workers were told to stop (end); their answers are matched by batch id
-
-    def _leaves_queue(self, g: Group, started: bool) -> None:
-        self.unstarted.discard(g.request_id)
-        if g.fair_tag is not None:
-            self.tenants.clock.left(g.fair_tag, started)
-            g.fair_tag = None
+        """Send the group's one reply and forget it (core/endings.py)."""
+        self.endings.end(g)
 
     def tick(self, now: float) -> list:
         """Deadlines, heartbeat timeouts, gauges, and planning: called by the shell a few times a second."""

@@ -1,0 +1,76 @@
+"""The end of a group: its one reply sent, and every trace of it in the engine's queues forgotten.
+
+`Endings` holds no state of its own: it is the part of the engine (core/engine.py) that answers a group
+and forgets it, kept in its own file as core/intake.py keeps the beginning. Whatever ends a group -- its
+last result, a cancel, an expiry, a shutdown, a fault -- comes here, so "answered exactly once" has one
+door: the reply is taken from GroupState, which hands it out once; resubmissions waiting on the group get
+the same answer; the answer is kept for later resubmissions (core/resubmission.py).
+"""
+
+from __future__ import annotations
+
+from candidate_scheduler.core.group import Group, refusal
+from candidate_scheduler.core.messages import CancelRows, Reply
+
+INTERNAL_ERROR = "internal_error"  # the code of every answer to a fault inside the engine
+
+
+class Endings:
+    def __init__(self, engine):
+        self.engine = engine
+
+    def end(self, g: Group) -> None:
+        """Send the group's one reply and forget it. Workers still running its slices are told to stop."""
+        e = self.engine
+        rid = g.request_id
+        for batch_id in sorted(e.held.get(rid, ())):
+            a = e.assignments.get(batch_id)
+            worker = None if a is None else e.worker_of(a.worker_id)
+            if worker is not None and rid not in a.cancelled:
+                a.cancelled.add(rid)
+                e.outbox.append(CancelRows(worker.identity, a.batch_id, (rid,)))
+        reply = g.take_reply()
+        result = None
+        if reply is not None:
+            try:
+                result = g.result(reply)
+            except Exception as exc:  # noqa: BLE001 - the reply could not be built: still one answer
+                e.counters["internal_errors"] += 1
+                result = refusal(rid, "failed", INTERNAL_ERROR,
+                                 f"the reply could not be built: {type(exc).__name__}: {exc}")
+            e.outbox.append(Reply(g.client, result))
+            e.outbox.extend(Reply(waiter, result) for waiter in g.waiters)  # resubmissions: the same answer
+            e.replies.put(rid, e.tenants.owners_of(rid) or (), g.fingerprint, result)
+        self.forget(g)
+        # STATUS must say what the reply said ("rejected" is a FAILED group to the state machine)
+        e.finished[rid] = g.status.name.lower() if result is None else result.status
+        while len(e.finished) > e.config.finished_memory:
+            e.finished.popitem(last=False)
+        if result is None:
+            return
+        e.metrics.group_completed(result.status, e.now - g.received_at)
+        e.metrics.tenant_group(g.tenant, result.status, g.served_count if result.status == "done" else 0)
+        if result.status == "done":
+            e.metrics.served(g.spec.count, g.served_count)
+        if g.deadline is not None and result.status in ("done", "expired") and \
+                (result.status == "expired" or e.now > g.deadline):
+            e.metrics.deadline_miss()
+
+    def forget(self, g: Group) -> None:
+        e = self.engine
+        rid = g.request_id
+        if e.groups.get(rid) is g:
+            del e.groups[rid]
+        e.waiting.pop(rid, None)
+        e.pending.discard_group(rid)
+        e.elastic.discard(rid)
+        self.leaves_queue(g, started=False)
+        e.tenants.forgot(rid, g.tenant)
+        e.held.pop(rid, None)  # its workers were told to stop (end); their answers are matched by batch id
+
+    def leaves_queue(self, g: Group, started: bool) -> None:
+        e = self.engine
+        e.unstarted.discard(g.request_id)
+        if g.fair_tag is not None:
+            e.tenants.clock.left(g.fair_tag, started)
+            g.fair_tag = None
