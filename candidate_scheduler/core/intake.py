@@ -44,7 +44,10 @@ class Intake:
         if rid in e.groups:  # core/resubmission.py: its owner waits for its one answer; anyone else is refused
             g = e.groups[rid]
             if principal.name in (e.tenants.owners_of(rid) or ()) and same_request(g.fingerprint, fingerprint):
-                g.waiters.append(client)
+                # One answer per destination: a client resending on the connection it sent from (after a drop it
+                # could not tell apart from a lost reply, or in a loop) must not pile up copies of the reply.
+                if client != g.client and client not in g.waiters:
+                    g.waiters.append(client)
                 e.metrics.resubmission("in_flight")
                 return None
             return refuse("invalid", "duplicate_request_id", f"request {rid!r} is already in flight", "request_id")

@@ -94,7 +94,9 @@ class ClientRef:
 
     identity: bytes
     delimited: bool
-    received_at: float = 0.0  # perf_counter() when the shell read the SUBMIT
+    # perf_counter() when the shell read the SUBMIT. Not compared: two SUBMITs from one connection are one
+    # destination, so a resubmission on it waits without a second copy of the reply (core/intake.py).
+    received_at: float = field(default=0.0, compare=False)
 
 
 class Scheduler:

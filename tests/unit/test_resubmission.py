@@ -186,3 +186,23 @@ def test_the_leftovers_of_an_ended_group_never_touch_a_new_group_under_its_id():
     assert "r" not in g.replies
     g.run_all()
     assert g.reply("r").status == "done"
+
+
+def test_resubmissions_from_the_destination_already_waiting_add_no_second_reply():
+    """A client resending on the connection it sent from (a drop it took for a lost reply, or a retry
+    loop) is one destination: it gets one reply, however often it resends, and nothing piles up."""
+    h = _recording()
+    _send(h, "g", ALICE, "first", count=3)
+    for _ in range(5):
+        _send(h, "g", ALICE, "first", count=3)
+        _send(h, "g", ALICE, "again", count=3)
+    assert len(h.engine.groups["g"].waiters) == 1
+    h.run_all()
+    assert len(_replies_to(h, "first", "g")) == 1 and len(_replies_to(h, "again", "g")) == 1
+
+
+def test_the_shell_treats_two_submits_from_one_connection_as_one_destination():
+    from candidate_scheduler.service.server import ClientRef
+    assert ClientRef(b"id", False, 1.0) == ClientRef(b"id", False, 2.0)
+    assert ClientRef(b"id", False, 1.0) != ClientRef(b"other", False, 1.0)
+    assert ClientRef(b"id", False) != ClientRef(b"id", True)
