@@ -50,7 +50,8 @@ class Action(str, enum.Enum):
 
 def check_name(kind: str, name: str) -> str:
     """Principal and tenant names: short, printable, safe as a file name and a metric label."""
-    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_CHARS or not _NAME.match(name):
+    # fullmatch: `$` also matches before a trailing newline, and "rl\n" written into a key file reads back as "rl"
+    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_CHARS or not _NAME.fullmatch(name):
         raise ValueError(f"{kind} name must be 1-{MAX_NAME_CHARS} characters of [A-Za-z0-9_.-], "
                          f"starting with a letter or digit; got {name!r}")
     return name

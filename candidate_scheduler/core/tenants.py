@@ -9,10 +9,15 @@ best-effort groups across tenants.
 from __future__ import annotations
 
 import collections
+import math
 
 from candidate_scheduler.core.access import Principal, check_name
 from candidate_scheduler.core.fair_queue import FairClock
 from candidate_scheduler.core.values import value
+
+# A weight divides a group's work into its tenant's fair-queue tag: past these bounds a tag overflows to
+# inf (a tiny weight) and the next lead is inf - inf = nan, or a tenant escapes fair queueing (weight inf)
+MIN_WEIGHT, MAX_WEIGHT = 1e-3, 1e3
 
 
 @value
@@ -27,8 +32,10 @@ class TenantPolicy:
         check_name("tenant", self.name)
         if self.max_in_flight is not None and (not isinstance(self.max_in_flight, int) or self.max_in_flight < 1):
             raise ValueError(f"tenant {self.name}: max_in_flight must be a positive int, got {self.max_in_flight!r}")
-        if not self.weight > 0:
-            raise ValueError(f"tenant {self.name}: weight must be > 0, got {self.weight!r}")
+        if isinstance(self.weight, bool) or not isinstance(self.weight, (int, float)) \
+                or not (math.isfinite(self.weight) and MIN_WEIGHT <= self.weight <= MAX_WEIGHT):
+            raise ValueError(f"tenant {self.name}: weight must be a number from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}, "
+                             f"got {self.weight!r}")
 
 
 class Tenants:

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import ipaddress
-import urllib.parse
+import re
 
 import zmq
+
+# host:port and nothing else. ZMQ also reads `tcp://SOURCE;ADDRESS` (bind: the part after ";"), so
+# urlparse's hostname of "tcp://127.0.0.1:1;0.0.0.0:5555" is loopback while ZMQ listens on 0.0.0.0:
+# anything that is not plainly one host and one port counts as public.
+_TCP = re.compile(r"tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(\d+|\*)")
 
 
 def bind_socket(sock: zmq.Socket, endpoint: str) -> str:
@@ -20,10 +25,12 @@ def bind_socket(sock: zmq.Socket, endpoint: str) -> str:
 
 def is_loopback_endpoint(endpoint: str) -> bool:
     """True for ipc://, inproc:// and tcp:// on a loopback address or ``localhost``. A wildcard
-    (``*``, ``0.0.0.0``), an interface name or any other hostname counts as public."""
+    (``*``, ``0.0.0.0``), an interface name, any other hostname, or an endpoint that is not plainly
+    ``tcp://HOST:PORT`` (ZMQ's ``SOURCE;ADDRESS`` form included) counts as public."""
     if endpoint.startswith(("ipc://", "inproc://")):
         return True
-    return is_loopback_host(urllib.parse.urlparse(endpoint).hostname or "")
+    m = _TCP.fullmatch(endpoint)
+    return m is not None and is_loopback_host(m.group(1).lower())
 
 
 def is_loopback_host(host: str) -> bool:

@@ -42,6 +42,7 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 SERVER = "server"
 WORKER_KEY = "client"  # the worker's pair: the name `worker --curve-dir DIR` has always read
 ADMIN_KEY = "admin"
+FRONT_NAMES = ("openpi-front", "sglang-bridge")  # serve authorises its fronts as these (commands._serve)
 CLIENTS_DOMAIN = "clients"  # the request and control sockets
 WORKERS_DOMAIN = "workers"  # the worker link
 
@@ -72,13 +73,46 @@ def _metadata(path: Path) -> dict[str, str]:
     return out
 
 
+def _authorised(d: Path, name: str) -> tuple[Principal | None, str]:
+    """The principal `name` is authorised as in the directory now (its key's or its token's record),
+    and the file that says so; (None, "") when it is not."""
+    key, token = d / "authorized_clients" / f"{name}.key", d / "authorized_tokens" / f"{name}.json"
+    try:
+        if key.exists():
+            meta = _metadata(key)
+            return Principal(name, meta.get("tenant", DEFAULT_TENANT), Role(meta.get("role", Role.WORKER.value))), str(key)
+        if token.exists():
+            rec = json.loads(token.read_text(encoding="utf8"))
+            return Principal(name, rec.get("tenant", DEFAULT_TENANT), Role(rec.get("role", Role.CLIENT.value))), str(token)
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        raise KeyDirError(f"cannot read how {name!r} is authorised now: {exc}") from exc
+    return None, ""
+
+
+def _check_new(d: Path, principal: Principal) -> None:
+    """Refuse what would leave a directory the scheduler cannot load (Directory.add: one name, one role
+    and tenant) or cannot start with (serve authorises its fronts by these names at run time)."""
+    if principal.name in FRONT_NAMES:
+        raise KeyDirError(f"{principal.name!r} is the name serve gives one of its own fronts; choose another")
+    known, where = _authorised(d, principal.name)
+    if known is not None and known != principal:
+        raise KeyDirError(f"{principal.name!r} is authorised as {known.role.value} of tenant {known.tenant} "
+                          f"({where}); a key and a token of one name must agree: use that role and tenant, "
+                          "or another name")
+
+
 def add_key(key_dir: str | os.PathLike, name: str, role: Role | str = Role.CLIENT,
             tenant: str = DEFAULT_TENANT) -> Path:
     """A new CURVE pair for `name`, authorised with its role and tenant; refuses to overwrite one."""
     d = Path(key_dir)
     principal = Principal(check_name("principal", name), tenant, Role(role))
-    if os.path.lexists(d / f"{name}.key_secret"):
-        raise KeyDirError(f"{d / (name + '.key_secret')} exists; remove it first to replace the key")
+    # the authorised public key counts too: a secret handed out (moved off this host) leaves only it, and
+    # writing a new pair over it would revoke the key its holder has
+    for path in (d / f"{name}.key_secret", d / "authorized_clients" / f"{name}.key"):
+        if os.path.lexists(path):
+            raise KeyDirError(f"{path} exists; remove {name}.key_secret and authorized_clients/{name}.key "
+                              "first to replace the key")
+    _check_new(d, principal)
     (d / "authorized_clients").mkdir(parents=True, exist_ok=True)
     with _private_files():
         _public_file, secret_file = zmq.auth.create_certificates(str(d), name)
@@ -95,8 +129,11 @@ def add_token(key_dir: str | os.PathLike, name: str, role: Role | str = Role.CLI
     principal = Principal(check_name("principal", name), tenant, Role(role))
     if principal.role is Role.WORKER:
         raise KeyDirError("a worker connects with a CURVE key, not a token")
-    if (d / f"{name}.token").exists():
-        raise KeyDirError(f"{d / (name + '.token')} exists; remove it first to replace the token")
+    for path in (d / f"{name}.token", d / "authorized_tokens" / f"{name}.json"):
+        if os.path.lexists(path):  # the record alone: a token handed out, which a new one would revoke
+            raise KeyDirError(f"{path} exists; remove {name}.token and authorized_tokens/{name}.json first "
+                              "to replace the token")
+    _check_new(d, principal)
     (d / "authorized_tokens").mkdir(parents=True, exist_ok=True)
     token = secrets.token_urlsafe(32)
     fd = os.open(d / f"{name}.token", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -110,14 +147,21 @@ def add_token(key_dir: str | os.PathLike, name: str, role: Role | str = Role.CLI
 def init_dir(key_dir: str | os.PathLike) -> list[str]:
     """The scheduler's pair, a worker pair and an admin pair, each only if missing; what it wrote."""
     d = Path(key_dir)
-    d.mkdir(parents=True, exist_ok=True)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise KeyDirError(f"cannot make the key directory {d}: {exc}") from exc
     wrote = []
     if not os.path.lexists(d / "server.key_secret"):
+        if os.path.lexists(d / "server.key"):  # a client's or worker's copy: a new pair would lock it out
+            raise KeyDirError(f"{d / 'server.key'} exists without server.key_secret: this is a copy handed to a "
+                              "client or worker, not the scheduler's directory; run `keys` on that one")
         with _private_files():
             zmq.auth.create_certificates(str(d), SERVER)
         wrote.append(f"{d}/server.key[_secret]")
     for name, role in ((WORKER_KEY, Role.WORKER), (ADMIN_KEY, Role.ADMIN)):
-        if not (d / f"{name}.key_secret").exists():
+        # present once authorised: a secret moved to the hosts that use it is not missing
+        if not any(os.path.lexists(p) for p in (d / f"{name}.key_secret", d / "authorized_clients" / f"{name}.key")):
             add_key(d, name, role)
             wrote.append(f"{d}/{name}.key[_secret] ({role.value})")
     return wrote
@@ -170,7 +214,7 @@ class Directory:
                 principal = Principal(check_name("principal", path.stem), rec.get("tenant", DEFAULT_TENANT),
                                       Role(rec.get("role", Role.CLIENT.value)))
                 digest = rec.get("sha256")
-                if not isinstance(digest, str) or not _SHA256.match(digest):
+                if not isinstance(digest, str) or not _SHA256.fullmatch(digest):  # `$` lets "...\n" through
                     raise ValueError("sha256 must be 64 hex digits")
             except (OSError, ValueError, TypeError) as exc:
                 raise KeyDirError(f"{path}: {exc}") from exc
