@@ -37,7 +37,7 @@ class _ForeignPickler(pickle._Pickler):  # the pure-Python pickler: its dispatch
     dispatch = pickle._Pickler.dispatch.copy()
 
     def _save_foreign(self, obj: ForeignObject) -> None:
-        if not (_GLOBAL_NAME.match(obj.module) and _GLOBAL_NAME.match(obj.name)):
+        if not (_GLOBAL_NAME.fullmatch(obj.module) and _GLOBAL_NAME.fullmatch(obj.name)):
             raise pickle.PicklingError(f"bad global {obj.module}.{obj.name}")
         self.write(pickle.GLOBAL + f"{obj.module}\n{obj.name}\n".encode("ascii"))
         if obj.call:

@@ -94,7 +94,7 @@ def register_reducer(name: str, fn_or_class: Any, *, overwrite: bool = False) ->
     whose no-argument instance is such a callable. It must be deterministic and must not mutate its
     input. Built-ins cannot be replaced; another name needs ``overwrite=True`` to be replaced.
     """
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise CandidateContractError(
             "reducer", "invalid_value", "reducer name must match [a-z][a-z0-9_]{0,63}", name
         )

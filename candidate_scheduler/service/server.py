@@ -150,7 +150,11 @@ class Scheduler:
                 sock.curve_secretkey = self._server_secret
                 sock.curve_publickey = self._server_public
                 sock.curve_server = True
-            self.bound[name] = bind_socket(sock, endpoints[name])
+            try:
+                self.bound[name] = bind_socket(sock, endpoints[name])
+            except zmq.ZMQError as exc:  # a port in use, an address not on this host: the user's to fix
+                sock.close(linger=0)
+                raise StartupRefused(f"cannot listen on {endpoints[name]} (the {name} socket): {exc}") from exc
             return sock
 
         self.request_sock = router("request")

@@ -44,3 +44,17 @@ def test_keys_refuses_a_name_the_scheduler_could_not_load(tmp_path):
     (tmp_path / "file").write_text("")
     line = _refused("keys", str(tmp_path / "file"))
     assert "key directory" in line
+
+
+def test_a_port_in_use_is_one_line_not_a_traceback():
+    import socket
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    try:
+        port = str(held.getsockname()[1])
+        line = _refused("serve", "--request-port", port, "--control-port", "0", "--worker-port", "0",
+                        "--metrics-port", "-1", "--no-compat")
+        assert f"tcp://127.0.0.1:{port}" in line and "request socket" in line and "in use" in line
+    finally:
+        held.close()

@@ -47,6 +47,8 @@ def test_our_replies_use_openpis_format():
     (msgpack.packb({"x": {b"__ndarray__": True, b"data": b"\0" * 8, b"dtype": "<c8", b"shape": [1]}}), "not accepted"),
     (msgpack.packb({"x": {b"__ndarray__": True, b"data": b"\0" * 8, b"dtype": "|V8", b"shape": [1]}}), "not accepted"),
     (msgpack.packb({"x": {b"__ndarray__": True, b"data": b"\0" * 8, b"dtype": "<M8[s]", b"shape": [1]}}), "not accepted"),
+    # `$` matched before a trailing newline, and numpy's TypeError escaped as no WireError
+    (msgpack.packb({"x": {b"__ndarray__": True, b"data": b"\0" * 4, b"dtype": "<f4\n", b"shape": [1]}}), "not accepted"),
     (msgpack.packb({"x": {b"__ndarray__": True, b"data": b"\0" * 5, b"dtype": "|u1", b"shape": [2, 3]}}), "needs 6"),
     (msgpack.packb({"x": {b"__ndarray__": True, b"data": b"", b"dtype": "|u1", b"shape": [-1]}}), "shape"),
     (msgpack.packb({"x": {b"__ndarray__": True, b"data": b"", b"dtype": "|u1", b"shape": [True]}}), "shape"),

@@ -238,3 +238,12 @@ def test_registry_api():
         reducers.unregister_reducer("broken_test")
     assert not reducers.is_registered("first_test")
     assert not reducers.unregister_reducer("first_test")
+
+
+def test_a_reducer_name_with_a_trailing_newline_is_refused():
+    """`$` in re.match also matches before a final newline: "custom\\n" was registered, a name no
+    request can spell and a metric label with a line break in it."""
+    from candidate_scheduler.core.errors import CandidateContractError
+    from candidate_scheduler.core.reducers import register_reducer
+    with pytest.raises(CandidateContractError):
+        register_reducer("custom\n", lambda stacked: stacked.mean(axis=0))

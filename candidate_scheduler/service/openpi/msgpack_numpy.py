@@ -39,7 +39,7 @@ class WireError(ValueError):
 def _dtype(value: Any) -> np.dtype:
     if isinstance(value, bytes):
         value = value.decode("ascii", "replace")
-    if not isinstance(value, str) or not _DTYPE_STR.match(value):
+    if not isinstance(value, str) or not _DTYPE_STR.fullmatch(value):
         raise WireError("bad_dtype", f"array dtype {value!r} is not accepted; send bool, int, uint or float arrays")
     return np.dtype(value)
 
