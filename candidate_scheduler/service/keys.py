@@ -225,6 +225,14 @@ class Directory:
         known = self.by_name.get(principal.name)
         if known is not None and known != principal:
             raise KeyDirError(f"{principal.name!r} is authorised twice with different roles or tenants")
+        # One key, one principal: a public key authorised under two names (a record copied to authorise
+        # the same holder again) would be whichever name loaded last, its role included.
+        if key is not None and self.by_key.get(key, principal) != principal:
+            raise KeyDirError(f"one public key is authorised as both {self.by_key[key].name!r} and "
+                              f"{principal.name!r}; remove one of the two authorized_clients/ records")
+        if digest is not None and self.by_token.get(digest, principal) != principal:
+            raise KeyDirError(f"one token is authorised as both {self.by_token[digest].name!r} and "
+                              f"{principal.name!r}; remove one of the two authorized_tokens/ records")
         self.by_name[principal.name] = principal
         if key is not None:
             self.by_key[key] = principal

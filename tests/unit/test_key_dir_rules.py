@@ -156,3 +156,14 @@ def test_keys_never_overwrites_the_server_key_a_client_was_handed(tmp_path):
         init_dir(host)  # `keys ~/keys --client x` run on the trainer's host by mistake
     assert (host / "server.key").read_bytes() == (scheduler / "server.key").read_bytes()
     assert sorted(p.name for p in host.iterdir()) == ["server.key", "trainer.key_secret"]
+
+
+def test_one_public_key_under_two_names_is_refused_at_load(tmp_path):
+    """A record copied to authorise the same holder again (as an admin, say) made the key whichever
+    name sorted last, its role with it: the directory is refused instead, naming both."""
+    add_key(tmp_path, "robot1", "client")
+    record = (tmp_path / "authorized_clients" / "robot1.key").read_text()
+    (tmp_path / "authorized_clients" / "zz-admin.key").write_text(record.replace('role = "client"', 'role = "admin"'))
+    assert 'role = "admin"' in (tmp_path / "authorized_clients" / "zz-admin.key").read_text()
+    with pytest.raises(KeyDirError, match="'robot1' and 'zz-admin'"):
+        Directory.load(tmp_path)
