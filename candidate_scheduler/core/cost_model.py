@@ -6,7 +6,9 @@ Per worker and per forward label (SamplingSpec.forward_label: shape, horizon, CF
   seconds) of every forward the worker reports (in its heartbeats), seeded by the warm-up profile it
   sends when it registers -- so the first prediction is a measurement, never a constant. A label not
   seen yet on a worker borrows the line of the nearest label it has, scaled by the ratio of video
-  tokens (height x width x frames), until forwards of its own arrive.
+  tokens (height x width x frames, twice under CFG), until forwards of its own arrive. A worker keeps
+  its `MAX_LABELS` most recently observed labels, and what no forward or fixed cost can be (a time
+  over a day, over a million rows, a label longer than any SamplingSpec makes) is not observed at all.
 - a group's fixed cost outside the forwards (conditioning + postprocess), an exponentially weighted
   mean per group, seeded by the fixed cost the warm-up measures at each profiled shape (a fresh
   observation's), then from the reports that come back with every result.
@@ -34,7 +36,28 @@ from candidate_scheduler.core.change_log import ChangeLog
 DECAY = 0.97  # per observation: about the last 30 forwards carry the fit
 ERRORS_KEPT = 200  # recent prediction errors behind the margin
 MIN_ERRORS = 5  # fewer than this: no margin yet (1.0); the 0.9 quantile of 5 is the second largest
-_LABEL = re.compile(r"^(\d+)x(\d+)h(\d+)")
+# Labels come from the workers (heartbeats, profiles) and, through the shapes clients ask for (every fps
+# is a label of its own), from the clients: a worker keeps its most recently observed labels only, so
+# neither can grow the model (nor the time a borrowed line takes to find) without bound. A label used
+# now is observed with every forward of it and stays; the warm-up profile sends at most 64.
+MAX_LABELS = 256
+# A forward label is four ints of at most 64 bits and a suffix (SamplingSpec.forward_label): under 100
+# characters. Anything longer is no label the scheduler asks about.
+MAX_LABEL_CHARS = 128
+# No forward and no group's fixed cost takes a day: a longer "measurement" is a broken worker's, and a
+# finite one near 1e308 overflows the fit's sums, whose line turns NaN and predicts 0 s from then on
+MAX_OBSERVED_S = 86400.0
+# No clock times a transformer forward under a microsecond: a shorter positive one is taken as that.
+# The fleet's rate sums rows / forward_s over the workers, mending it by subtracting a worker's old
+# rate (core/fleet_terms.py): one worker at 1e-300 s (a rate of 1e301) and then at its true time took
+# every other worker's rate with it -- the fleet's rate became 0 and the pipe divided by it. A 0 s
+# forward stays 0 (an infinite rate, which those sums count apart).
+MIN_FORWARD_S = 1e-6
+# Nor does one forward carry a million rows: a line fitted through such a point predicts next to
+# nothing for a real batch (and the same rate of 1e20)
+MAX_FORWARD_ROWS = 1 << 20
+# 20 digits hold any 64-bit size: a label with more (a broken worker's) names no shape to scale by
+_LABEL = re.compile(r"^(\d{1,20})x(\d{1,20})h(\d{1,20})(?!\d)")
 
 
 @dataclass
@@ -85,11 +108,20 @@ class Ewma:
 
 
 def video_tokens(label: str) -> float:
+    """The label's video tokens a forward runs per row (height x width x latent frames, twice under CFG);
+    1.0 for a label that names no positive size: a borrowed line is scaled by a ratio of these, so a
+    zero would divide by zero."""
     m = _LABEL.match(label)
     if not m:
         return 1.0
     h, w, horizon = (int(g) for g in m.groups())
-    return (h / 16) * (w / 16) * (horizon // 4 + 1)
+    tokens = (h / 16) * (w / 16) * (horizon // 4 + 1)
+    if not 0 < tokens < math.inf:
+        return 1.0
+    # CFG runs every row twice ([uncond; cond], worker/cosmos3_step.py) and the worker reports the group's
+    # rows: the warm-up profiles no CFG shape, and a CFG group borrowing its shape's line was forecast at
+    # half its cost until the worker had run one
+    return 2 * tokens if label.endswith("+cfg") else tokens
 
 
 @dataclass
@@ -97,6 +129,17 @@ class WorkerCost:
     forward: dict[str, LinearFit] = field(default_factory=dict)
     overhead: dict[str, Ewma] = field(default_factory=dict)
     memory: LinearFit = field(default_factory=LinearFit)
+    # Every label of `forward` and `overhead`, least recently observed first (MAX_LABELS)
+    recent: collections.OrderedDict[str, None] = field(default_factory=collections.OrderedDict)
+
+    def touch(self, label: str) -> None:
+        """`label` was just observed: it is kept, and the label observed longest ago goes when over the bound."""
+        self.recent[label] = None
+        self.recent.move_to_end(label)
+        while len(self.recent) > MAX_LABELS:
+            old, _ = self.recent.popitem(last=False)
+            self.forward.pop(old, None)
+            self.overhead.pop(old, None)
 
     def forward_s(self, label: str, rows: int) -> float:
         fit = self.forward.get(label)
@@ -126,6 +169,10 @@ class WorkerCost:
         if b <= 0:
             return capacity if a <= budget_bytes else 1
         return max(1, min(capacity, int((budget_bytes - a) // b)))
+
+
+def _label_ok(label: object) -> bool:
+    return isinstance(label, str) and 0 < len(label) <= MAX_LABEL_CHARS
 
 
 def check_margin_quantile(q: float) -> float:
@@ -186,22 +233,28 @@ class CostModel:
         self._changed(worker_id)
 
     def observe_forward(self, worker_id: str, label: str, rows: int, seconds: float) -> None:
-        if rows > 0 and 0 <= seconds < math.inf and label:  # an inf would make every later prediction 0
-            self._w(worker_id).forward.setdefault(label, LinearFit()).observe(rows, seconds)
+        if 0 < rows <= MAX_FORWARD_ROWS and 0 <= seconds <= MAX_OBSERVED_S and _label_ok(label):
+            w = self._w(worker_id)
+            w.forward.setdefault(label, LinearFit()).observe(rows, max(seconds, MIN_FORWARD_S) if seconds else 0.0)
+            w.touch(label)
             self._changed(worker_id)
 
     def observe_fixed(self, worker_id: str, label: str, seconds: float) -> None:
         """A group's fixed cost at this label, measured apart from any result (the warm-up profile)."""
-        if 0 <= seconds < math.inf and label:
-            self._w(worker_id).overhead.setdefault(label, Ewma()).observe(seconds)
+        if 0 <= seconds <= MAX_OBSERVED_S and _label_ok(label):
+            w = self._w(worker_id)
+            w.overhead.setdefault(label, Ewma()).observe(seconds)
+            w.touch(label)
             self._changed(worker_id)
 
     def observe_group(self, worker_id: str, label: str, report: dict) -> None:
         """One finished assignment's report: its fixed cost per group, its memory peak per row."""
         groups = max(1, int(report.get("groups", 1) or 1))
         fixed = float(report.get("condition_s", 0.0) or 0.0) + float(report.get("postprocess_s", 0.0) or 0.0)
-        if fixed > 0:
-            self._w(worker_id).overhead.setdefault(label, Ewma()).observe(fixed / groups)
+        if 0 < fixed / groups <= MAX_OBSERVED_S and _label_ok(label):
+            w = self._w(worker_id)
+            w.overhead.setdefault(label, Ewma()).observe(fixed / groups)
+            w.touch(label)
             self._changed(worker_id)
         peak, rows = int(report.get("peak_memory_bytes", 0) or 0), int(report.get("rows", 0) or 0)
         if peak > 0 and rows > 0 and report.get("device", "cpu") != "cpu":

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import math
 import platform
 import threading
 from collections.abc import Iterable, Mapping
@@ -326,7 +327,7 @@ class SchedulerMetrics:
             ("postprocess_s", self.action_postprocess_seconds),
         ):
             seconds = report.get(key)
-            if seconds:
+            if seconds and 0 < float(seconds) < math.inf:  # a NaN is truthy, and would stay in the sum
                 histogram.observe(float(seconds))
 
     def reducer_time(self, seconds: float) -> None:
@@ -394,7 +395,8 @@ class SchedulerMetrics:
             self.served_count_ratio.observe(served / requested)
 
     def prediction(self, predicted_s: float, actual_s: float) -> None:
-        if predicted_s > 0:
+        # one NaN or inf observed stays in the histogram's sum for the life of the process
+        if 0 < predicted_s < math.inf and 0 <= actual_s < math.inf:
             self.prediction_ratio.observe(actual_s / predicted_s)
 
     def conditioning_cache(self, delta: Mapping[str, int]) -> None:
@@ -416,7 +418,11 @@ class SchedulerMetrics:
         self.first_step_seconds.observe(seconds)
 
     def forward(self, rows: int, seconds: float) -> None:
-        """One transformer forward a worker ran: its rows and its latency."""
+        """One transformer forward a worker ran: its rows and its latency. The worker measures them: a
+        broken one's NaN, inf or negative time (or rows) is no forward, and one NaN or inf would stay in
+        the histogram's sum for the life of the process."""
+        if not (rows > 0 and 0 <= seconds < math.inf):
+            return
         self.forward_rows.observe(rows)
         self._children["forward_seconds"][(row_label(rows),)].observe(seconds)
 
