@@ -259,8 +259,14 @@ class _Sum:
         old = self.terms[i]
         new = self.terms[i] = self.term(i)
         self.infinite += (new == math.inf) - (old == math.inf)
+        before = self.finite
         self.finite += (new if new != math.inf else 0.0) - (old if old != math.inf else 0.0)
         self.updates += 1
+        if old != math.inf and abs(old) > 0.5 * abs(before):
+            # The term taken out was most of the total, so what is left holds its rounding error, not the
+            # others' sum: one worker rated at 1e301 rows/s and then at its true rate left the fleet's rate
+            # at that worker's alone. Sum afresh (O(workers), and only while one term is most of the sum).
+            self.rebuild()
 
     @property
     def value(self) -> float:

@@ -180,3 +180,19 @@ def test_kept_due_orders_are_the_orders_built_afresh_after_every_change():
         assert terms.due("batch", lead).order == sorted(
             (w.busy_until - lead(w) if w.running else -math.inf, i) for i, w in enumerate(workers) if w.takes_a_batch)
     assert any(len(v.running) > 1 for v in views)
+
+
+def test_a_term_that_was_most_of_a_kept_sum_leaves_the_others_sum_when_it_changes():
+    """Kept sums are mended by taking a worker's old term out. When that term dwarfed the rest, the rest
+    was lost to rounding (the fleet's rate went to the changed worker's alone); it is summed afresh."""
+    from candidate_scheduler.core import fleet_terms
+    terms = [1e301] + [1.0] * 20
+    kept = fleet_terms._Sum(lambda i: terms[i], len(terms), 0)
+    terms[0] = 2.0
+    kept.update(0)
+    assert kept.value == 22.0
+    terms[5] = math.inf  # the infinite terms are still counted apart
+    kept.update(5)
+    terms[5] = 3.0
+    kept.update(5)
+    assert kept.value == 24.0
