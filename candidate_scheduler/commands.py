@@ -12,7 +12,7 @@ from pathlib import Path
 
 from candidate_scheduler.gc_tuning import tune_gc
 from candidate_scheduler.service import server
-from candidate_scheduler.service.keys import ENV_KEYS
+from candidate_scheduler.service.keys import ENV_KEYS, OPENPI_FRONT, SGLANG_BRIDGE
 
 DEFAULT_MODEL = ".cache/tiny-cosmos3"
 
@@ -116,10 +116,10 @@ def _serve(args, on_ready=None) -> None:
         # do is taken up by the loop's first pass, and the `finally` below stops them
         signal.signal(signal.SIGINT, lambda *_: scheduler.stop_now.set())
         signal.signal(signal.SIGTERM, lambda *_: scheduler.stop(args.stop_grace_s))
-        front_keys = scheduler.proxy_keys("openpi-front") if args.openpi_port is not None else None
+        front_keys = scheduler.proxy_keys(OPENPI_FRONT) if args.openpi_port is not None else None
         openpi, openpi_url = spawn_openpi_front(args, bound, keys=front_keys)
         print(f"candidate-scheduler: openpi policy     {openpi_url or 'off'}", flush=True)
-        bridge, compat = _spawn_bridge(args, bound, None if args.no_compat else scheduler.proxy_keys("sglang-bridge"))
+        bridge, compat = _spawn_bridge(args, bound, None if args.no_compat else scheduler.proxy_keys(SGLANG_BRIDGE))
         # printed last: launchers wait for this line
         print(f"candidate-scheduler: sglang compat     {compat or 'off'}", flush=True)
         if on_ready is not None:
@@ -165,14 +165,22 @@ def cmd_up(args) -> int:
     """A scheduler plus N local workers in one command (the demo layout); with --ray, placed on a Ray
     cluster (service/ray_placement.py)."""
     if args.ray is not None:
-        from candidate_scheduler.service.ray_placement import run_up
-
+        try:
+            from candidate_scheduler.service.ray_placement import run_up
+        except ModuleNotFoundError as exc:  # one line that says the fix, not a traceback
+            if exc.name != "ray" and not (exc.name or "").startswith("ray."):
+                raise
+            raise server.StartupRefused("--ray needs Ray: pip install 'candidate-scheduler[ray]'") from exc
         return run_up(args, worker_flags(args))
+    from candidate_scheduler.service.processes import tied_to_this_process
+
     procs: list[subprocess.Popen] = []
 
     def on_ready(_scheduler, bound):
         for i in range(args.workers):
-            procs.append(subprocess.Popen(_worker_cmd(args, bound["worker"])))
+            # tied: an `up` killed outright (SIGKILL, OOM) takes its workers with it, instead of leaving
+            # them dialling a scheduler that is gone (on_ready runs on the main thread: see die_with_parent)
+            procs.append(subprocess.Popen(_worker_cmd(args, bound["worker"]), preexec_fn=tied_to_this_process()))
             print(f"candidate-scheduler: worker {i} pid {procs[-1].pid} ({args.adapter}, {args.device})", flush=True)
 
     try:
@@ -336,7 +344,12 @@ def cmd_demo(args) -> int:
     if args.no_compat:
         cmd.append("--no-compat")
     print("starting: " + " ".join(cmd), flush=True)
-    service = subprocess.Popen(cmd)
+    from candidate_scheduler.service.processes import tied_to_this_process
+
+    # SIGTERM (a CI runner's timeout, `kill`) stops it as Ctrl-C does: the `finally` below stops `up`, which
+    # else held the ports for the next `make run`; tied, `up` goes even when this process is SIGKILLed
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    service = subprocess.Popen(cmd, preexec_fn=tied_to_this_process())
     client = Client(tcp_endpoint(server.DEFAULT_HOST, args.request_port), tcp_endpoint(server.DEFAULT_HOST, args.control_port))
     try:
         deadline = time.monotonic() + 180

@@ -42,7 +42,8 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 SERVER = "server"
 WORKER_KEY = "client"  # the worker's pair: the name `worker --curve-dir DIR` has always read
 ADMIN_KEY = "admin"
-FRONT_NAMES = ("openpi-front", "sglang-bridge")  # serve authorises its fronts as these (commands._serve)
+OPENPI_FRONT, SGLANG_BRIDGE = "openpi-front", "sglang-bridge"  # serve authorises its fronts as these (commands._serve)
+FRONT_NAMES = (OPENPI_FRONT, SGLANG_BRIDGE)
 CLIENTS_DOMAIN = "clients"  # the request and control sockets
 WORKERS_DOMAIN = "workers"  # the worker link
 

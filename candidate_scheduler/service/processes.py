@@ -8,6 +8,7 @@ compat bridge, the openpi front) relays a child's output to ours once it has sai
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -17,13 +18,29 @@ import time
 from pathlib import Path
 
 
-def die_with_parent() -> None:
-    """preexec_fn: the child gets SIGKILL when the process that started it dies (Linux prctl), so a
-    service child never outlives its Ray actor, even one killed with SIGKILL."""
+def _prctl():
+    """libc's prctl, loaded in the parent: the preexec_fn runs between fork and exec, where an import or
+    a dlopen could deadlock on a lock another thread held at the fork."""
     import ctypes
 
+    return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+
+
+def die_with_parent(parent: int | None = None, prctl=None) -> None:
+    """preexec_fn: the child gets SIGKILL when the process that started it dies (Linux prctl), so a
+    service child never outlives its Ray actor, even one killed with SIGKILL. `parent`: the pid that
+    forked it (`tied_to_this_process()` passes it), so a parent that died before the prctl took
+    effect is noticed too: the child would be an orphan that no signal reaches. (The signal comes when
+    the forking *thread* ends: start tied children from a thread that lives as long as they should.)"""
     pr_set_pdeathsig = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, 9)
+    (prctl or _prctl())(pr_set_pdeathsig, 9)
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)
+
+
+def tied_to_this_process():
+    """A preexec_fn that ties the child to the calling process (die_with_parent)."""
+    return functools.partial(die_with_parent, os.getpid(), _prctl())
 
 
 class ChildProcess:
@@ -35,7 +52,7 @@ class ChildProcess:
         self.lines: list[str] = []
         self._cond = threading.Condition()
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd,
-                                     preexec_fn=die_with_parent if tied else None)
+                                     preexec_fn=tied_to_this_process() if tied else None)
         self._thread = threading.Thread(target=self._drain, daemon=True, name=f"drain-{self.proc.pid}")
         self._thread.start()
 
@@ -103,8 +120,13 @@ def spawn_listening(cmd: list[str], pattern: str, name: str, timeout_s: float,
     """Start `cmd` and wait until it prints a line matching `pattern` (one group: the address it
     listens on). Returns (process, address); address is None when the child exited or stayed silent
     for `timeout_s`, and a silent child is killed. Every other line of its stdout is relayed to ours,
-    from a daemon thread named `name`. `env`: variables added to this process's environment."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=None if env is None else {**os.environ, **env})
+    from a daemon thread named `name`. `env`: variables added to this process's environment.
+
+    The child dies with this process: a scheduler killed outright (SIGKILL, the OOM killer, Ray
+    killing its actor) left its compat bridge or openpi front holding their ports, and the next run
+    on the same ports (what a supervisor restarts) could not start its own."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=None if env is None else {**os.environ, **env},
+                            preexec_fn=tied_to_this_process())
     listening = threading.Event()
     found: list[str] = []
 

@@ -25,6 +25,7 @@ import os
 import socket
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,20 @@ def _log_dir(log_dir: str | None, name: str) -> Path:
     return d
 
 
+def _go_with(proc: ChildProcess, what: str) -> None:
+    """End this actor's process when its service process exits, whatever the cause (a crash, the OOM
+    killer, an operator's `worker-leave` or `shutdown`): Ray restarts an actor whose process died, not one
+    that lives on without its service, which held its bundle for good while the worker or the scheduler
+    was gone. (`ray.kill` of the actor kills the child instead: die_with_parent.)"""
+    def watch() -> None:
+        code = proc.proc.wait()
+        print(f"candidate-scheduler on Ray: the {what} process exited ({code}); ending its actor for Ray to "
+              "restart it", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="watch-service").start()
+
+
 @ray.remote(num_cpus=0)
 class SchedulerActor:
     """`serve` as this actor's child; its endpoints as the rest of the cluster reaches them."""
@@ -63,6 +78,9 @@ class SchedulerActor:
         ip = ray.util.get_node_ip_address()
         # a wildcard bind is reached at this node's address
         self._endpoints = {k: v.replace("0.0.0.0", ip) for k, v in found.items() if v != "off"}
+        # watched once it serves: a `serve` that cannot start fails the actor's creation with its log's path,
+        # instead of being restarted into the same failure
+        _go_with(self.proc, "scheduler")
 
     def endpoints(self) -> dict[str, str]:
         return dict(self._endpoints)
@@ -79,6 +97,7 @@ class WorkerActor:
     def __init__(self, worker_args: list[str], log_dir: str):
         self.proc = ChildProcess(_cli("worker", *worker_args), Path(log_dir) / f"worker-{os.getpid()}.log",
                                  env=child_env(), tied=True)
+        _go_with(self.proc, "worker")
 
     def pid(self) -> int:
         return self.proc.pid
@@ -129,21 +148,26 @@ class RayService:
     def client(self, **kwargs):
         return self.client_spec().client(**kwargs)
 
-    def wait_workers(self, n: int | None = None, timeout_s: float = _READY_S) -> dict:
-        """Poll STATS until `n` (default: every worker placed) are registered; that STATS detail."""
+    def wait_workers(self, n: int | None = None, timeout_s: float = _READY_S, check=None) -> dict:
+        """Poll STATS until `n` (default: every worker placed) are registered; that STATS detail.
+        `check()` runs before each poll and raises to stop waiting (launcher.wait_for_workers)."""
         n = len(self.workers) if n is None else n
         with self.client(liveness_s=None) as c:
-            return wait_for_workers(c, n, timeout_s, 0.2)
+            return wait_for_workers(c, n, timeout_s, 0.2, check)
 
     def shutdown(self) -> None:
         """Kill every actor (their children die with them) and give the placement group back."""
-        for actor in [*self.workers, self.scheduler]:
+        for actor in [*self.workers, *([] if self.scheduler is None else [self.scheduler])]:
             try:
                 ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
         if self.group is not None:
-            remove_placement_group(self.group)
+            try:
+                remove_placement_group(self.group)
+            except Exception:  # noqa: BLE001 - removed already (a second shutdown)
+                pass
+            self.group = None
 
 
 def _free_ports(n: int) -> list[int]:
@@ -158,11 +182,19 @@ def _free_ports(n: int) -> list[int]:
 
 
 def _keys_of(serve_args: list[str], key: str) -> str | None:
-    if "--curve-dir" not in serve_args:
+    """`key`'s client keys from the key directory `serve` is given, read as argparse reads it (either form,
+    the last one wins): a scheduler that takes keys answers nothing to a driver without them."""
+    curve_dir = None
+    for i, token in enumerate(serve_args):
+        if token == "--curve-dir" and i + 1 < len(serve_args):
+            curve_dir = serve_args[i + 1]
+        elif token.startswith("--curve-dir="):
+            curve_dir = token.split("=", 1)[1]
+    if curve_dir is None:
         return None
     from candidate_scheduler.service.keys import ClientKeys
 
-    return ClientKeys.load(serve_args[serve_args.index("--curve-dir") + 1], key).to_env()
+    return ClientKeys.load(curve_dir, key).to_env()
 
 
 def start(workers: int = 1, *, worker_args: tuple[str, ...] = (), serve_args: tuple[str, ...] = (),
@@ -183,22 +215,30 @@ def start(workers: int = 1, *, worker_args: tuple[str, ...] = (), serve_args: tu
     logs = str(_log_dir(log_dir, name))
     bundles = [{"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if gpus_per_worker else {})}
                for _ in range(workers)] + [{"CPU": 0.01}]
+    keys = _keys_of(serve, key)  # a key directory it cannot read fails here, before anything is reserved
     group = placement_group(bundles, strategy=strategy)
-    ray.get(group.ready(), timeout=ready_timeout_s)
+    # a start that fails part way (a bundle that never fits, a scheduler that does not come up, Ctrl-C)
+    # gives back what it took: else the reserved CPUs and GPUs stayed taken for as long as the driver
+    # lived, and the next try waited for them in vain
+    service = RayService(name, {}, None, [], group, keys)
+    try:
+        ray.get(group.ready(), timeout=ready_timeout_s)
 
-    def in_bundle(i: int) -> PlacementGroupSchedulingStrategy:
-        return PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=i)
+        def in_bundle(i: int) -> PlacementGroupSchedulingStrategy:
+            return PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=i)
 
-    scheduler = SchedulerActor.options(name=name, namespace=NAMESPACE, max_restarts=max_restarts,
-                                       scheduling_strategy=in_bundle(workers)).remote(serve, logs)
-    endpoints = ray.get(scheduler.endpoints.remote(), timeout=ready_timeout_s)
-    handles = []
-    for i in range(workers):
-        args = ["--scheduler", endpoints["worker link"], "--worker-id", f"ray-worker-{i}", *worker_args]
-        handles.append(WorkerActor.options(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker,
-                                           max_restarts=max_restarts, scheduling_strategy=in_bundle(i))
-                       .remote(args, logs))
-    return RayService(name, endpoints, scheduler, handles, group, _keys_of(serve, key))
+        service.scheduler = SchedulerActor.options(name=name, namespace=NAMESPACE, max_restarts=max_restarts,
+                                                   scheduling_strategy=in_bundle(workers)).remote(serve, logs)
+        service.endpoints = ray.get(service.scheduler.endpoints.remote(), timeout=ready_timeout_s)
+        for i in range(workers):
+            args = ["--scheduler", service.endpoints["worker link"], "--worker-id", f"ray-worker-{i}", *worker_args]
+            service.workers.append(WorkerActor.options(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker,
+                                                       max_restarts=max_restarts, scheduling_strategy=in_bundle(i))
+                                   .remote(args, logs))
+    except BaseException:
+        service.shutdown()
+        raise
+    return service
 
 
 def attach(name: str = DEFAULT_NAME, key: str = "admin", curve_dir: str | None = None) -> RayService:
@@ -213,9 +253,11 @@ def attach(name: str = DEFAULT_NAME, key: str = "admin", curve_dir: str | None =
     return RayService(name, endpoints, scheduler, keys=keys)
 
 
-# `up` flags that are not `serve`'s: the workers' and Ray's own (each takes a value)
+# `up` flags that are not `serve`'s: the workers' and Ray's own (each takes a value). One left out reaches
+# `serve`, which refuses it and the scheduler actor never starts (tests/unit/test_ray_argv.py
+# checks this against cli.py's parsers)
 _NOT_SERVE = frozenset({"--model", "--device", "--capacity", "--adapter", "--conditioning-cache-mb", "--warmup-shapes",
-                        "--memory-budget-mb", "--conditioning", "--workers", "--ray", "--gpus-per-worker",
+                        "--memory-budget-mb", "--conditioning", "--call-rows", "--workers", "--ray", "--gpus-per-worker",
                         "--cpus-per-worker", "--max-restarts", "--placement"})
 
 
@@ -234,29 +276,64 @@ def serve_argv(up_argv: list[str]) -> list[str]:
     return out
 
 
+def _dead_for_good(actor) -> bool:
+    """Whether Ray will not bring `actor` back: it answers ActorDiedError once its restarts are spent, and
+    ActorUnavailableError (not dead) while it restarts."""
+    try:
+        ray.get(actor.pid.remote(), timeout=2.0)
+    except ray.exceptions.ActorDiedError:
+        return True
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        pass  # restarting, or busy: not gone
+    return False
+
+
+class _Stopped(Exception):
+    """Ctrl-C or SIGTERM came while `run_up` waited for the workers."""
+
+
 def run_up(args, worker_flags: list[str]) -> int:
     """`candidate-scheduler up --ray ADDRESS`: place the service, print where it is, and hold it until
-    Ctrl-C (or SIGTERM, or the cluster going away); then tear it down."""
+    Ctrl-C (or SIGTERM, or the cluster going away, or the scheduler actor dead for good: exit 1); then
+    tear it down."""
     import signal
     import threading
 
-    ray.init(address=None if args.ray == "local" else args.ray, namespace=NAMESPACE, log_to_driver=False,
-             **({"include_dashboard": False} if args.ray == "local" else {}))
+    try:
+        ray.init(address=None if args.ray == "local" else args.ray, namespace=NAMESPACE, log_to_driver=False,
+                 **({"include_dashboard": False} if args.ray == "local" else {}))
+    except ConnectionError as exc:  # no cluster there: one line that says the fix (cli.main), not a traceback
+        from candidate_scheduler.service.server import StartupRefused
+
+        raise StartupRefused(f"no Ray cluster at --ray {args.ray} ({str(exc).splitlines()[0]}): start one "
+                             "(`ray start --head`), give its address, or pass --ray local for one on this "
+                             "machine") from exc
     svc = start(args.workers, worker_args=tuple(worker_flags), serve_args=tuple(serve_argv(args.argv)),
                 gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker,
                 strategy=args.placement, max_restarts=args.max_restarts)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+
+    def stopped() -> None:  # Ctrl-C while workers load (or never register) stops at once, not after the wait
+        if stop.is_set():
+            raise _Stopped
+
     try:
         for key in ("request endpoint", "control endpoint", "worker link", "metrics"):
             print(f"candidate-scheduler: {key:<17} {svc.endpoints.get(key, 'off')}", flush=True)
         print(f"candidate-scheduler: on Ray: scheduler actor {svc.name!r} (namespace {NAMESPACE}), "
               f"{args.workers} worker actor(s), placement {args.placement}", flush=True)
-        stats = svc.wait_workers()
+        stats = svc.wait_workers(check=stopped)
         print(f"candidate-scheduler: workers registered: {', '.join(sorted(stats['workers']))}", flush=True)
         while not stop.wait(1.0):
-            pass
+            if _dead_for_good(svc.scheduler):
+                # else `up` held on for good while nothing served (its supervisor never knew)
+                print("candidate-scheduler: the scheduler actor died and Ray will not restart it (--max-restarts "
+                      "spent); stopping", file=sys.stderr, flush=True)
+                return 1
+    except _Stopped:
+        pass
     finally:
         svc.shutdown()
         ray.shutdown()
