@@ -21,8 +21,11 @@ them) that Ray tasks and actors turn into a client: `spec.client()`.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -40,6 +43,9 @@ from candidate_scheduler.service.processes import ChildProcess
 NAMESPACE = "candidate_scheduler"
 DEFAULT_NAME = "candidate-scheduler"
 _READY_S = 300.0
+# How long `RayService.shutdown` lets the scheduler answer its groups in flight: serve's own
+# --stop-grace-s (25 s by default) and a few seconds to say so and exit
+STOP_GRACE_S = 30.0
 
 
 def _cli(*args: str) -> list[str]:
@@ -52,13 +58,16 @@ def _log_dir(log_dir: str | None, name: str) -> Path:
     return d
 
 
-def _go_with(proc: ChildProcess, what: str) -> None:
+def _go_with(proc: ChildProcess, what: str, stopping: threading.Event | None = None) -> None:
     """End this actor's process when its service process exits, whatever the cause (a crash, the OOM
     killer, an operator's `worker-leave` or `shutdown`): Ray restarts an actor whose process died, not one
     that lives on without its service, which held its bundle for good while the worker or the scheduler
-    was gone. (`ray.kill` of the actor kills the child instead: die_with_parent.)"""
+    was gone. (`ray.kill` of the actor kills the child instead: die_with_parent.) Not once `stopping` is
+    set: a service stopped on purpose must not come back."""
     def watch() -> None:
         code = proc.proc.wait()
+        if stopping is not None and stopping.is_set():
+            return
         print(f"candidate-scheduler on Ray: the {what} process exited ({code}); ending its actor for Ray to "
               "restart it", file=sys.stderr, flush=True)
         os._exit(1)
@@ -80,7 +89,20 @@ class SchedulerActor:
         self._endpoints = {k: v.replace("0.0.0.0", ip) for k, v in found.items() if v != "off"}
         # watched once it serves: a `serve` that cannot start fails the actor's creation with its log's path,
         # instead of being restarted into the same failure
-        _go_with(self.proc, "scheduler")
+        self._stopping = threading.Event()
+        _go_with(self.proc, "scheduler", self._stopping)
+
+    def stop(self, grace_s: float) -> int | None:
+        """Stop `serve` as SIGTERM does: it admits nothing new and answers what it admitted (served, or
+        refused as stopping once its own --stop-grace-s is spent) before it exits; after `grace_s` more, a
+        SIGINT stops it at once. Its exit code (None: still running). The actor stays, for ray.kill."""
+        self._stopping.set()
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGINT, 5.0)):
+            if self.proc.proc.poll() is None:
+                self.proc.proc.send_signal(sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                return self.proc.proc.wait(wait_s)
+        return None
 
     def endpoints(self) -> dict[str, str]:
         return dict(self._endpoints)
@@ -155,8 +177,13 @@ class RayService:
         with self.client(liveness_s=None) as c:
             return wait_for_workers(c, n, timeout_s, 0.2, check)
 
-    def shutdown(self) -> None:
-        """Kill every actor (their children die with them) and give the placement group back."""
+    def shutdown(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Stop the scheduler gracefully while the workers still serve (its groups in flight are answered,
+        for up to `grace_s`: killed outright, its clients learnt only from their liveness checks that it was
+        gone), then kill every actor (their children die with them) and give the placement group back."""
+        if self.scheduler is not None and grace_s > 0:
+            with contextlib.suppress(Exception):  # gone already, or Ray itself is: the kills below still run
+                ray.get(self.scheduler.stop.remote(grace_s), timeout=grace_s + 10.0)
         for actor in [*self.workers, *([] if self.scheduler is None else [self.scheduler])]:
             try:
                 ray.kill(actor, no_restart=True)

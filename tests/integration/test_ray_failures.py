@@ -21,6 +21,7 @@ import pytest
 
 from candidate_scheduler.service.launcher import child_env
 from candidate_scheduler.service.processes import ChildProcess
+from candidate_scheduler.service.requests import make_request
 from tests.conftest import ROOT, free_port, wait_for
 from tests.integration.test_scheduler import IMAGE
 
@@ -132,3 +133,24 @@ def test_up_stops_when_its_scheduler_actor_is_dead_for_good(cluster, tmp_path):
     finally:
         up.kill()
     wait_for(lambda: not _live_groups(), 30, "up's placement group given back")
+
+
+def test_shutdown_answers_the_groups_in_flight_before_the_scheduler_goes(cluster, tmp_path):
+    """RayService.shutdown (Ctrl-C on `up --ray`) stops serve as SIGTERM does, while the workers still
+    run: a group in flight is answered. Killed outright (as before), the group was never answered: its
+    client learnt only from its liveness check that the scheduler was gone."""
+    svc = ray_placement.start(1, worker_args=(*NULL_WORKER, "--step-delay", "0.05"), serve_args=SERVE,
+                              cpus_per_worker=0.5, free_ports=True, name="ray-graceful", log_dir=str(tmp_path))
+    try:
+        svc.wait_workers()
+        with svc.client(liveness_s=0.5) as c:
+            rid = c.send(make_request(IMAGE, "pick", count=2, seed=3, steps=40, request_id="in-flight-at-stop"))
+            wait_for(lambda: c.stats()["groups_in_flight"] == 1, 20, "the group in flight")
+            began = time.monotonic()
+            svc.shutdown(grace_s=20)
+            took = time.monotonic() - began
+            r = c.wait(rid, timeout_s=5)
+        assert r.status == "done", r
+        assert took < 20, took  # serve exited once its last group was answered, not at the end of the grace
+    finally:
+        svc.shutdown(grace_s=0)
