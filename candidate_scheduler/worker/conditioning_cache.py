@@ -5,12 +5,14 @@ Entries are charged by their tensor bytes and evicted least recently used first 
 starts with the model's identity (its resolved checkpoint path and the size and mtime of every weight
 file, see `model_identity`) and sglang's weights epoch (bumped by `invalidate_conditioning_caches()`
 on every in-place weight update), so an entry never serves another model, another checkpoint, or the
-same model after its weights changed.
+same model after its weights changed. A value whose epoch moved between its miss and its `put` (the
+weights changed while it was computed) is not stored at all (`ModelCache`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import numbers
 import os
 import threading
 from collections import OrderedDict
@@ -22,13 +24,26 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".json", ".model")
 
 def model_identity(model_dir: str | os.PathLike) -> bytes:
     """A digest naming one checkpoint on disk: its resolved path and, for every weight or config file
-    under it, the relative path, size and mtime (cheap even for a full-size checkpoint: no reads)."""
+    under it, the relative path, the file it resolves to, size and mtime (cheap even for a full-size
+    checkpoint: no reads)."""
     root = Path(model_dir).resolve()
     h = hashlib.sha256(str(root).encode())
-    for path in sorted(root.rglob("*")):
-        if path.is_file() and path.suffix in WEIGHT_SUFFIXES:
+    files = []
+    # followlinks: a checkpoint assembled with `ln -s` (a component folder pointing at one training
+    # run's weights) must change identity when the link is repointed; Path.rglob does not enter
+    # symlinked folders. `seen` stops a link back up the tree from walking forever.
+    seen: set[str] = set()
+    for folder, dirs, names in os.walk(root, followlinks=True):
+        real = os.path.realpath(folder)
+        if real in seen:
+            dirs.clear()
+            continue
+        seen.add(real)
+        files += [Path(folder) / name for name in names if Path(name).suffix in WEIGHT_SUFFIXES]
+    for path in sorted(files):
+        if path.is_file():
             st = path.stat()
-            h.update(f"{path.relative_to(root)}:{st.st_size}:{st.st_mtime_ns};".encode())
+            h.update(f"{path.relative_to(root)}>{path.resolve()}:{st.st_size}:{st.st_mtime_ns};".encode())
     return h.digest()
 
 
@@ -63,6 +78,9 @@ class ConditioningCache:
             return entry[0]
 
     def put(self, key: tuple, value, nbytes: int) -> None:
+        if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Integral) or nbytes < 0:
+            # a negative charge would lower `bytes` and let real entries pile up past the budget
+            raise ValueError(f"a conditioning cache entry must be >= 0 bytes, got {nbytes!r}")
         with self._lock:
             if not self.enabled or nbytes > self.max_bytes or key in self._entries:
                 return
@@ -120,13 +138,33 @@ class ModelCache:
     """One model's view of a (possibly shared) cache: every key is prefixed with the model identity
     and the weights epoch at the time of the lookup."""
 
+    # how many missed keys remember the epoch they missed at (a start misses a few keys at a time)
+    MISSES_KEPT = 4096
+
     def __init__(self, cache: ConditioningCache, identity: bytes, epoch: Callable[[], int]):
         self.cache = cache
         self.identity = identity
         self.epoch = epoch
+        self._missed: OrderedDict[tuple[str, bytes], int] = OrderedDict()
+        self._lock = threading.Lock()
 
     def get(self, kind: str, key: bytes):
-        return self.cache.get((kind, self.identity, self.epoch(), key))
+        epoch = self.epoch()
+        value = self.cache.get((kind, self.identity, epoch, key))
+        if value is None and self.cache.enabled:
+            with self._lock:
+                self._missed[(kind, key)] = epoch
+                self._missed.move_to_end((kind, key))
+                while len(self._missed) > self.MISSES_KEPT:
+                    self._missed.popitem(last=False)
+        return value
 
     def put(self, kind: str, key: bytes, value, nbytes: int) -> None:
-        self.cache.put((kind, self.identity, self.epoch(), key), value, nbytes)
+        # The caller computed `value` after its miss. If the weights changed since (the epoch moved),
+        # the value may be of the old weights: stored under the new epoch it would be served as theirs.
+        now = self.epoch()
+        with self._lock:
+            missed_at = self._missed.pop((kind, key), now)
+        if missed_at != now:
+            return
+        self.cache.put((kind, self.identity, now, key), value, nbytes)

@@ -63,12 +63,18 @@ def sde_step(
     sigma_max: torch.Tensor,
     noise_level: float,
     generators: list[torch.Generator],
-    raw_dim: int,
+    raw_dim: int | None,
 ) -> dict[str, torch.Tensor]:
     """One flow-SDE transition of the action latents [B, H, D_padded]; only [..., :raw_dim] moves.
 
     Returns x_next (padded, in x's dtype) and float32 per-row data on the active dims:
-    latents (x), next_latents, means, stds [B], log_probs [B]."""
+    latents (x), next_latents, means, stds [B], log_probs [B]. raw_dim None: every channel is active."""
+    if len(generators) != x.shape[0]:
+        # one generator for B rows would broadcast one eps row over them all: candidates sharing noise
+        raise ValueError(f"sde_step needs one generator per row: {len(generators)} generator(s) for {x.shape[0]} rows")
+    if raw_dim is not None and not 0 < raw_dim <= x.shape[-1]:
+        # a negative width slices from the end, moving padded channels and counting them in the log-prob
+        raise ValueError(f"raw_dim must be in [1, {x.shape[-1]}] (the padded action channels), got {raw_dim!r}")
     active_x = x[..., :raw_dim].float()
     active_v = v[..., :raw_dim].float()
     sigma, sigma_next, sigma_max = (t.float() for t in (sigma, sigma_next, sigma_max))
