@@ -3,9 +3,11 @@
     python -m candidate_scheduler.service.dashboards_check grafana
 
 Exits non-zero, naming the dashboard, panel and expression, when a panel queries a series that
-SchedulerMetrics does not export, when a dashboard has no panels, or when a panel is not wired to the
-`${datasource}` variable. A renamed metric then breaks `make dashboards-check` instead of leaving a
-silently empty panel.
+SchedulerMetrics does not export, or names exported series but selects nothing from them or plots
+nonsense (a label or label value they never have, rate() of a gauge, buckets added up across `le`:
+expression_problems), when a dashboard has no panels, or when a panel is not wired to the
+`${datasource}` variable. A renamed metric or label value then breaks `make dashboards-check` instead
+of leaving a silently empty (or silently wrong) panel.
 
 The PromQL reading is deliberately small: it strips strings, label matchers, range/offset durations,
 grouping clauses and Grafana variables, then takes every remaining identifier that is not a function
@@ -83,6 +85,103 @@ def defined_metric_names(metrics: SchedulerMetrics) -> set[str]:
     return names
 
 
+# Prometheus adds these to every series it scrapes: a panel may group or match on them.
+_TARGET_LABELS = frozenset({"job", "instance"})
+# Labels whose values are not a closed set in the code: the running build, the site's tenants.
+_OPEN_LABELS = frozenset({"version", "python_version", "tenant"})
+_NAMED_MATCHERS = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{([^{}]*)\}")
+_MATCHER = re.compile(r"""([a-zA-Z_]\w*)\s*(=~|!~|!=|=)\s*("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')""")
+_LABEL_LIST = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\(([^()]*)\)", re.IGNORECASE)
+_COUNTER_FUNCTION = re.compile(r"\b(rate|irate|increase|resets)\s*\(\s*([a-zA-Z_:][a-zA-Z0-9_:]*)")
+_AGGREGATION = re.compile(
+    r"\b(sum|avg|min|max|count|group|stddev|stdvar)\s*(?:(by|without)\s*\(([^()]*)\)\s*)?\(", re.IGNORECASE)
+_TRAILING_GROUPING = re.compile(r"\s*(by|without)\s*\(([^()]*)\)", re.IGNORECASE)
+
+
+def series_labels(metrics: SchedulerMetrics) -> dict[str, dict[str, set[str]]]:
+    """{series name: {label: values}} as `metrics` exports them. SchedulerMetrics creates every labelled
+    child at start-up, so the values at start-up are all the values there will ever be."""
+    labels: dict[str, dict[str, set[str]]] = {}
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            series = labels.setdefault(sample.name, {})
+            for name, value in sample.labels.items():
+                series.setdefault(name, set()).add(value)
+    return labels
+
+
+def gauge_names(metrics: SchedulerMetrics) -> set[str]:
+    return {family.name for family in metrics.registry.collect() if family.type == "gauge"}
+
+
+def _closing(text: str, opening: int) -> int:
+    """The index of the parenthesis closing the one at `opening` (len(text) if none does)."""
+    depth = 0
+    for i in range(opening, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        if depth == 0:
+            return i
+    return len(text)
+
+
+def expression_problems(expr: str, labels: dict[str, dict[str, set[str]]], gauges: set[str]) -> list[str]:
+    """What in `expr` selects nothing or plots nonsense, though every name in it is exported: a label
+    (matched or grouped by) or an `=` / plain `=~` label value the series never has, rate() and the
+    like of a gauge, and a histogram's `_bucket` series added up across `le`. The reading is as small
+    as metric_names_in's: enough for the dashboards we write."""
+    problems = []
+    text = _VARIABLE.sub("$", expr)  # a variable's value is the site's: never checked
+    names = metric_names_in(expr)
+    for name, matchers in _NAMED_MATCHERS.findall(text):
+        known = labels.get(name)
+        if known is None:
+            continue  # an undefined name is reported on its own
+        for label, op, quoted in _MATCHER.findall(matchers):
+            if label == "__name__" or label in _TARGET_LABELS:
+                continue
+            if label not in known:
+                problems.append(f"{name} has no label {label!r}")
+                continue
+            value = quoted[1:-1]
+            if label in _OPEN_LABELS or "$" in value:
+                continue
+            if op == "=":
+                wanted = [value]
+            elif op == "=~" and re.fullmatch(r"[\w.+-]+(\|[\w.+-]+)*", value):
+                wanted = value.split("|")  # a plain alternation: each must be a value
+            else:
+                continue
+            for one in wanted:
+                if one not in known[label]:
+                    problems.append(f"{name} never has {label}={one!r} (it has {sorted(known[label])})")
+    named = set().union(*(labels.get(n, {}).keys() for n in names)) if names else set()
+    for _clause, listed in _LABEL_LIST.findall(text):
+        for label in (x.strip() for x in listed.split(",")):
+            if label and label not in named and label not in _TARGET_LABELS:
+                problems.append(f"no series it selects has label {label!r}")
+    for function, name in _COUNTER_FUNCTION.findall(text):
+        if name in gauges:
+            problems.append(f"{function}() of the gauge {name} (a gauge goes down; use delta() or the value)")
+    # A bucket counts the observations at or below its le: added across le it is no count at all.
+    buckets = {n for n in names if n.endswith("_bucket")}
+    if buckets and "histogram_quantile" not in text and not re.search(r"\ble\s*=", text):
+        problems.append(f"{sorted(buckets)} outside histogram_quantile with no le matcher (buckets added up)")
+    for match in _AGGREGATION.finditer(text):
+        end = _closing(text, match.end() - 1)
+        if "_bucket" not in text[match.end():end] or "histogram_quantile" not in text:
+            continue
+        clause, listed = match.group(2), match.group(3)
+        if clause is None:
+            trailing = _TRAILING_GROUPING.match(text, end + 1)
+            clause, listed = (trailing.group(1), trailing.group(2)) if trailing else ("without", "")
+            if trailing is None:
+                listed = "le"  # a bare sum(...) drops every label, le included
+        kept = {x.strip() for x in listed.split(",")}
+        if (clause.lower() == "by") != ("le" in kept):
+            problems.append(f"{match.group(1)}() over buckets without le: histogram_quantile needs le kept")
+    return problems
+
+
 def _panels(panels: list[dict]) -> Iterator[dict]:
     for panel in panels:
         yield panel
@@ -121,6 +220,7 @@ def check(path: str | Path, metrics: SchedulerMetrics | None = None) -> list[str
     if metrics is None:
         metrics = SchedulerMetrics(CollectorRegistry())
     defined = defined_metric_names(metrics)
+    labels, gauges = series_labels(metrics), gauge_names(metrics)
     files = _dashboard_files(Path(path))
     problems = []
     if not files:
@@ -158,6 +258,8 @@ def check(path: str | Path, metrics: SchedulerMetrics | None = None) -> list[str
                     problems.append(f"{where}: no metric name found in {expr!r}")
                 for name in sorted(names - defined):
                     problems.append(f"{where}: undefined metric {name!r} in {expr!r}")
+                for problem in expression_problems(expr, labels, gauges):
+                    problems.append(f"{where}: {problem} in {expr!r}")
     return problems
 
 

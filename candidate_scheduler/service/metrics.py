@@ -73,6 +73,10 @@ PROTOCOL_ERROR_KINDS = (
     "pickle_refused",
     "unknown_kind",
     "version",
+    # the compat bridge's own refusals, reported in its COMPAT_REPORT (compat/bridge.py): too many
+    # requests in flight, and the scheduler not answering it
+    "busy",
+    "scheduler_unavailable",
     OTHER,
 )
 # the engine's events (core/engine.py), plus the shell's own loop: where code raised
