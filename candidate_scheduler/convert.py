@@ -50,6 +50,7 @@ def submission_from_wire(req: protocol.SubmitRequest) -> Submission:
         batched=req.batched,
         deadline_s=req.deadline_s,
         initial_noise=noise,
+        api=req.api,
     )
 
 

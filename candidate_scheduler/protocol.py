@@ -158,6 +158,9 @@ class SubmitRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     initial_noise: Array | None = None
     # a front that authenticated its own client (a proxy key, core/access.py) names it: its tenant applies
     on_behalf: str | None = None
+    # the API the group came in by, a metric label only (groups_received_total{api}): a front sets its
+    # own ("compat": sglang's clients, "openpi"); a value outside the label's set counts as "other"
+    api: str = "native"
 
 
 # Per-candidate rollout data (candidate axis first; S = returned steps) plus group-level metadata that is

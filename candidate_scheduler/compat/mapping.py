@@ -313,6 +313,7 @@ def plan_generation(reqs: tuple) -> GroupPlan:
         seed=seed,
         sampling=sampling,
         batched=batched,
+        api="compat",
     )
     try:  # refused here, to this client: sent, it would cost every client its connection (images.py)
         submit_frames(submit)

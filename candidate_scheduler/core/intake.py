@@ -30,7 +30,7 @@ class Intake:
     def submit(self, client: Any, sub: Submission, principal: Principal, owners: tuple[str, ...],
                stored: list, fingerprint: bytes | None = None) -> None:
         e = self.engine
-        e.metrics.group_received()
+        e.metrics.group_received(sub.api)
         rid, tenant = sub.request_id, principal.tenant
 
         def refuse(status: str, code: str, message: str, field: str | None = None) -> None:

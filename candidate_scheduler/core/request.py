@@ -36,6 +36,7 @@ class Submission:
     batched: bool = False
     deadline_s: float | None = None
     initial_noise: np.ndarray | None = None  # rollouts: caller-provided x_T [count, horizon, D]
+    api: str = "native"  # the API it came in by (a front's, or native): a metric label, nothing more
 
 
 @value

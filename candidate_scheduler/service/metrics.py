@@ -39,7 +39,7 @@ DEFAULT_METRICS_PORT = 9464
 OTHER = "other"
 
 # --- Closed label sets ("other" is always allowed and catches everything unknown) ---------------------
-APIS = ("native", "compat", OTHER)
+APIS = ("native", "compat", "openpi", OTHER)
 # done/failed/cancelled/expired are group_state's terminal reasons; rejected/overloaded/invalid are
 # answers given before a group ever gets a GroupState (admission reject, full queue, undecodable spec).
 OUTCOMES = ("done", "failed", "cancelled", "expired", "rejected", "overloaded", "invalid", OTHER)

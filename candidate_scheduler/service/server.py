@@ -408,7 +408,7 @@ class Scheduler:
         principal, why = acting_for(sender, msg.on_behalf, lookup)
         why = why or denied(principal, Action.SUBMIT)
         if why is not None:
-            self.metrics.group_received()
+            self.metrics.group_received(msg.api)
             self.metrics.forbidden(Action.SUBMIT.value)
             self._run(self.engine.refuse, client, msg.request_id, "rejected", FORBIDDEN, why)
             return
@@ -416,12 +416,12 @@ class Scheduler:
         try:
             sub = convert.submission_from_wire(msg)
         except protocol.ProtocolError as exc:  # an array that cannot be decoded: the request is invalid
-            self.metrics.group_received()
+            self.metrics.group_received(msg.api)
             self._run(self.engine.refuse, client, msg.request_id, "invalid", exc.kind, str(exc))
             return
         except Exception as exc:  # noqa: BLE001 - the shell's own fault: still one answer for the SUBMIT
             log.exception("could not read the SUBMIT of %r", msg.request_id)
-            self.metrics.group_received()
+            self.metrics.group_received(msg.api)
             self.metrics.internal_error("shell")
             self._run(self.engine.refuse, client, msg.request_id, "failed", INTERNAL_ERROR,
                       f"internal error while reading the request: {type(exc).__name__}: {exc}")

@@ -4,6 +4,8 @@ import dataclasses
 import urllib.request
 from pathlib import Path
 
+import msgspec
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -113,6 +115,24 @@ def test_group_received(registry, sm):
     sm.group_received("compat")
     assert value(registry, "groups_received_total", api="native") == 1
     assert value(registry, "groups_received_total", api="compat") == 2
+
+
+def test_a_group_is_counted_under_the_api_it_came_in_by(registry, sm):
+    """The fronts mark their SUBMITs (compat/mapping.py, openpi/observation.py); the engine counted every
+    group as native, so compat and openpi traffic never showed."""
+    from candidate_scheduler.convert import submission_from_wire
+    from candidate_scheduler.core.engine import Engine
+    from candidate_scheduler.service.requests import make_request
+
+    engine = Engine(metrics=sm)
+    image = np.zeros((16, 16, 3), np.uint8)
+    for api in ("compat", "openpi", "openpi", "native", "something-else"):
+        msg = msgspec.structs.replace(make_request(image, "pick"), api=api)
+        engine.submit(("c", msg.request_id), submission_from_wire(msg), 0.0)
+    assert value(registry, "groups_received_total", api="compat") == 1
+    assert value(registry, "groups_received_total", api="openpi") == 2
+    assert value(registry, "groups_received_total", api="native") == 1
+    assert value(registry, "groups_received_total", api="other") == 1
 
 
 def test_admission_atomic(registry, sm):

@@ -122,7 +122,7 @@ def test_image_key_order():
 
 def test_unset_defaults_are_the_native_protocols():
     call = translate({"observation/image": IMAGE, "seed": 5}, FrontDefaults(), "r1")
-    native = protocol.SubmitRequest(request_id="r1", images=protocol.array_to_wire(IMAGE), seed=5)
+    native = protocol.SubmitRequest(request_id="r1", images=protocol.array_to_wire(IMAGE), seed=5, api="openpi")
     assert call.submit == native
     assert call.ignored_keys == () and not call.wants_candidates
 
@@ -147,6 +147,7 @@ def test_deadline_and_elastic_count_travel():
     assert call.submit.deadline_s == 0.25 and call.submit.candidates.min_count == 2
     assert translate({"image": IMAGE}, FrontDefaults(deadline_s=2.0), "r").submit.deadline_s == 2.0
     assert translate({"image": IMAGE}, FrontDefaults(), "r").submit.deadline_s is None
+    assert call.submit.api == "openpi"  # counted as openpi's clients' (groups_received_total{api})
     for bad in (0, -1.0, "1", True, float("nan"), float("inf")):
         with pytest.raises(ObservationError, match="deadline_s"):
             translate({"image": IMAGE, "deadline_s": bad}, FrontDefaults(), "r")
@@ -179,7 +180,7 @@ def test_bad_fields_name_themselves(extra, needle):
 def test_domain_name_travels_as_the_native_protocol_carries_it():
     call = translate({"image": IMAGE, "sampling": {"domain_name": "droid_lerobot"}}, FrontDefaults(), "r")
     native = protocol.SubmitRequest(request_id="r", images=protocol.array_to_wire(IMAGE), seed=call.submit.seed,
-                                    sampling=protocol.SamplingMsg(domain_name="droid_lerobot"))
+                                    sampling=protocol.SamplingMsg(domain_name="droid_lerobot"), api="openpi")
     assert call.submit == native
     flagged = FrontDefaults(sampling={"domain_name": "umi"})
     assert translate({"image": IMAGE}, flagged, "r").submit.sampling.domain_name == "umi"

@@ -330,6 +330,7 @@ def test_expanded_list_is_one_offset_group_and_explicit_otherwise():
     c = plan.submit.candidates
     assert (c.count, c.seed_policy, c.reducer, c.return_candidates, plan.submit.seed) == (3, "offset", "none", True, 10)
     assert plan.submit.request_id.startswith("sglang:p#")
+    assert plan.submit.api == "compat"  # counted as sglang's clients' (groups_received_total{api})
     plan = plan_generation(classify(load([member(0, 10), member(1, 99)])).reqs)
     assert (plan.submit.candidates.seed_policy, plan.submit.candidates.seeds) == ("explicit", [10, 99])
     with pytest.raises(CompatError, match="prompt differs"):

@@ -230,7 +230,7 @@ def translate(obs: Any, defaults: FrontDefaults, request_id: str) -> Call:
     deadline_s = _check_deadline(obs["deadline_s"]) if obs.get("deadline_s") is not None else defaults.deadline_s
     submit = protocol.SubmitRequest(
         request_id=request_id, images=protocol.array_to_wire(image), prompt=prompt, candidates=spec,
-        seed=seed, sampling=sampling, deadline_s=deadline_s,
+        seed=seed, sampling=sampling, deadline_s=deadline_s, api="openpi",
     )
     used = {image_key, *READ_KEYS}
     ignored = tuple(sorted(str(k) for k in obs if k not in used))
