@@ -206,9 +206,12 @@ class Engine:
         return out
 
     def refuse(self, client: Any, request_id: str, status: str, code: str, message: str,
-               field: str | None = None) -> list:
-        """Answer a group that is not admitted (the shell calls this too, for undecodable contents)."""
+               field: str | None = None, tenant: str | None = None) -> list:
+        """Answer a group that is not admitted (the shell calls this too, for undecodable contents);
+        `tenant`: of the principal that sent it, whose answers are counted per tenant, refusals included."""
         self.metrics.group_completed(status, 0.0)
+        if tenant is not None:
+            self.metrics.tenant_group(tenant, status, 0)
         return [Reply(client, refusal(request_id, status, code, message, field))]
 
     def _capability(self) -> tuple[ModelCapability, int]:

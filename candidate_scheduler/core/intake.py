@@ -34,8 +34,7 @@ class Intake:
         rid, tenant = sub.request_id, principal.tenant
 
         def refuse(status: str, code: str, message: str, field: str | None = None) -> None:
-            e.outbox.extend(e.refuse(client, rid, status, code, message, field))
-            e.metrics.tenant_group(tenant, status, 0)
+            e.outbox.extend(e.refuse(client, rid, status, code, message, field, tenant))
 
         try:
             check_request_id(rid)

@@ -410,21 +410,22 @@ class Scheduler:
         if why is not None:
             self.metrics.group_received(msg.api)
             self.metrics.forbidden(Action.SUBMIT.value)
-            self._run(self.engine.refuse, client, msg.request_id, "rejected", FORBIDDEN, why)
+            self._run(self.engine.refuse, client, msg.request_id, "rejected", FORBIDDEN, why, tenant=principal.tenant)
             return
         via = sender.name if principal is not sender else None
         try:
             sub = convert.submission_from_wire(msg)
         except protocol.ProtocolError as exc:  # an array that cannot be decoded: the request is invalid
             self.metrics.group_received(msg.api)
-            self._run(self.engine.refuse, client, msg.request_id, "invalid", exc.kind, str(exc))
+            self._run(self.engine.refuse, client, msg.request_id, "invalid", exc.kind, str(exc),
+                      tenant=principal.tenant)
             return
         except Exception as exc:  # noqa: BLE001 - the shell's own fault: still one answer for the SUBMIT
             log.exception("could not read the SUBMIT of %r", msg.request_id)
             self.metrics.group_received(msg.api)
             self.metrics.internal_error("shell")
             self._run(self.engine.refuse, client, msg.request_id, "failed", INTERNAL_ERROR,
-                      f"internal error while reading the request: {type(exc).__name__}: {exc}")
+                      f"internal error while reading the request: {type(exc).__name__}: {exc}", tenant=principal.tenant)
             return
         # a resubmission under this id must be the same request (core/resubmission.py): its bytes' digest.
         # SHA-256 (truncated): on CPUs with the SHA extensions (x86 since Intel Ice Lake and AMD Zen) it is

@@ -9,10 +9,11 @@ from __future__ import annotations
 import threading
 from types import SimpleNamespace
 
+import msgspec
 import pytest
 
 from candidate_scheduler import convert, protocol
-from candidate_scheduler.service.client import Client
+from candidate_scheduler.service.client import Client, make_request
 from candidate_scheduler.service.server import Scheduler, SchedulerConfig
 from tests.integration.test_scheduler import IMAGE, expected_candidates
 
@@ -90,3 +91,33 @@ def test_a_reply_over_the_message_limit_is_a_typed_failure(in_process, monkeypat
     assert (r.status, r.error_code) == ("failed", "reply_too_large") and "fewer candidates" in r.error
     small = c.submit(IMAGE, "pick", count=64, seed=5)  # the reduced action alone fits
     assert small.status == "done" and small.candidates is None and not failed
+
+
+def test_a_submission_the_shell_refuses_is_counted_for_its_tenant(services):
+    """tenant_groups_total counts every answer, refusals included (docs/metrics.md); the shell's own
+    refusals (forbidden, undecodable arrays, its faults) were counted only in groups_completed_total."""
+    from prometheus_client import CollectorRegistry
+
+    from candidate_scheduler.service.metrics import SchedulerMetrics
+
+    registry = CollectorRegistry()
+    sched = Scheduler(SchedulerConfig(request_endpoint="tcp://127.0.0.1:0", control_endpoint="tcp://127.0.0.1:0",
+                                      worker_endpoint="tcp://127.0.0.1:0", metrics_port=None),
+                      metrics=SchedulerMetrics(registry))
+    bound = sched.bind()
+    thread = threading.Thread(target=sched.serve, daemon=True)
+    thread.start()
+    client = Client(bound["request"], bound["control"], timeout_s=30)
+    try:
+        bad = make_request(IMAGE, "pick")
+        # 4 bytes short of its shape: the shell cannot decode it, and refuses it before the engine sees it
+        images = protocol.Array(bad.images.dtype, bad.images.shape, bad.images.data[:-4])
+        r = client.wait(client.send(msgspec.structs.replace(bad, images=images)), timeout_s=30)
+        assert r.status == "invalid"
+        labels = {"tenant": "default", "outcome": "invalid"}
+        assert registry.get_sample_value("candidate_scheduler_tenant_groups_total", labels) == 1
+        assert registry.get_sample_value("candidate_scheduler_groups_completed_total", {"outcome": "invalid"}) == 1
+    finally:
+        client.close()
+        sched.stop_now.set()
+        thread.join(10)
