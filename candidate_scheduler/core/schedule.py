@@ -12,7 +12,11 @@ observations): then it gets them as consecutive batches, the later ones waiting 
 run in lockstep: same schedule, same steps) go out as one assignment when conditioning them all costs
 less than one step there -- a joiner then waits at most about a step for the others, the worker gets
 one message instead of many, and lockstep slices share their solver steps; otherwise each slice is an
-assignment of its own and joins as soon as it is conditioned.
+assignment of its own and joins as soon as it is conditioned. Slices that wait on the worker for rows
+(prefetch) go after those that start now. Sent at once (no late prefetch), they are bundled so only
+when what they wait for is one assignment, else each goes alone, in queue order: the worker admits an
+assignment whole once its rows are free, so a bundle waiting behind several would hold its first slice
+until the rows of the last are free too (late prefetch sends only rows about to free together).
 
 `Trace` records which group the pass was deciding about, so that when code inside it raises, the
 engine fails that group alone (core/engine.py, "atomic events").
@@ -20,6 +24,7 @@ engine fails that group alone (core/engine.py, "atomic events").
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from candidate_scheduler.core import deadlines
@@ -194,9 +199,20 @@ def _together(snap: PlanningSnapshot, view, groups: list[tuple[Unit, ...]]) -> l
     for units in groups:
         for u in units:
             (now if u.size <= free else later).append(u)
-            free -= u.size if u.size <= free else 0
+            # a unit that waits holds the free rows too (planning.WorkerSlot.take): the worker admits in
+            # arrival order, so a later unit sent first into them would run ahead of it for its whole run
+            free -= min(u.size, free)
+    # The worker admits what waits whole, in arrival order, once all its rows are free. Bundled, the first
+    # unit that waits would wait for the rows of those behind it too, and rows held by several assignments
+    # free as each ends, maybe a whole long run apart. A bundle delays none of them behind one assignment
+    # (its rows free at once), or under late prefetch, which gives only rows predicted to free within the
+    # lead (PlanningSnapshot.spare_due); spare rows given at once are any the worker will free, some late.
+    at_once = snap.prefetch_lead_s == math.inf or not snap.calibrated
     out: list[tuple[Unit, ...]] = []
     for part in (now, later):
+        if part is later and at_once and len(view.running) + len(out) > 1:
+            out.extend((u,) for u in later)
+            break
         lockstep: dict[tuple, list[Unit]] = {}
         for u in part:
             lockstep.setdefault(u.batch_key, []).append(u)
