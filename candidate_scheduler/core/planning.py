@@ -30,8 +30,9 @@ worker's running batch at its next step boundary. The rule:
    at the head is never starved by a stream of small groups joining ahead of it, and small groups still
    flow to the workers nobody reserved.
 4. Backfill (EASY backfilling, with the cost model): a later unit may still join a reserved worker when
-   `backfill(worker, head, unit)` says it will be done before the worker would have freed enough rows
-   for the head anyway -- it uses rows that would idle. That is a forecast (with the measured safety
+   it fits the worker's free rows now (not its spare rows, where it would wait and then join ahead of
+   the head) and `backfill(worker, head, unit)` says it will be done before the worker would have freed
+   enough rows for the head anyway -- it uses rows that would idle. That is a forecast (with the measured safety
    margin), checked against the worker as it runs now: several backfills in one planning pass are each
    checked alone, so the head can be delayed by as much as the forecast errs. Without a calibrated cost
    model there is no backfill, and rule 3 holds as stated.
@@ -174,7 +175,10 @@ def plan_step(queue: PendingIndex, workers: list[WorkerSlot],
             on_unit(unit.request_id)
 
         def allowed(w: WorkerSlot, bucket=bucket, unit=unit) -> bool:
-            return w.worker_id not in reserved or (backfill is not None and may_backfill(w, bucket, unit))
+            # a backfill must start now, in free rows: in spare rows it would wait on the worker and join
+            # when rows free, ahead of the head it was judged against as if it had started at once
+            return w.worker_id not in reserved or (backfill is not None and unit.size <= w.free_rows
+                                                   and may_backfill(w, bucket, unit))
 
         if index is not None:
             best = index.best(unit, allowed)

@@ -233,3 +233,17 @@ def test_stats_say_what_margin_the_forecasts_multiply_every_duration_by():
     for _ in range(50):
         h.engine.cost.observe_error(1.0, 1.5)  # every assignment took 1.5x its prediction
     assert h.engine.stats()["forecast_margin"] == pytest.approx(1.5)
+
+
+def test_a_backfill_goes_only_into_free_rows_never_into_spare_rows_ahead_of_the_head():
+    """Backfill is judged as if the unit started now. In spare rows (prefetch) it would wait on the
+    worker instead and join when its rows free, ahead of the blocked head, which then waited for it."""
+    h = Harness(batching="step", prefetch=1, prefetch_lead_s=math.inf)
+    calibrated(h, "w1", capacity=8)
+    h.submit("running", count=8, steps=100)  # every row busy: only spare rows left
+    h.submit("large", count=8, steps=4, sampling={"guidance_scale": 2.0})  # another key: blocked, reserves
+    h.submit("quick", count=2, steps=4)  # would finish long before the head could start, if it started now
+    assert [w.slices[0].dispatch.request_id for w in h.work] == ["running"]
+    h.run_all()
+    order = [w.slices[0].dispatch.request_id for w in h.work]
+    assert order.index("large") < order.index("quick")

@@ -40,7 +40,8 @@ def reference_step(units, workers, backfill=None):
     placements, reserved = [], {}
     for u in units:
         open_ = [w for w in workers if w.accepts(u) and (
-            w.worker_id not in reserved or (backfill is not None and backfill(w.worker_id, reserved[w.worker_id], u)))]
+            w.worker_id not in reserved or (backfill is not None and u.size <= w.free_rows
+                                            and backfill(w.worker_id, reserved[w.worker_id], u)))]
         if open_:
             best = min(open_, key=lambda w: (w.free_rows, w.forward_key is None))
             best.free_rows -= u.size

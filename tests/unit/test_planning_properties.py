@@ -28,7 +28,7 @@ def _literal_step_rule(units: list[Unit], slots: list[WorkerSlot], backfill) -> 
     placements, reserved = [], {}
     for unit in units:
         def allowed(w, unit=unit):
-            return w.worker_id not in reserved or (backfill is not None
+            return w.worker_id not in reserved or (backfill is not None and unit.size <= w.free_rows
                                                    and backfill(w.worker_id, reserved[w.worker_id], unit))
         takers = [w for w in slots if w.accepts(unit) and allowed(w)]
         if takers:
