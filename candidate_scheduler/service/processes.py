@@ -145,8 +145,12 @@ def spawn_listening(cmd: list[str], pattern: str, name: str, timeout_s: float,
     threading.Thread(target=relay, daemon=True, name=name).start()
     listening.wait(timeout_s)
     if not found:
-        proc.poll()
-        if proc.returncode is None:
+        # its stdout closes a moment before it can be reaped: wait that moment, so the caller can say how
+        # it exited (a silent one is killed: -9)
+        try:
+            proc.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
         return proc, None
     return proc, found[0]
