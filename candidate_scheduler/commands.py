@@ -219,7 +219,11 @@ def cmd_worker(args) -> int:
     # SIGTERM (Kubernetes, systemd): leave gracefully (docs/deployment.md); a second one stops at once
     signal.signal(signal.SIGTERM, lambda *_: worker.leave())
     print(f"candidate-scheduler worker {worker.worker_id}: connecting to {args.scheduler}", flush=True)
-    worker.serve()
+    try:
+        worker.serve()
+    except KeyboardInterrupt:  # SIGINT stops it at once (a terminal's Ctrl-C reaches `up`'s workers too): no traceback
+        print(f"candidate-scheduler worker {worker.worker_id}: stopped (SIGINT)", flush=True)
+        return 130
     if worker.left_reason is not None:
         print(f"candidate-scheduler worker {worker.worker_id}: left ({worker.left_reason})", flush=True)
     return 0

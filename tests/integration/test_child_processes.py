@@ -113,3 +113,19 @@ def test_make_run_stopped_by_sigterm_stops_what_it_started(model_dir, tmp_path):
     finally:
         demo.kill()
         _kill_all([pid for pid in started if _alive(pid)])
+
+
+def test_a_worker_stopped_by_sigint_says_so_in_one_line_not_a_traceback(tmp_path):
+    """Ctrl-C in a terminal reaches `up`'s (and `make run`'s) workers too: each printed a KeyboardInterrupt
+    traceback on the way out."""
+    worker = ChildProcess([sys.executable, "-m", "candidate_scheduler.cli", "worker", "--adapter", "null",
+                           "--warmup-shapes", "", "--scheduler", "tcp://127.0.0.1:9"], tmp_path / "worker.log",
+                          env=ENV, cwd=ROOT)
+    try:
+        worker.wait_line(re.compile("connecting to"), 60)
+        worker.proc.send_signal(signal.SIGINT)
+        assert worker.proc.wait(timeout=30) == 130
+        wait_for(lambda: any("stopped (SIGINT)" in line for line in worker.lines), 10, "its last line read")
+        assert not any("Traceback" in line for line in worker.lines), worker.lines[-20:]
+    finally:
+        worker.kill()
