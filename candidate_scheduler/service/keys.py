@@ -74,18 +74,37 @@ def _metadata(path: Path) -> dict[str, str]:
     return out
 
 
+def _key_record(path: Path) -> Principal:
+    """Who an authorised key's record (authorized_clients/NAME.key) says its holder is."""
+    meta = _metadata(path)
+    return Principal(check_name("principal", path.stem), meta.get("tenant", DEFAULT_TENANT),
+                     Role(meta.get("role", Role.WORKER.value)))
+
+
+def _token_record(path: Path) -> tuple[Principal, str]:
+    """Who an authorised token's record (authorized_tokens/NAME.json) says its holder is, and the
+    token's SHA-256."""
+    rec = json.loads(path.read_text(encoding="utf8"))
+    if not isinstance(rec, dict):
+        raise ValueError("not a JSON object")
+    principal = Principal(check_name("principal", path.stem), rec.get("tenant", DEFAULT_TENANT),
+                          Role(rec.get("role", Role.CLIENT.value)))
+    digest = rec.get("sha256")
+    if not isinstance(digest, str) or not _SHA256.fullmatch(digest):  # `$` lets "...\n" through
+        raise ValueError("sha256 must be 64 hex digits")
+    return principal, digest
+
+
 def _authorised(d: Path, name: str) -> tuple[Principal | None, str]:
     """The principal `name` is authorised as in the directory now (its key's or its token's record),
     and the file that says so; (None, "") when it is not."""
     key, token = d / "authorized_clients" / f"{name}.key", d / "authorized_tokens" / f"{name}.json"
     try:
         if key.exists():
-            meta = _metadata(key)
-            return Principal(name, meta.get("tenant", DEFAULT_TENANT), Role(meta.get("role", Role.WORKER.value))), str(key)
+            return _key_record(key), str(key)
         if token.exists():
-            rec = json.loads(token.read_text(encoding="utf8"))
-            return Principal(name, rec.get("tenant", DEFAULT_TENANT), Role(rec.get("role", Role.CLIENT.value))), str(token)
-    except (OSError, ValueError, TypeError, AttributeError) as exc:
+            return _token_record(token)[0], str(token)
+    except (OSError, ValueError, TypeError) as exc:
         raise KeyDirError(f"cannot read how {name!r} is authorised now: {exc}") from exc
     return None, ""
 
@@ -201,22 +220,13 @@ class Directory:
         for path in sorted((d / "authorized_clients").glob("*.key")):
             try:
                 public, _ = zmq.auth.load_certificate(str(path))
-                meta = _metadata(path)
-                principal = Principal(check_name("principal", path.stem), meta.get("tenant", DEFAULT_TENANT),
-                                      Role(meta.get("role", Role.WORKER.value)))
+                principal = _key_record(path)
             except (OSError, ValueError) as exc:
                 raise KeyDirError(f"{path}: {exc}") from exc
             out.add(principal, key=public)
         for path in sorted((d / "authorized_tokens").glob("*.json")):
             try:
-                rec = json.loads(path.read_text(encoding="utf8"))
-                if not isinstance(rec, dict):
-                    raise ValueError("not a JSON object")
-                principal = Principal(check_name("principal", path.stem), rec.get("tenant", DEFAULT_TENANT),
-                                      Role(rec.get("role", Role.CLIENT.value)))
-                digest = rec.get("sha256")
-                if not isinstance(digest, str) or not _SHA256.fullmatch(digest):  # `$` lets "...\n" through
-                    raise ValueError("sha256 must be 64 hex digits")
+                principal, digest = _token_record(path)
             except (OSError, ValueError, TypeError) as exc:
                 raise KeyDirError(f"{path}: {exc}") from exc
             out.add(principal, digest=digest)
