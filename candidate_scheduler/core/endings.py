@@ -4,7 +4,8 @@
 and forgets it, kept in its own file as core/intake.py keeps the beginning. Whatever ends a group -- its
 last result, a cancel, an expiry, a shutdown, a fault -- comes here, so "answered exactly once" has one
 door: the reply is taken from GroupState, which hands it out once; resubmissions waiting on the group get
-the same answer; the answer is kept for later resubmissions (core/resubmission.py).
+the same answer; the answer is kept for later resubmissions (core/resubmission.py). `leaves_queue` is
+the queue's side of it (the fair-queue clock, the unstarted set), which a group's first start runs too.
 """
 
 from __future__ import annotations
