@@ -145,10 +145,10 @@ def spawn_listening(cmd: list[str], pattern: str, name: str, timeout_s: float,
     threading.Thread(target=relay, daemon=True, name=name).start()
     listening.wait(timeout_s)
     if not found:
-        # its stdout closes a moment before it can be reaped: wait that moment, so the caller can say how
-        # it exited (a silent one is killed: -9)
+        # a child that closed its stdout is exiting, a moment before it can be reaped: wait that moment,
+        # so the caller can say how it exited; a silent one is killed at once (-9)
         try:
-            proc.wait(timeout=2.0)
+            proc.wait(timeout=2.0 if listening.is_set() else 0)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
