@@ -7,7 +7,7 @@ import argparse
 import math
 
 from candidate_scheduler.core.access import check_name
-from candidate_scheduler.core.cost_model import check_margin_quantile
+from candidate_scheduler.core.margins import check_margin_quantile
 from candidate_scheduler.core.tenants import TenantPolicy
 from candidate_scheduler.worker import call_rows as call_rows_rule
 

@@ -79,8 +79,9 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
                    help="seconds: a group without a deadline is ordered as if due this long after receipt, so "
                         "earliest-deadline-first never starves it")
     p.add_argument("--deadline-margin-quantile", type=margin_quantile, default=0.9,
-                   help="the percentile (0.5-1) of the measured actual/predicted time that deadline forecasts "
-                        "plan for: higher misses fewer deadlines, serves fewer elastic candidates and refuses more")
+                   help="the percentile (0.5-1) of each worker's measured actual/predicted time that deadline "
+                        "forecasts plan for: higher misses fewer deadlines, serves fewer elastic candidates and "
+                        "refuses more")
     p.add_argument("--curve-dir", default=None,
                    help="the key directory (`candidate-scheduler keys`): every native socket then takes only "
                         "authorised CURVE keys, whose role and tenant it names")

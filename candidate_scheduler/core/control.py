@@ -108,7 +108,9 @@ class Control:
                 w.worker_id: {"capacity": w.capacity, "device": w.device, "busy": not w.idle, "step": w.step,
                               "rows_in_use": w.rows_in_use, "assignments": len(w.assignments),
                               # the extra lead late prefetch has learned this worker needs (core/prefetch.py)
-                              "prefetch_margin_s": e.prefetch_margin.get(w.worker_id, 0.0)}
+                              "prefetch_margin_s": e.prefetch_margin.get(w.worker_id, 0.0),
+                              # what deadline forecasts multiply its durations by (core/margins.py)
+                              "forecast_margin": e.cost.margin(w.worker_id)}
                 for w in e.workers.values()
             },
             # going: no new work, finishing what they hold (core/worker_link.py, "Leaving")
@@ -122,7 +124,8 @@ class Control:
                         for t, n in sorted(e.tenants.in_flight.items())},
             "fair_queueing": e.tenants.clock.fair,
             "stagger": {"enabled": e.config.stagger, "starts": e.counters["staggered_starts"]},
-            # what deadline forecasts multiply every duration by (core/cost_model.CostModel.margin)
+            # the fleet's margin, over every worker's errors: what a worker with too few of its own plans
+            # with (each worker's own is under "workers"; core/margins.py)
             "forecast_margin": e.cost.margin(),
             "late_results_discarded": e.counters["late_results_discarded"],
             "batches_lost": e.counters["batches_lost"],

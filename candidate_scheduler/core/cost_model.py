@@ -16,26 +16,26 @@ Per worker and per forward label (SamplingSpec.forward_label: shape, horizon, CF
   rows a worker may hold under its memory budget.
 
 The error of every assignment's prediction (actual / predicted, observed when its result arrives) is
-kept too, and `margin()` -- a high percentile of it over the recent past (`margin_quantile`, 0.9 by
-default), never below 1 -- is what the deadline forecasts multiply every duration by: on a machine
-whose steps run 20% slower than measured one time in ten, a deadline is planned with that 20% in hand.
-It is measured, not set; the quantile only says how much of the measured tail to plan for (a higher
-one misses fewer deadlines and serves fewer candidates, or refuses more groups).
+kept too, per worker, and `margin(worker_id)` -- a high percentile of that worker's over the recent past
+(`margin_quantile`, 0.9 by default), never below 1 (core/margins.py) -- is what the deadline forecasts
+multiply that worker's durations by (`Scaled`): on a machine whose steps run 20% slower than measured
+one time in ten, a deadline is planned with that 20% in hand. It is measured, not set; the quantile
+only says how much of the measured tail to plan for (a higher one misses fewer deadlines and serves
+fewer candidates, or refuses more groups). A new margin is a change of its worker's answers
+(`changes`), so the fleet's sums mend that worker's terms (core/fleet_terms.py).
 """
 
 from __future__ import annotations
 
-import bisect
 import collections
 import math
 import re
 from dataclasses import dataclass, field
 
 from candidate_scheduler.core.change_log import ChangeLog
+from candidate_scheduler.core.margins import MIN_ERRORS, ErrorWindow, check_margin_quantile
 
 DECAY = 0.97  # per observation: about the last 30 forwards carry the fit
-ERRORS_KEPT = 200  # recent prediction errors behind the margin
-MIN_ERRORS = 5  # fewer than this: no margin yet (1.0); the 0.9 quantile of 5 is the second largest
 # Labels come from the workers (heartbeats, profiles) and, through the shapes clients ask for (every fps
 # is a label of its own), from the clients: a worker keeps its most recently observed labels only, so
 # neither can grow the model (nor the time a borrowed line takes to find) without bound. A label used
@@ -131,6 +131,7 @@ class WorkerCost:
     memory: LinearFit = field(default_factory=LinearFit)
     # Every label of `forward` and `overhead`, least recently observed first (MAX_LABELS)
     recent: collections.OrderedDict[str, None] = field(default_factory=collections.OrderedDict)
+    errors: ErrorWindow = field(default_factory=ErrorWindow)  # its assignments' actual / predicted
 
     def touch(self, label: str) -> None:
         """`label` was just observed: it is kept, and the label observed longest ago goes when over the bound."""
@@ -175,20 +176,14 @@ def _label_ok(label: object) -> bool:
     return isinstance(label, str) and 0 < len(label) <= MAX_LABEL_CHARS
 
 
-def check_margin_quantile(q: float) -> float:
-    """`q` if it is a valid margin quantile, in [0.5, 1]; ValueError otherwise (the one place the range is)."""
-    if not 0.5 <= q <= 1.0:
-        raise ValueError(f"margin_quantile must be in [0.5, 1], got {q!r}")
-    return q
-
-
 class CostModel:
     def __init__(self, margin_quantile: float = 0.9) -> None:
         self.margin_quantile = check_margin_quantile(margin_quantile)
         self.workers: dict[str, WorkerCost] = {}
-        self.errors: collections.deque[float] = collections.deque(maxlen=ERRORS_KEPT)
-        self._ranked: list[float] = []  # the same errors, sorted: margin() reads a quantile every event
-        self._margin: float | None = None  # margin() since the last error observed
+        self.errors = ErrorWindow()  # the fleet's: every worker's errors, behind the margin of a new worker
+        # The workers with too few errors of their own, which plan with the fleet's margin: when that moves,
+        # their answers change too
+        self._young: set[str] = set()
         # Answers since the last observation: forecasts ask the same few questions many times over.
         self._memo: dict[tuple, float] = {}
         # The workers whose answers changed, in order: what others keep from it follows this (`version`)
@@ -199,37 +194,47 @@ class CostModel:
         """Moves whenever an answer may change: what others cache from the model is keyed by it."""
         return self.changes.stamp
 
-    def observe_error(self, predicted_s: float, actual_s: float) -> None:
-        if 0 < predicted_s < math.inf and actual_s >= 0:  # inf / inf would be a NaN no ranking can place
-            if len(self.errors) == self.errors.maxlen:
-                del self._ranked[bisect.bisect_left(self._ranked, self.errors[0])]
-            ratio = actual_s / predicted_s
-            self.errors.append(ratio)
-            bisect.insort(self._ranked, ratio)
-            self._margin = None
+    def observe_error(self, worker_id: str, predicted_s: float, actual_s: float) -> None:
+        """One assignment of this worker took `actual_s` against `predicted_s`."""
+        w = self.workers.get(worker_id)  # one the model has forgotten (it left) has no margin to keep
+        fleet_before, before = self.margin(), None if w is None else self.margin(worker_id)
+        if not self.errors.observe(predicted_s, actual_s):
+            return
+        if w is not None:
+            w.errors.observe(predicted_s, actual_s)
+            if len(w.errors) >= MIN_ERRORS:
+                self._young.discard(worker_id)  # from now on, its own margin
+        if self.margin() != fleet_before:
+            for young in sorted(self._young):  # sorted: the change log reads the same from run to run
+                self._changed(young)
+        if w is not None and self.margin(worker_id) != before:
+            self._changed(worker_id)
 
     def _changed(self, worker_id: str) -> None:
         self._memo.clear()
         self.changes.append(worker_id)
 
-    def margin(self) -> float:
-        """The `margin_quantile` percentile of actual / predicted over recent assignments, at least 1."""
-        if self._margin is None:
-            ranked = self._ranked
-            if len(ranked) < MIN_ERRORS:
-                self._margin = 1.0
-            else:
-                self._margin = max(1.0, ranked[int(self.margin_quantile * (len(ranked) - 1))])
-        return self._margin
+    def margin(self, worker_id: str | None = None) -> float:
+        """The `margin_quantile` percentile of actual / predicted over this worker's recent assignments, at
+        least 1 (core/margins.py); the fleet's, over every worker's, for None or a worker with too few."""
+        w = None if worker_id is None else self.workers.get(worker_id)
+        if w is None or worker_id in self._young:
+            return self.errors.margin(self.margin_quantile)
+        return w.errors.margin(self.margin_quantile)
 
     def with_margin(self) -> Scaled:
-        return Scaled(self, self.margin())
+        return Scaled(self)
 
     def _w(self, worker_id: str) -> WorkerCost:
-        return self.workers.setdefault(worker_id, WorkerCost())
+        w = self.workers.get(worker_id)
+        if w is None:
+            w = self.workers[worker_id] = WorkerCost()
+            self._young.add(worker_id)
+        return w
 
     def forget(self, worker_id: str) -> None:
         self.workers.pop(worker_id, None)
+        self._young.discard(worker_id)
         self._changed(worker_id)
 
     def observe_forward(self, worker_id: str, label: str, rows: int, seconds: float) -> None:
@@ -289,13 +294,13 @@ class CostModel:
 
 
 class Scaled:
-    """The cost model's durations times a factor (its margin): what the deadline forecasts plan with."""
+    """The cost model's durations, each times its worker's margin: what the deadline forecasts plan with."""
 
-    def __init__(self, cost: CostModel, factor: float):
-        self.cost, self.factor = cost, factor
+    def __init__(self, cost: CostModel):
+        self.cost = cost
 
     def forward_s(self, worker_id: str, label: str, rows: int) -> float:
-        return self.factor * self.cost.forward_s(worker_id, label, rows)
+        return self.cost.margin(worker_id) * self.cost.forward_s(worker_id, label, rows)
 
     def overhead_s(self, worker_id: str, label: str) -> float:
-        return self.factor * self.cost.overhead_s(worker_id, label)
+        return self.cost.margin(worker_id) * self.cost.overhead_s(worker_id, label)

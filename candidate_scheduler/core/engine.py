@@ -302,7 +302,7 @@ class Engine:
         views = self.views.current(self.workers, self._rows_epoch, self.config.prefetch)
         self.fleet = self.fleet.follow(views, self.views.changes, self.views.positions)
         return PlanningSnapshot(now, self.config.batching, self.config.best_effort_s, views, self.cost,
-                                self.cost.margin(), self._calibrated(), self.pending, self._group_view,
+                                self._calibrated(), self.pending, self._group_view,
                                 self.elastic, self.config.prefetch, self.config.prefetch_lead_s, self.prefetch_margin,
                                 self.config.stagger, self.held_back, fleet=self.fleet, open_of=self.views.open,
                                 positions=self.views.positions)

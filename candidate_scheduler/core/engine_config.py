@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from candidate_scheduler.core.admission import AdmissionPolicy
-from candidate_scheduler.core.cost_model import check_margin_quantile
+from candidate_scheduler.core.margins import check_margin_quantile
 from candidate_scheduler.core.resubmission import DEFAULT_REPLIES_KEPT, DEFAULT_REPLIES_KEPT_BYTES
 from candidate_scheduler.core.tenants import TenantPolicy
 

@@ -13,9 +13,11 @@ it was last asked: the positions whose view was rebuilt (core/worker_views.py) a
 model learnt (CostModel.changes). A worker that comes or goes, or whose rows change, moves every position: then
 everything starts over.
 
-The terms are unscaled: the margin, which may move with every error observed, multiplies the answers
-(core/fluid.Pipe), so a new margin costs nothing here. A sum kept by subtracting and adding drifts by
-rounding; each is recomputed whole after as many updates as the fleet has workers (amortised O(1)).
+The pipe's sums are planned: each worker's term is times its forecast margin (core/margins.py), whose
+change is a change of that worker's cost model like any other. The staggered starts' and late
+prefetch's terms are unscaled, as the planner's predictions are. A sum kept by subtracting and adding
+drifts by rounding; each is recomputed whole after as many updates as the fleet has workers (amortised
+O(1)).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from candidate_scheduler.core.cost_model import Scaled
+
 
 class FleetTerms:
     """The sums for the worker views `workers` (a snapshot's tuple) and the unscaled cost model `cost`."""
@@ -33,6 +37,7 @@ class FleetTerms:
     def __init__(self, workers: tuple, cost, views_stamp: int = 0) -> None:
         self.workers = workers
         self.cost = cost
+        self.planned = Scaled(cost)  # each worker's durations times its margin
         self._views_stamp = views_stamp  # read up to here in the views' change log
         self._cost_stamp = cost.version  # and in the cost model's
         self._log: list[int] = []  # the positions changed since the sums below were started, in order
@@ -65,7 +70,7 @@ class FleetTerms:
             self._values.clear()
         return self
 
-    # ---- the answers (unscaled) ----------------------------------------------------------------------------
+    # ---- the answers ---------------------------------------------------------------------------------------
 
     @property
     def total_rows(self) -> int:
@@ -80,25 +85,27 @@ class FleetTerms:
         return smallest
 
     def rate(self, label: str) -> float:
-        """Row-steps per second of the fleet at full occupancy, for forwards of `label` (inf: some worker's
-        forward is predicted to take no time)."""
+        """Row-steps per second of the fleet at full occupancy, for forwards of `label`, as planned (each
+        worker's slowed by its margin; inf: some worker's forward is predicted to take no time)."""
         entry = self._sums.get(("rate", label))
         if entry is None:
-            entry = self._sums[("rate", label)] = _Sum(lambda i: self._rate_of(i, label), len(self.workers),
-                                                       len(self._log))
+            entry = self._sums[("rate", label)] = _Sum(lambda i: self._rate_of(i, label, self.planned),
+                                                       len(self.workers), len(self._log))
         return self._fresh(entry).value
 
     def overhead(self, label: str) -> float:
-        """The workers' fixed costs per slice (conditioning, postprocess), summed."""
+        """The workers' fixed costs per slice (conditioning, postprocess), as planned, summed."""
         entry = self._sums.get(("overhead", label))
         if entry is None:
             entry = self._sums[("overhead", label)] = _Sum(
-                lambda i: self.cost.overhead_s(self.workers[i].worker_id, label), len(self.workers), len(self._log))
+                lambda i: self.planned.overhead_s(self.workers[i].worker_id, label), len(self.workers),
+                len(self._log))
         return self._fresh(entry).value
 
     def best_run(self, label: str, size: int, cost_rows: int, steps: int, busy: bool) -> float:
-        """A slice's shortest time alone on a worker that holds `size` rows: its fixed cost and `steps`
-        forwards, at the worker's full rows when `busy`, else at `cost_rows` (inf: no worker holds it)."""
+        """A slice's shortest time alone on a worker that holds `size` rows, as planned: its fixed cost and
+        `steps` forwards, at the worker's full rows when `busy`, else at `cost_rows` (inf: no worker holds
+        it)."""
         key = (label, size, cost_rows, steps, busy)
         entry = self._mins.get(key)
         if entry is None:
@@ -106,8 +113,8 @@ class FleetTerms:
                 w = self.workers[i]
                 if w.rows < size:
                     return math.inf
-                return self.cost.overhead_s(w.worker_id, label) \
-                    + steps * self.cost.forward_s(w.worker_id, label, w.rows if busy else cost_rows)
+                return self.planned.overhead_s(w.worker_id, label) \
+                    + steps * self.planned.forward_s(w.worker_id, label, w.rows if busy else cost_rows)
             entry = self._mins[key] = _Min(term, len(self.workers), len(self._log))
         return self._fresh(entry).value
 
@@ -140,12 +147,13 @@ class FleetTerms:
         return first, shortest, longest, live
 
     def busy(self, label: str, now: float) -> float:
-        """Sum over the workers running something of their rate times the seconds until they are predicted
-        to be free (0 once that has passed); workers of no finite, positive rate are left out."""
+        """The row-steps still to run: the sum over the workers running something of their rate (unscaled)
+        times the seconds until they are predicted to be free (0 once that has passed); workers of no
+        finite, positive rate are left out."""
         entry = self._busy.get(label)
         if entry is None:
             def term(i: int) -> tuple[float, float] | None:
-                w, rate = self.workers[i], self._rate_of(i, label)
+                w, rate = self.workers[i], self._rate_of(i, label, self.cost)
                 return (w.busy_until, rate) if w.running and 0 < rate < math.inf else None
             entry = self._busy[label] = _Busy(term, len(self.workers), len(self._log), now)
         return self._fresh(entry).total(now)
@@ -216,9 +224,9 @@ class FleetTerms:
 
     # ---- upkeep ----------------------------------------------------------------------------------------------
 
-    def _rate_of(self, i: int, label: str) -> float:
+    def _rate_of(self, i: int, label: str, cost) -> float:
         w = self.workers[i]
-        step = self.cost.forward_s(w.worker_id, label, w.rows)
+        step = cost.forward_s(w.worker_id, label, w.rows)
         return w.rows / step if step > 0 else math.inf
 
     def _row_counts(self) -> tuple[int, int | None, int]:

@@ -53,12 +53,12 @@ def exact_enough(snap: PlanningSnapshot, order: tuple) -> bool:
 
 class Pipe:
     """The fleet as one pipe, for one snapshot (`Pipe.of`). Its sums over the workers are the snapshot's
-    fleet terms (core/fleet_terms.py: unscaled, kept across decisions and mended for the workers that
-    changed), times the margin; what depends on the queue is kept here, for the snapshot's one decision."""
+    fleet terms (core/fleet_terms.py: as planned, each worker's times its margin; kept across decisions
+    and mended for the workers that changed); what depends on the queue is kept here, for the snapshot's
+    one decision."""
 
     def __init__(self, snap: PlanningSnapshot):
         self.snap = snap
-        self.cost = snap.planned_cost
         self.terms = snap.terms
         self._busy: dict[str, float] = {}  # label -> busy_s
         self._rate: dict[str, float] = {}  # label -> rate
@@ -87,7 +87,7 @@ class Pipe:
         """Row-steps per second of the whole fleet at full occupancy, for forwards of `label`."""
         rate = self._rate.get(label)
         if rate is None:  # asked per unit and per bucket: kept for the decision
-            rate = self._rate[label] = self.terms.rate(label) / self.cost.factor
+            rate = self._rate[label] = self.terms.rate(label)
         return rate
 
     def fixed_s(self, label: str) -> float:
@@ -95,7 +95,7 @@ class Pipe:
         their number (they condition side by side)."""
         fixed = self._fixed.get(label)
         if fixed is None:
-            fixed = self._fixed[label] = self.cost.factor * self.terms.overhead(label) / len(self.snap.workers) ** 2
+            fixed = self._fixed[label] = self.terms.overhead(label) / len(self.snap.workers) ** 2
         return fixed
 
     def work_s(self, units) -> float:
@@ -107,8 +107,8 @@ class Pipe:
         of the pipe."""
         busy = self._busy.get(label)
         if busy is None:
-            rate = self.terms.rate(label)  # unscaled, as the remaining row-steps: the margin scales the time
-            busy = self.terms.busy(label, self.snap.now) * self.cost.factor / rate if 0 < rate < math.inf else 0.0
+            rate = self.rate(label)  # the row-steps left, at the rate the fleet is planned to run them
+            busy = self.terms.busy(label, self.snap.now) / rate if 0 < rate < math.inf else 0.0
             self._busy[label] = busy
         return busy
 
@@ -169,7 +169,7 @@ class Pipe:
     def run_s(self, unit: Unit, busy: bool) -> float:
         """One slice's own time on the best worker: its fixed cost and its steps, at a full forward when the
         fleet is busy (it shares its forwards), at its own rows when it is not (inf: no worker holds it)."""
-        return self.cost.factor * self.terms.best_run(unit.label, unit.size, unit.cost_rows, unit.steps, busy)
+        return self.terms.best_run(unit.label, unit.size, unit.cost_rows, unit.steps, busy)
 
     def finish(self, units: list[Unit], ahead_s: float) -> float:
         """When a group of these slices ends, with `ahead_s` of the pipe's time before its first starts."""

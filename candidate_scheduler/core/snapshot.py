@@ -160,7 +160,6 @@ class PlanningSnapshot:
     best_effort_s: float
     workers: tuple[WorkerView, ...]
     cost: CostModel
-    margin: float  # what deadline forecasts multiply every duration by (core/cost_model.py)
     calibrated: bool  # every live worker has a cost model: without one, nothing is forecast
     queue: PendingIndex
     group: Callable[[str], GroupView | None]
@@ -192,7 +191,7 @@ class PlanningSnapshot:
 
     @property
     def planned_cost(self) -> Scaled:
-        return Scaled(self.cost, self.margin)
+        return Scaled(self.cost)
 
     @property
     def slice_capacity(self) -> int:

@@ -221,7 +221,7 @@ class WorkerLink:
                 e.rows_changed()  # a memory observation may change the rows it may hold
             if a.predicted_s > 0:
                 e.metrics.prediction(a.predicted_s, e.now - a.sent_at)
-                e.cost.observe_error(a.predicted_s, e.now - a.sent_at)
+                e.cost.observe_error(worker.worker_id, a.predicted_s, e.now - a.sent_at)
         if len(result.outputs) != len(a.entries):
             # A wrong-shaped answer is the worker's fault: retry every member elsewhere.
             for entry in a.entries:

@@ -231,7 +231,7 @@ def test_stats_say_what_margin_the_forecasts_multiply_every_duration_by():
     calibrated(h, "w1")
     assert h.engine.stats()["forecast_margin"] == 1.0  # nothing measured yet
     for _ in range(50):
-        h.engine.cost.observe_error(1.0, 1.5)  # every assignment took 1.5x its prediction
+        h.engine.cost.observe_error("w1", 1.0, 1.5)  # every assignment took 1.5x its prediction
     assert h.engine.stats()["forecast_margin"] == pytest.approx(1.5)
 
 

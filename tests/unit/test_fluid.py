@@ -96,9 +96,11 @@ def test_what_runs_now_drains_as_each_worker_predicts_at_any_instant(fleet):
         snap = fleet.engine.snapshot(now)
         assert snap.workers is kept  # nothing changed: the sums are reused, only the instant moves
         pipe = fluid.Pipe(snap)
-        rates = [w.rows / pipe.cost.forward_s(w.worker_id, LABEL, w.rows) for w in snap.workers]
+        rates = [w.rows / snap.cost.forward_s(w.worker_id, LABEL, w.rows) for w in snap.workers]
+        # the row-steps left drain at the rate the fleet is planned to run: each worker's over its margin
+        planned = sum(r / snap.cost.margin(w.worker_id) for w, r in zip(snap.workers, rates))
         direct = sum(r * max(0.0, w.busy_until - now) for w, r in zip(snap.workers, rates) if w.running)
-        assert pipe.busy_s(LABEL) == pytest.approx(direct * pipe.cost.factor / sum(rates), rel=1e-9, abs=1e-12)
+        assert pipe.busy_s(LABEL) == pytest.approx(direct / planned, rel=1e-9, abs=1e-12)
     assert fluid.Pipe(fleet.engine.snapshot(ends[-1])).busy_s(LABEL) == 0.0
 
 

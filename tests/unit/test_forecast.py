@@ -81,14 +81,14 @@ def test_the_margin_is_the_measured_90th_percentile_of_the_prediction_error():
     c = cost()
     assert c.margin() == 1.0  # nothing measured yet
     for _ in range(4):
-        c.observe_error(1.0, 2.0)
+        c.observe_error("w", 1.0, 2.0)
     assert c.margin() == 1.0  # too few to say
     c = cost()  # a fresh window
     for ratio in [0.8] * 10 + [1.0] * 8 + [1.3] * 2:
-        c.observe_error(1.0, ratio)
+        c.observe_error("w", 1.0, ratio)
     assert c.margin() == pytest.approx(1.0)
     for _ in range(10):
-        c.observe_error(1.0, 1.5)
+        c.observe_error("w", 1.0, 1.5)
     assert c.margin() == pytest.approx(1.5)
     f = forecast(0.0, [SimWorker("w", 8)], [job("a", 4, 10)], c.with_margin(), "step")
     assert f["a"] == pytest.approx(1.5 * 0.4)
@@ -100,7 +100,7 @@ def test_the_margin_quantile_chooses_how_much_of_the_measured_tail_to_plan_for()
     for q in (0.5, 0.9, 0.95, 0.99, 1.0):
         c = CostModel(q)
         for ratio in errors:
-            c.observe_error(1.0, ratio)
+            c.observe_error("w", 1.0, ratio)
         margins[q] = c.margin()
     assert margins == {0.5: 1.0, 0.9: pytest.approx(1.2), 0.95: pytest.approx(1.2), 0.99: pytest.approx(2.0),
                        1.0: pytest.approx(2.0)}
