@@ -131,7 +131,7 @@ class WorkerCost:
     memory: LinearFit = field(default_factory=LinearFit)
     # Every label of `forward` and `overhead`, least recently observed first (MAX_LABELS)
     recent: collections.OrderedDict[str, None] = field(default_factory=collections.OrderedDict)
-    errors: ErrorWindow = field(default_factory=ErrorWindow)  # its assignments' actual / predicted
+    errors: ErrorWindow | None = None  # its assignments' actual / predicted (CostModel._w sets it)
 
     def touch(self, label: str) -> None:
         """`label` was just observed: it is kept, and the label observed longest ago goes when over the bound."""
@@ -180,12 +180,13 @@ class CostModel:
     def __init__(self, margin_quantile: float = 0.9) -> None:
         self.margin_quantile = check_margin_quantile(margin_quantile)
         self.workers: dict[str, WorkerCost] = {}
-        self.errors = ErrorWindow()  # the fleet's: every worker's errors, behind the margin of a new worker
+        self.errors = ErrorWindow(self.margin_quantile)  # the fleet's: every worker's errors, behind the margin of a new worker
         # The workers with too few errors of their own, which plan with the fleet's margin: when that moves,
         # their answers change too
         self._young: set[str] = set()
         # Answers since the last observation: forecasts ask the same few questions many times over.
         self._memo: dict[tuple, float] = {}
+        self._planned: dict[tuple, float] = {}  # the same, times the worker's margin (`Scaled`)
         # The workers whose answers changed, in order: what others keep from it follows this (`version`)
         self.changes: ChangeLog[str] = ChangeLog()
 
@@ -197,14 +198,13 @@ class CostModel:
     def observe_error(self, worker_id: str, predicted_s: float, actual_s: float) -> None:
         """One assignment of this worker took `actual_s` against `predicted_s`."""
         w = self.workers.get(worker_id)  # one the model has forgotten (it left) has no margin to keep
-        fleet_before, before = self.margin(), None if w is None else self.margin(worker_id)
-        if not self.errors.observe(predicted_s, actual_s):
-            return
+        before = None if w is None else self.margin(worker_id)
+        fleet_moved = self.errors.observe(predicted_s, actual_s)
         if w is not None:
             w.errors.observe(predicted_s, actual_s)
             if len(w.errors) >= MIN_ERRORS:
                 self._young.discard(worker_id)  # from now on, its own margin
-        if self.margin() != fleet_before:
+        if fleet_moved:
             for young in sorted(self._young):  # sorted: the change log reads the same from run to run
                 self._changed(young)
         if w is not None and self.margin(worker_id) != before:
@@ -212,6 +212,7 @@ class CostModel:
 
     def _changed(self, worker_id: str) -> None:
         self._memo.clear()
+        self._planned.clear()  # a margin changes only with its worker's answers: _changed for them
         self.changes.append(worker_id)
 
     def margin(self, worker_id: str | None = None) -> float:
@@ -219,8 +220,8 @@ class CostModel:
         least 1 (core/margins.py); the fleet's, over every worker's, for None or a worker with too few."""
         w = None if worker_id is None else self.workers.get(worker_id)
         if w is None or worker_id in self._young:
-            return self.errors.margin(self.margin_quantile)
-        return w.errors.margin(self.margin_quantile)
+            return self.errors.margin
+        return w.errors.margin
 
     def with_margin(self) -> Scaled:
         return Scaled(self)
@@ -228,7 +229,7 @@ class CostModel:
     def _w(self, worker_id: str) -> WorkerCost:
         w = self.workers.get(worker_id)
         if w is None:
-            w = self.workers[worker_id] = WorkerCost()
+            w = self.workers[worker_id] = WorkerCost(errors=ErrorWindow(self.margin_quantile))
             self._young.add(worker_id)
         return w
 
@@ -298,9 +299,18 @@ class Scaled:
 
     def __init__(self, cost: CostModel):
         self.cost = cost
+        self._memo = cost._planned  # kept by the model, which knows when an answer changes
 
     def forward_s(self, worker_id: str, label: str, rows: int) -> float:
-        return self.cost.margin(worker_id) * self.cost.forward_s(worker_id, label, rows)
+        key = (worker_id, label, rows)
+        value = self._memo.get(key)
+        if value is None:
+            value = self._memo[key] = self.cost.margin(worker_id) * self.cost.forward_s(worker_id, label, rows)
+        return value
 
     def overhead_s(self, worker_id: str, label: str) -> float:
-        return self.cost.margin(worker_id) * self.cost.overhead_s(worker_id, label)
+        key = (worker_id, label)
+        value = self._memo.get(key)
+        if value is None:
+            value = self._memo[key] = self.cost.margin(worker_id) * self.cost.overhead_s(worker_id, label)
+        return value

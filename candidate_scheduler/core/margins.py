@@ -19,6 +19,7 @@ import math
 
 ERRORS_KEPT = 200  # recent prediction errors behind a margin
 MIN_ERRORS = 5  # fewer than this: no margin of one's own yet; the 0.9 quantile of 5 is the second largest
+STEP = 0.01  # a margin follows its quantile in moves of more than 1%
 
 
 def check_margin_quantile(q: float) -> float:
@@ -29,18 +30,23 @@ def check_margin_quantile(q: float) -> float:
 
 
 class ErrorWindow:
-    """The last `ERRORS_KEPT` errors, also kept sorted: a margin is read at every forecast."""
+    """The last `ERRORS_KEPT` errors, also kept sorted, and the margin they give (`margin`).
 
-    def __init__(self) -> None:
+    The margin moves only when the quantile has moved by more than `STEP` of it: every move re-plans the
+    worker's share of the fleet's forecasts (its terms in core/fleet_terms.py, the cost model's answers),
+    and a quantile over noisy errors moves by a hair at almost every result."""
+
+    def __init__(self, quantile: float) -> None:
+        self.quantile = check_margin_quantile(quantile)
         self.errors: collections.deque[float] = collections.deque(maxlen=ERRORS_KEPT)
         self._ranked: list[float] = []
-        self._margins: dict[float, float] = {}  # quantile -> margin, since the last error observed
+        self.margin = 1.0  # the `quantile` of the errors kept, at least 1; 1.0 with fewer than MIN_ERRORS
 
     def __len__(self) -> int:
         return len(self.errors)
 
     def observe(self, predicted_s: float, actual_s: float) -> bool:
-        """Keep actual / predicted; False (nothing kept) when that is no finite error."""
+        """Keep actual / predicted (nothing when that is no finite error); whether the margin moved."""
         if not (0 < predicted_s < math.inf and 0 <= actual_s < math.inf):  # inf / inf: a NaN no ranking places
             return False
         if len(self.errors) == self.errors.maxlen:
@@ -48,14 +54,9 @@ class ErrorWindow:
         ratio = actual_s / predicted_s
         self.errors.append(ratio)
         bisect.insort(self._ranked, ratio)
-        self._margins.clear()
+        ranked = self._ranked
+        quantile = 1.0 if len(ranked) < MIN_ERRORS else max(1.0, ranked[int(self.quantile * (len(ranked) - 1))])
+        if abs(quantile - self.margin) <= STEP * self.margin:
+            return False
+        self.margin = quantile
         return True
-
-    def margin(self, quantile: float) -> float:
-        """The `quantile` of the errors kept, at least 1; 1.0 with fewer than MIN_ERRORS."""
-        value = self._margins.get(quantile)
-        if value is None:
-            ranked = self._ranked
-            value = 1.0 if len(ranked) < MIN_ERRORS else max(1.0, ranked[int(quantile * (len(ranked) - 1))])
-            self._margins[quantile] = value
-        return value

@@ -91,3 +91,18 @@ def test_one_late_worker_does_not_make_the_others_refuse_deadlines_they_can_keep
     h.submit("tight", count=8, steps=10, deadline_s=3.0)  # 1.3 s promised by the liar's profile: 13 s
     r = h.reply("tight")
     assert r.status == "rejected" and r.error_code == "deadline_unmeetable"
+
+
+def test_a_margin_moves_only_when_its_quantile_has_moved_by_more_than_a_step():
+    """Every move re-plans the worker's terms: a quantile that moves by a hair at every result must not."""
+    c = _calibrated_cost("w")
+    for _ in range(10):
+        c.observe_error("w", 1.0, 1.5)
+    assert c.margin("w") == pytest.approx(1.5)
+    stamp = c.version
+    for _ in range(20):
+        c.observe_error("w", 1.0, 1.505)  # the quantile is 1.505 now: within 1% of the margin
+    assert c.margin("w") == pytest.approx(1.5) and c.version == stamp
+    for _ in range(20):
+        c.observe_error("w", 1.0, 1.6)
+    assert c.margin("w") == pytest.approx(1.6) and c.version > stamp
