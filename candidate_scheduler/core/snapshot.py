@@ -399,7 +399,10 @@ class PlanningSnapshot:
 
     def sim_workers(self, only: str | None = None) -> list[SimWorker]:
         """Fresh simulated workers as they run now (core/forecast.py): for each assignment, the steps it
-        has left are what its time so far bought at the rows running there now."""
+        has left are what its time so far bought at the rows running there now, at the pace the forecasts
+        plan for (the worker's margin): the steps left are then run at that pace, and a worker running
+        late by its margin is not taken to be further along than it is."""
+        cost = self.planned_cost
         sims = []
         for w in self.workers if only is None else (self.worker(only),):
             sim = SimWorker(w.worker_id, w.rows, conditions_aside=w.conditions_aside)
@@ -413,8 +416,8 @@ class PlanningSnapshot:
             total_rows = sum(a.cost_rows for a in running)
             wait = 0.0
             for a in running:
-                tau = self.cost.forward_s(w.worker_id, a.label, total_rows)
-                fixed = self.cost.overhead_s(w.worker_id, a.label) * len(a.keys)
+                tau = cost.forward_s(w.worker_id, a.label, total_rows)
+                fixed = cost.overhead_s(w.worker_id, a.label) * len(a.keys)
                 done = (self.now - a.sent_at - fixed) / tau if tau > 0 else 0.0
                 left = min(float(a.steps), max(0.5, a.steps - max(0.0, done)))
                 # on a worker that conditions aside, an assignment still being conditioned has not joined yet

@@ -106,3 +106,20 @@ def test_a_margin_moves_only_when_its_quantile_has_moved_by_more_than_a_step():
     for _ in range(20):
         c.observe_error("w", 1.0, 1.6)
     assert c.margin("w") == pytest.approx(1.6) and c.version > stamp
+
+
+def test_running_work_is_planned_to_end_at_the_margins_pace_not_ahead_of_it():
+    """A running assignment's steps left were what its time so far bought at the unscaled cost, and were
+    then run at the margin's pace: half its predicted time in, on a worker whose margin is 2, it was
+    taken to be half done (a quarter, at the pace planned) and to end at 1.5x its prediction, not 2x."""
+    h = Harness(batching="dispatch")
+    calibrated(h, "w1")  # a forward of 8 rows: 0.13 s
+    for _ in range(10):
+        h.engine.cost.observe_error("w1", 1.0, 2.0)
+    assert h.engine.cost.margin("w1") == pytest.approx(2.0)
+    h.submit("busy", count=8, steps=10)
+    a = next(iter(h.engine.assignments.values()))
+    assert a.predicted_s == pytest.approx(1.3)
+    h.advance(0.65)
+    sim = h.engine.snapshot(h.now).sim_workers()[0]
+    assert [item.steps_left for item in sim.items] == [pytest.approx(7.5)]  # 2.5 of 10 done at 0.26 s a step
