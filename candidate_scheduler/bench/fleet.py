@@ -107,8 +107,8 @@ def workloads(size: FleetSize, smoke: bool) -> list[Workload]:
 def cpu_s(pid: int) -> float:
     """CPU seconds of a live process: its threads' run time from /proc/PID/task/*/schedstat, in
     nanoseconds -- a short run of sleeping null workers spends less than the 10 ms clock tick that
-    /proc/PID/stat counts in, and would show none -- else user + system from /proc/PID/stat. Taken as a
-    difference over a run: the threads here live as long as their process."""
+    /proc/PID/stat counts in, and would show none -- else user + system from /proc/PID/stat. A thread
+    that ends takes its run time out of this sum: a run's figure is `run_times` taken thread by thread."""
     total, found = 0, False
     for tid in _tasks(pid):
         try:
@@ -122,6 +122,29 @@ def cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def run_times(pids: list[int]) -> dict[tuple[int, str], int]:
+    """Nanoseconds each live thread of these processes has run, from /proc/PID/task/TID/schedstat (else
+    user + system from /proc/PID/task/TID/stat, in clock ticks). Per thread, not per process: the
+    scheduler's metrics server answers each scrape on a thread of its own, and one that ran before a
+    run and ended in it would take its run time off the run's figure (per_thread_s)."""
+    out = {}
+    for pid in pids:
+        for tid in _tasks(pid):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    out[pid, tid] = int(f.read().split()[0])
+                continue
+            except (OSError, IndexError, ValueError):  # a thread that ended meanwhile, or no schedstat here
+                pass
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                out[pid, tid] = (int(fields[11]) + int(fields[12])) * 1_000_000_000 // _TICK
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
 
 
 def waits(pids: list[int]) -> dict[tuple[int, str], int]:
@@ -138,10 +161,14 @@ def waits(pids: list[int]) -> dict[tuple[int, str], int]:
     return out
 
 
-def waited_s(before: dict, after: dict) -> float:
-    """Seconds waited between two `waits` snapshots, thread by thread: a thread that ended meanwhile
-    drops out (its wait before must not be taken off the total), one that started counts in full."""
+def per_thread_s(before: dict, after: dict) -> float:
+    """Seconds between two per-thread snapshots (`run_times`, `waits`), thread by thread: a thread that
+    ended meanwhile drops out (what it counted before must not be taken off the total), one that started
+    counts in full."""
     return sum(ns - before.get(key, 0) for key, ns in after.items()) / 1e9
+
+
+waited_s = per_thread_s  # seconds waited for a core between two `waits` snapshots
 
 
 def _tasks(pid: int) -> list[str]:
@@ -315,14 +342,14 @@ def run_workload(handle, size: FleetSize, workload: Workload, tag: str, seed: in
         return {"workload": asdict(workload), "skipped": "renice not permitted"}
     try:
         steps_before = steps_read(handle.metrics)
-        before = {k: sum(cpu_s(p) for p in v) for k, v in pids.items() if k != "client"}
+        before = {k: run_times(v) for k, v in pids.items() if k != "client"}
         waited_before = {k: waits(v) for k, v in pids.items()}
         client_before = resource.getrusage(resource.RUSAGE_SELF)
         busy_before = machine_busy()
         run = drive(handle.request, frames, send_at, timeout_s=120 + 10 * workload.groups / size.ideal_groups_per_s)
         busy_after = machine_busy()
         client_after = resource.getrusage(resource.RUSAGE_SELF)
-        after = {k: sum(cpu_s(p) for p in v) for k, v in pids.items() if k != "client"}
+        after = {k: run_times(v) for k, v in pids.items() if k != "client"}
         waited_after = {k: waits(v) for k, v in pids.items()}
     finally:
         if workload.workers_nice and not renice(pids["workers"], 0):
@@ -339,7 +366,7 @@ def run_workload(handle, size: FleetSize, workload: Workload, tag: str, seed: in
                       workers=size.workers, wall_s=wall)
     receipt = [float(r.metrics["receipt_to_reply_s"]) for _at, r in replies.values() if "receipt_to_reply_s" in r.metrics]
     client_lat = [at - run["sent"][i] for i, (at, _r) in replies.items()]
-    cores = {k: (after[k] - before[k]) / wall for k in after}
+    cores = {k: per_thread_s(before[k], after[k]) / wall for k in after}
     cores["client"] = (client_after.ru_utime + client_after.ru_stime - client_before.ru_utime
                        - client_before.ru_stime) / wall
     d_busy, d_total = busy_after[0] - busy_before[0], busy_after[1] - busy_before[1]

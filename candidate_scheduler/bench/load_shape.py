@@ -32,13 +32,41 @@ from candidate_scheduler.bench.load_plan import (
     unloaded_groups,
 )
 from candidate_scheduler.bench.load_point import Planned, run_point, summarise
-from candidate_scheduler.bench.scrape import scrape
+from candidate_scheduler.bench.scrape import PREFIX, scrape
 
 REDUCER = "mean"
 # Observation seeds: phase * PHASE_SEEDS + place in the sequence (fresh), or POOL_SEED + pool slot.
 PHASE_SEEDS = 1_000_000
 WARM_UP, UNLOADED, FIRST_POINT = 1, 2, 10
 POOL_SEED = 7_000_000
+# A worker reports its forwards with its heartbeats (every 0.5 s by default): a point's window closes once
+# they are in (settled_scrape). Counters still for two heartbeat intervals count as in: a cosmos3 step of
+# several cohorts records rows // forwards a forward, so the rows x steps it reports may fall short.
+SETTLE_S, SETTLE_TIMEOUT_S = 1.0, 5.0
+_FORWARD_ROWS = PREFIX + "forward_rows"
+
+
+def settled_scrape(url: str | None, before: dict[str, float], row_steps: float | None) -> dict[str, float]:
+    """The scrape that closes a load point's window. A scrape at its last reply misses the forwards the
+    workers ran since their last heartbeat, and the next point would count them: so this waits until the
+    window's candidate rows x steps reach `row_steps` (every group sent answered done, each of its steps
+    recorded; None: some group ended otherwise, and how far it stepped is unknown), else until the
+    counters have not moved for SETTLE_S, giving up after SETTLE_TIMEOUT_S."""
+    after = scrape(url)
+    if not after:
+        return after
+    key = _FORWARD_ROWS + "_sum"
+    now = time.monotonic()
+    give_up, still_since, last = now + SETTLE_TIMEOUT_S, now, after
+    while True:
+        if row_steps is not None and after.get(key, 0.0) - before.get(key, 0.0) >= row_steps:
+            return after
+        if now - still_since >= SETTLE_S or now >= give_up:
+            return after
+        time.sleep(0.05)
+        after, now = scrape(url), time.monotonic()
+        if after.get(key) != last.get(key) or after.get(_FORWARD_ROWS + "_count") != last.get(_FORWARD_ROWS + "_count"):
+            last, still_since = after, now
 
 
 class ShapeBench:
@@ -135,7 +163,9 @@ class ShapeBench:
         row = summarise(run, slo_s)
         # Per forward, from the scheduler's histogram, where there is one (the same measure for both
         # service arms); the replies' per-group figure is kept beside it.
-        rows, source = rows_per_forward(before, scrape(arm.metrics_url))
+        sent = run.sent
+        row_steps = STEPS * sum(o.planned.count for o in sent) if all(o.status == "done" for o in sent) else None
+        rows, source = rows_per_forward(before, settled_scrape(arm.metrics_url, before, row_steps))
         if rows is not None:
             row["rows_per_forward"], row["rows_per_forward_source"] = rows, source
         row.update(shape=self.shape.name, phase=phase)
