@@ -195,8 +195,9 @@ class CostModel:
         """Moves whenever an answer may change: what others cache from the model is keyed by it."""
         return self.changes.stamp
 
-    def observe_error(self, worker_id: str, predicted_s: float, actual_s: float) -> None:
-        """One assignment of this worker took `actual_s` against `predicted_s`."""
+    def observe_error(self, worker_id: str, predicted_s: float, actual_s: float) -> bool:
+        """One assignment of this worker took `actual_s` against `predicted_s`; whether a margin moved (the
+        fleet's or the worker's)."""
         w = self.workers.get(worker_id)  # one the model has forgotten (it left) has no margin to keep
         before = None if w is None else self.margin(worker_id)
         fleet_moved = self.errors.observe(predicted_s, actual_s)
@@ -207,8 +208,14 @@ class CostModel:
         if fleet_moved:
             for young in sorted(self._young):  # sorted: the change log reads the same from run to run
                 self._changed(young)
-        if w is not None and self.margin(worker_id) != before:
+        moved = w is not None and self.margin(worker_id) != before
+        if moved:
             self._changed(worker_id)
+        return moved or fleet_moved
+
+    def largest_margin(self) -> float:
+        """The largest margin any worker plans with (1.0 with none): O(workers), asked when one moved."""
+        return max((self.margin(wid) for wid in self.workers), default=1.0)
 
     def _changed(self, worker_id: str) -> None:
         self._memo.clear()

@@ -221,7 +221,8 @@ class WorkerLink:
                 e.rows_changed()  # a memory observation may change the rows it may hold
             if a.predicted_s > 0:
                 e.metrics.prediction(a.predicted_s, e.now - a.sent_at)
-                e.cost.observe_error(worker.worker_id, a.predicted_s, e.now - a.sent_at)
+                if e.cost.observe_error(worker.worker_id, a.predicted_s, e.now - a.sent_at):
+                    e.metrics.forecast_margins(e.cost.margin(), e.cost.largest_margin())
         if len(result.outputs) != len(a.entries):
             # A wrong-shaped answer is the worker's fault: retry every member elsewhere.
             for entry in a.entries:
@@ -378,6 +379,7 @@ class WorkerLink:
                 e.metrics.conditioning_cache_bytes_in_use(sum(e.cache_bytes.values()))
             if e.config.prefetch and e.config.prefetch_lead_s < math.inf:  # the gauge forgets its margin too
                 e.metrics.prefetch_margin(max(e.prefetch_margin.values(), default=0.0))
+            e.metrics.forecast_margins(e.cost.margin(), e.cost.largest_margin())  # and this one its own
         return held
 
     def lost(self, worker: WorkerState, reason: str, event: str) -> None:

@@ -155,6 +155,12 @@ METRICS = (
     _define(Gauge, "prefetch_margin_max_seconds",
             "The largest extra lead late prefetch has learned a worker needs (core/prefetch.py); it grows when "
             "batches end with nothing to start."),
+    _define(Gauge, "forecast_margin",
+            "The fleet's forecast margin: the --deadline-margin-quantile of actual / predicted time over every "
+            "worker's recent assignments (core/margins.py); what a worker with too few of its own plans with."),
+    _define(Gauge, "forecast_margin_max",
+            "The largest forecast margin a worker plans with: one running late on its forecasts (a slower "
+            "device, a busy host, a warm-up profile that overstates its speed) shows here."),
     _define(Counter, "staggered_starts_total",
             "Workers held past their batch boundary behind a deep backlog, so boundaries spread (core/stagger.py)."),
     _define(Counter, "transformer_forwards_total",
@@ -265,6 +271,7 @@ class SchedulerMetrics:
                 self._children[name] = {values: metric.labels(*values)
                                         for values in itertools.product(*labels.values())}
             setattr(self, name, metric)
+        self.forecast_margins(1.0, 1.0)  # nothing measured yet: forecasts plan with no margin
 
     # --- Recording methods (the calls server.py makes). ----------------------------------------------
 
@@ -356,6 +363,10 @@ class SchedulerMetrics:
 
     def prefetch_margin(self, seconds: float) -> None:
         self.prefetch_margin_max_seconds.set(seconds)
+
+    def forecast_margins(self, fleet: float, largest: float) -> None:
+        self.forecast_margin.set(fleet)
+        self.forecast_margin_max.set(largest)
 
     def staggered_starts(self, count: int) -> None:
         self.staggered_starts_total.inc(count)

@@ -9,6 +9,7 @@ from candidate_scheduler.core.change_log import ChangeLog
 from candidate_scheduler.core.cost_model import CostModel
 from candidate_scheduler.core.fleet_terms import FleetTerms
 from candidate_scheduler.core.margins import MIN_ERRORS
+from candidate_scheduler.core.messages import Left
 from tests.unit.test_engine import Harness
 from tests.unit.test_engine_deadlines import LABEL, calibrated
 from tests.unit.test_fleet_terms import View
@@ -123,3 +124,31 @@ def test_running_work_is_planned_to_end_at_the_margins_pace_not_ahead_of_it():
     h.advance(0.65)
     sim = h.engine.snapshot(h.now).sim_workers()[0]
     assert [item.steps_left for item in sim.items] == [pytest.approx(7.5)]  # 2.5 of 10 done at 0.26 s a step
+
+
+def test_the_fleets_margin_and_the_largest_workers_are_exported_and_a_leaving_workers_goes_with_it():
+    from prometheus_client import CollectorRegistry
+
+    from candidate_scheduler.service.metrics import SchedulerMetrics
+
+    registry = CollectorRegistry()
+    h = Harness(batching="dispatch")
+    h.engine.metrics = SchedulerMetrics(registry)
+
+    def gauge(name: str) -> float:
+        return registry.get_sample_value(f"candidate_scheduler_{name}")
+
+    assert gauge("forecast_margin") == gauge("forecast_margin_max") == 1.0  # nothing measured: no margin
+    calibrated(h, "honest")
+    calibrated(h, "slow")
+    for i in range(6):
+        h.submit(f"h{i}", count=8, steps=4)
+        h.submit(f"s{i}", count=8, steps=4)
+        for w in sorted((w for w in h.work if w.batch_id in h.engine.assignments), key=lambda w: w.identity):
+            a = h.engine.assignments[w.batch_id]
+            h.now = a.sent_at + a.predicted_s * (3.0 if w.identity == b"slow" else 1.0)
+            h.answer(w)
+    assert gauge("forecast_margin_max") == pytest.approx(3.0)
+    assert gauge("forecast_margin") == pytest.approx(h.engine.cost.margin()) and gauge("forecast_margin") > 1.0
+    h.take(h.engine.worker_left(b"slow", Left("slow", "stopped"), h.now))
+    assert gauge("forecast_margin_max") == pytest.approx(1.0)  # the honest worker's, all that is left
