@@ -41,6 +41,7 @@ from typing import Any
 import msgspec
 import websockets
 import websockets.asyncio.server
+from websockets.protocol import State
 
 from candidate_scheduler import convert, protocol
 from candidate_scheduler.core import reducers
@@ -56,6 +57,9 @@ READY_PREFIX = "candidate-scheduler openpi front: listening on"
 DEFAULT_MAX_FRAME_BYTES = protocol.MAX_OBSERVATION_BYTES
 STATS_TIMEOUT_S = 1.0
 STATS_CACHE_S = 2.0
+MAX_ERROR_CHARS = 2000  # an error frame quotes what was sent, and that can be most of a 32 MiB frame
+CANCEL_DRAIN_S = 1.5  # how long close waits for the cancels of abandoned groups still being sent
+CANCEL_RETRY_S = (0.05, 0.1, 0.2, 0.4, 0.8)  # waits before asking again for a group the scheduler has not seen
 
 
 @dataclass
@@ -93,6 +97,8 @@ class OpenpiFront:
         self.control = self.client.control  # STATS for the metadata, CANCEL for abandoned groups
         self._server: websockets.asyncio.server.Server | None = None
         self._stats_cache: tuple[float, dict] | None = None
+        self._stats_ask: asyncio.Future | None = None  # the STATS in flight, shared by every connection
+        self._cancels: set[asyncio.Task] = set()  # CANCELs of abandoned groups (robot left, timed out) in flight
         self._conn_ids = itertools.count(1)
         self.url: str | None = None
 
@@ -122,15 +128,33 @@ class OpenpiFront:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+        if self._cancels:
+            # the link sends one at a time and waits out an absent scheduler's timeout for each: bounded here
+            _, unsent = await asyncio.wait(set(self._cancels), timeout=CANCEL_DRAIN_S)
+            for task in unsent:
+                task.cancel()
+            if unsent:
+                await asyncio.wait(unsent)
+                log.warning("closing: gave up cancelling %d abandoned groups (the scheduler did not answer in time)",
+                            len(unsent))
+        if self._stats_ask is not None:
+            self._stats_ask.cancel()
         self.client.close()  # and its control link
 
     # ---- metadata ---------------------------------------------------------------------------------
     async def _scheduler_info(self) -> dict[str, Any]:
         if self.control is None:
             return {}
-        now = time.monotonic()
-        if self._stats_cache is not None and now - self._stats_cache[0] < STATS_CACHE_S:
+        if self._stats_cache is not None and time.monotonic() - self._stats_cache[0] < STATS_CACHE_S:
             return self._stats_cache[1]
+        # One ask for every robot connecting meanwhile: the control link asks one at a time, so with the
+        # scheduler away each ask waits its full timeout and the Nth robot waited N of them for metadata.
+        if self._stats_ask is None or self._stats_ask.done():
+            self._stats_ask = asyncio.ensure_future(self._ask_stats())
+        return await asyncio.shield(self._stats_ask)
+
+    async def _ask_stats(self) -> dict[str, Any]:
+        now = time.monotonic()
         reply = await self.control.ask(protocol.Kind.STATS, protocol.Empty(), STATS_TIMEOUT_S)
         if reply is not None and not reply.ok and reply.error_code == FORBIDDEN:
             info = {"reachable": True}  # it answered, but this front's key may not read its stats
@@ -210,7 +234,7 @@ class OpenpiFront:
                                                 prev_total_s, principal)
                 except _Refusal as exc:
                     self.stats[f"error:{exc.kind}"] += 1
-                    await ws.send(f"candidate_scheduler openpi: {exc}")
+                    await ws.send(_error_text(str(exc)))
                     prev_total_s = None
                     continue
                 except websockets.ConnectionClosed:
@@ -218,7 +242,7 @@ class OpenpiFront:
                 except Exception as exc:  # noqa: BLE001 - a bug answers this call, never the connection
                     log.exception("openpi front failed on a call")
                     self.stats["error:internal"] += 1
-                    await ws.send(f"candidate_scheduler openpi: internal error: {type(exc).__name__}: {exc}")
+                    await ws.send(_error_text(f"internal error: {type(exc).__name__}: {exc}"))
                     prev_total_s = None
                     continue
                 await ws.send(answer)
@@ -267,6 +291,9 @@ class OpenpiFront:
         """The native result, or a _Refusal. Cancels the group when the robot goes away or the call
         times out."""
         rid = call.submit.request_id
+        if ws.state is not State.OPEN:  # it left while the frame was decoded: nothing to send, nothing to cancel
+            self.stats["left_before_submit"] += 1
+            raise websockets.ConnectionClosedOK(None, None)
         submit = asyncio.ensure_future(self.client.submit_request(call.submit, resubmit=self.config.resubmit))
         closed = asyncio.ensure_future(ws.wait_closed())
         try:
@@ -283,17 +310,37 @@ class OpenpiFront:
             except (SchedulerUnavailable, ClientClosed) as exc:  # not the front's fault: say what it is
                 self.stats["failed"] += 1
                 raise _Refusal("scheduler_unavailable", f"the scheduler is not available: {exc}") from None
+            except ValueError as exc:  # submit_frames: over the native message limit (--max-frame-bytes past it)
+                self.stats["refused"] += 1
+                raise _Refusal("too_large", str(exc)) from None
         submit.cancel()
-        await self._cancel(rid)
+        # Not awaited: the control link asks one at a time and waits out an absent scheduler's timeout for each,
+        # so awaited, the Nth robot timed out (or closed by a shutdown) at once waited N of them.
+        task = asyncio.ensure_future(self._cancel_quietly(rid))
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
         if closed in done:
             self.stats["cancelled_on_disconnect"] += 1
             raise websockets.ConnectionClosedOK(None, None)
         self.stats["timeouts"] += 1
-        raise _Refusal("timeout", f"no result within {self.config.request_timeout_s} s (group {rid} cancelled)")
+        raise _Refusal("timeout", f"no result within {self.config.request_timeout_s} s (cancelling group {rid})")
 
-    async def _cancel(self, rid: str) -> None:
-        if self.control is not None:
-            await self.control.ask(protocol.Kind.CANCEL, protocol.CancelRequest(request_id=rid), STATS_TIMEOUT_S)
+    async def _cancel(self, rid: str) -> protocol.ControlReply | None:
+        if self.control is None:
+            return None
+        return await self.control.ask(protocol.Kind.CANCEL, protocol.CancelRequest(request_id=rid), STATS_TIMEOUT_S)
+
+    async def _cancel_quietly(self, rid: str) -> None:
+        try:
+            for delay in (*CANCEL_RETRY_S, None):
+                reply = await self._cancel(rid)
+                # "unknown": the SUBMIT, sent first but on the request socket, may still be on its way (an image
+                # takes longer to send than a CANCEL), and a group whose cancel came first would run unwanted
+                if delay is None or reply is None or reply.state != "unknown":
+                    return
+                await asyncio.sleep(delay)
+        except Exception:  # noqa: BLE001 - nobody awaits it: said here, not as an unretrieved task exception
+            log.warning("could not cancel abandoned group %s", rid, exc_info=True)
 
     def _process_request(self, connection, request):
         """Before the upgrade: GET /healthz answers 200 without a websocket handshake, as openpi's server
@@ -312,6 +359,12 @@ class OpenpiFront:
             return response
         connection.principal = principal
         return None
+
+
+def _error_text(message: str) -> str:
+    if len(message) > MAX_ERROR_CHARS:
+        message = f"{message[:MAX_ERROR_CHARS]}... ({len(message) - MAX_ERROR_CHARS} more characters)"
+    return f"candidate_scheduler openpi: {message}"
 
 
 def _url_host(host: str) -> str:

@@ -25,6 +25,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from candidate_scheduler.arg_types import positive_int, positive_seconds
 from candidate_scheduler.service.endpoints import is_loopback_host
 from candidate_scheduler.service.keys import ENV_KEYS, ClientKeys
 from candidate_scheduler.service.openpi import observation
@@ -80,12 +81,15 @@ def add_default_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> 
         else:
             parser.add_argument(opt, dest=_dest(flag, prefix), type=flag.type, default=None, choices=flag.choices,
                                 help=f"openpi default: {flag.help}")
-    parser.add_argument(f"--{prefix}max-frame-bytes", dest=f"{prefix}max_frame_bytes".replace("-", "_"), type=int,
-                        default=None, help="largest observation frame read (default 32 MiB); frames up to twice "
-                                           "that are refused with a text frame, bigger ones close the connection")
-    parser.add_argument(f"--{prefix}request-timeout", dest=f"{prefix}request_timeout".replace("-", "_"), type=float,
-                        default=None, help="seconds before a call is answered with an error and its group cancelled "
-                                           "(default: wait)")
+    # refused here, not served with: a timeout <= 0 or NaN answered every call "no result within -1.0 s", and
+    # a frame limit of 0 read as the default
+    parser.add_argument(f"--{prefix}max-frame-bytes", dest=f"{prefix}max_frame_bytes".replace("-", "_"),
+                        type=positive_int, default=None,
+                        help="largest observation frame read (default 32 MiB); frames up to twice that are refused "
+                             "with a text frame, bigger ones close the connection")
+    parser.add_argument(f"--{prefix}request-timeout", dest=f"{prefix}request_timeout".replace("-", "_"),
+                        type=positive_seconds, default=None,
+                        help="seconds before a call is answered with an error and its group cancelled (default: wait)")
     parser.add_argument(f"--{prefix}model-name", dest=f"{prefix}model_name".replace("-", "_"), default=None,
                         help="model name in the openpi metadata (default cosmos3)")
 

@@ -142,8 +142,8 @@ def _check_deadline(value: Any) -> float:
 
 def _prompt(obs: dict, default: str) -> str:
     prompt = obs.get("prompt", default)
-    if isinstance(prompt, np.ndarray) and prompt.ndim == 0 and prompt.dtype.kind == "U":
-        prompt = str(prompt)
+    if isinstance(prompt, np.ndarray) and prompt.size == 1 and prompt.dtype.kind == "U":
+        prompt = prompt.item()  # what openpi's TokenizePrompt does with a prompt that is not a str
     if not isinstance(prompt, str):
         raise ObservationError(f"prompt must be a string, got {type(prompt).__name__}")
     if len(prompt) > protocol.MAX_PROMPT_CHARS:
@@ -187,12 +187,14 @@ def to_uint8_hwc(arr: Any, key: str, float_range: str) -> np.ndarray:
         hwc = arr.transpose(1, 2, 0)
     else:
         raise ObservationError(f"{key} must be RGB, [H, W, 3] or [3, H, W]; got shape {list(arr.shape)}")
+    if hwc.size == 0:  # the scheduler takes an image of no pixels (core/request.py): said here, for every dtype
+        raise ObservationError(f"{key} is empty: shape {list(arr.shape)}")
     if hwc.dtype == np.uint8:
         return np.ascontiguousarray(hwc)
     if hwc.dtype.kind != "f":
         raise ObservationError(f"{key} has dtype {hwc.dtype}; send uint8 in [0, 255] or float in [{float_range}]")
-    if hwc.size == 0 or not np.isfinite(hwc).all():
-        raise ObservationError(f"{key} is empty or has NaN/inf values")
+    if not np.isfinite(hwc).all():
+        raise ObservationError(f"{key} has NaN/inf values")
     low, high = (0.0, 1.0) if float_range == "0,1" else (-1.0, 1.0)
     lo, hi = float(hwc.min()), float(hwc.max())
     if lo < low or hi > high:
