@@ -134,7 +134,13 @@ def work_from_wire(g: protocol.GroupWorkMsg) -> GroupWork:
 
 
 def _wire_dict(arrays: dict | None) -> dict | None:
-    return None if arrays is None else {k: protocol.array_to_wire(np.ascontiguousarray(v)) for k, v in arrays.items()}
+    # floats go as float32, as the actions do: the scheduler serves float32 only (_served_as_is)
+    return None if arrays is None else {k: protocol.array_to_wire(_float32(np.ascontiguousarray(v)))
+                                        for k, v in arrays.items()}
+
+
+def _float32(arr: np.ndarray) -> np.ndarray:
+    return arr.astype(np.float32) if arr.dtype.kind == "f" and arr.dtype != np.float32 else arr
 
 
 def output_to_wire(o: GroupOutput) -> protocol.GroupOutputMsg:
@@ -154,6 +160,25 @@ def report_to_wire(report: BatchReport, **extra) -> dict:
     return {**dataclasses.asdict(report), **extra}
 
 
+_MAX_STEP_INDEX = 2**31  # far past any step count (core/work.py allows 1000); the group checks the exact one
+
+
+def _served_as_is(actions, rollout: dict | None, meta: dict | None) -> str | None:
+    """Why arrays that decoded cannot be served as sent, or None. A reply carries float32 (a float64
+    beyond its range became inf, served "done") and rollout step indices are ints (a NaN, or a float past
+    2**64, failed the reply as the scheduler's internal_error, not as the worker's fault)."""
+    floats = [("actions", actions)] + [(f"rollout {k}", v) for k, v in (rollout or {}).items()] \
+        + [(f"rollout_meta {k}", v) for k, v in (meta or {}).items() if k != "step_indices"]
+    for name, arr in floats:
+        if arr is not None and arr.dtype != np.float32:
+            return f"{name} must be float32, got {arr.dtype}"
+    idx = (meta or {}).get("step_indices")
+    if idx is not None and (idx.dtype.kind not in "iu" or idx.ndim != 1
+                            or (idx.size and not 0 <= int(idx.min()) <= int(idx.max()) < _MAX_STEP_INDEX)):
+        return f"rollout_meta step_indices must be step indices (ints in [0, {_MAX_STEP_INDEX})), got {idx.dtype}{list(idx.shape)}"
+    return None
+
+
 def _outcome(o: protocol.GroupOutputMsg) -> messages.SliceOutcome:
     try:
         actions = None if o.actions is None else protocol.array_from_wire(o.actions)
@@ -161,6 +186,9 @@ def _outcome(o: protocol.GroupOutputMsg) -> messages.SliceOutcome:
         meta = None if o.rollout_meta is None else {k: protocol.array_from_wire(v) for k, v in o.rollout_meta.items()}
     except ValueError as exc:  # ProtocolError, or a shape whose product overflows
         return messages.SliceOutcome(o.request_id, o.status, tuple(o.candidate_ids), malformed=str(exc))
+    why = _served_as_is(actions, rollout, meta)
+    if why is not None:
+        return messages.SliceOutcome(o.request_id, o.status, tuple(o.candidate_ids), malformed=why)
     return messages.SliceOutcome(o.request_id, o.status, tuple(int(c) for c in o.candidate_ids), actions, o.error,
                                  o.error_code, rollout, meta)
 

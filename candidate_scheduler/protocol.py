@@ -28,6 +28,21 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 MAX_OBSERVATION_BYTES = 32 * 1024 * 1024
 MAX_CANDIDATES, MAX_REQUEST_ID_LEN, MAX_PROMPT_CHARS = request.MAX_CANDIDATES, request.MAX_REQUEST_ID_LEN, request.MAX_PROMPT_CHARS
 
+# Entries of a list or map field, far above what a valid message holds. msgspec checks the bound from the
+# container's header, before it builds an entry: without one, a 60 MB list of tiny entries decoded to
+# ~460 MB of objects, and a map of millions of names held the loop for seconds (past the workers'
+# heartbeat timeout). A count over the field's real limit but under these still gets its field-level
+# answer (core/request.py); only a message no client or worker sends is refused here.
+MAX_DIMS = 64  # an array's shape (array_from_wire takes 8)
+MAX_ITEMS = 4096  # a group's prompts (64), seeds (256), step indices (1000); a slice's candidate ids; forwards
+MAX_IDS = 65536  # assignment ids a worker names; the outputs of one assignment
+MAX_KEYS = 1024  # the names in a map: a capability, a report, cache counters, compat counts
+MAX_ROLLOUT_ARRAYS = 64  # the arrays of a slice's rollout, and of its metadata (6 and 3 in a valid one)
+
+
+def _most(t: Any, n: int) -> Any:
+    return Annotated[t, msgspec.Meta(max_length=n)]
+
 
 class Kind(enum.IntEnum):
     # client -> scheduler, request socket
@@ -73,7 +88,7 @@ class Array(msgspec.Struct, frozen=True):
     """A tensor on the wire: dtype name, shape, raw little-endian bytes."""
 
     dtype: str
-    shape: list[int]
+    shape: _most(list[int], MAX_DIMS)
     data: bytes
 
 
@@ -134,10 +149,10 @@ def _wire_struct(name: str, source: type, overrides: dict[str, Any] | None = Non
 
 
 # The sampling fields of a group: SamplingSpec's, field for field (convert.py maps one to the other).
-SamplingMsg = _wire_struct("SamplingMsg", SamplingSpec, {"return_step_indices": list[int] | None})
+SamplingMsg = _wire_struct("SamplingMsg", SamplingSpec, {"return_step_indices": _most(list[int], MAX_ITEMS) | None})
 # A group's candidate spec: CandidateTrajectorySpec's fields (its checks run in core/request.py).
 CandidateSpecMsg = _wire_struct("CandidateSpecMsg", CandidateTrajectorySpec,
-                                {"seed_policy": str, "seeds": list[int] | None})
+                                {"seed_policy": str, "seeds": _most(list[int], MAX_ITEMS) | None})
 
 
 class SubmitRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -148,7 +163,7 @@ class SubmitRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
     request_id: str
     images: Array
-    prompt: str | list[str] = ""
+    prompt: str | _most(list[str], MAX_ITEMS) = ""
     candidates: CandidateSpecMsg = CandidateSpecMsg()
     seed: int = 42
     sampling: SamplingMsg = SamplingMsg()
@@ -238,8 +253,8 @@ class Empty(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 class CompatReport(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """Counts since the bridge's last report: sglang messages by type, refusals by kind."""
 
-    requests: dict[str, int] = {}
-    errors: dict[str, int] = {}
+    requests: _most(dict[str, int], MAX_KEYS) = {}
+    errors: _most(dict[str, int], MAX_KEYS) = {}
 
 
 class ControlReply(msgspec.Struct, frozen=True):
@@ -256,12 +271,12 @@ class ControlReply(msgspec.Struct, frozen=True):
 
 class RegisterMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     worker_id: str
-    capability: dict[str, Any]
+    capability: _most(dict[str, Any], MAX_KEYS)
     capacity: int
     memory_budget_bytes: int = 0
     device: str = "cpu"
     pid: int = 0
-    profile: list[tuple[str, int, float]] = []  # warm-up forwards: (forward label, rows, seconds)
+    profile: _most(list[tuple[str, int, float]], MAX_ITEMS) = []  # warm-up forwards: (forward label, rows, seconds)
     conditioning: str = "inline"  # "thread": groups that join are conditioned beside the running batch's steps
 
 
@@ -274,9 +289,10 @@ class HeartbeatMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     worker_id: str
     busy_batch: int | None = None  # the first of `running` (kept for older readers)
     step: int | None = None
-    running: list[int] = []  # every assignment id the worker holds, queued or in its running batch
-    forwards: list[tuple[int, float, str]] = []  # (rows, seconds, forward label) of each forward since the last one
-    cache: dict[str, int] = {}  # conditioning cache: counter increments since the last heartbeat, and "bytes" in use
+    running: _most(list[int], MAX_IDS) = []  # every assignment id the worker holds, queued or in its running batch
+    # (rows, seconds, forward label) of each forward since the last one (a worker keeps its last 1024)
+    forwards: _most(list[tuple[int, float, str]], MAX_ITEMS) = []
+    cache: _most(dict[str, int], MAX_KEYS) = {}  # conditioning cache: counter increments since the last heartbeat, and "bytes" in use
 
 
 class CandidateMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -311,19 +327,19 @@ class BatchMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_def
 class GroupOutputMsg(msgspec.Struct, frozen=True):
     request_id: str
     status: str
-    candidate_ids: list[int] = []
+    candidate_ids: _most(list[int], MAX_ITEMS) = []
     actions: Array | None = None
     error: str | None = None
     error_code: str | None = None
-    rollout: dict[str, Array] | None = None
-    rollout_meta: dict[str, Array] | None = None
+    rollout: _most(dict[str, Array], MAX_ROLLOUT_ARRAYS) | None = None
+    rollout_meta: _most(dict[str, Array], MAX_ROLLOUT_ARRAYS) | None = None
 
 
 class BatchResultMsg(msgspec.Struct, frozen=True):
     worker_id: str
     batch_id: int
-    outputs: list[GroupOutputMsg]
-    report: dict[str, Any] = {}
+    outputs: _most(list[GroupOutputMsg], MAX_IDS)
+    report: _most(dict[str, Any], MAX_KEYS) = {}
 
 
 class CancelRowsMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -354,7 +370,7 @@ class LeftMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 class GiveBackMsg(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     worker_id: str
-    batch_ids: list[int]  # assignments it holds and will not run: none of their groups started here
+    batch_ids: _most(list[int], MAX_IDS)  # assignments it holds and will not run: none of their groups started here
 
 
 PAYLOAD_TYPES: dict[Kind, type] = {

@@ -500,7 +500,17 @@ class Scheduler:
             answer, out = self._control(kind, msg, principal)
         reply = protocol.ControlReply(ok=answer.ok, changed=answer.changed, state=answer.state,
                                       detail=dict(answer.detail), error=answer.error, error_code=answer.error_code)
-        self.control_sock.send_multipart(protocol.reply_frames(identity, delimited, protocol.Kind.CONTROL_REPLY, reply))
+        frames = protocol.reply_frames(identity, delimited, protocol.Kind.CONTROL_REPLY, reply)
+        size = sum(len(f) for f in frames[1:])
+        if size > protocol.MAX_MESSAGE_BYTES:  # the client's socket would drop it and its connection (as in
+            # _send); STATS names every worker, and a worker's id or device is as long as the worker says
+            log.warning("the %s reply is %d bytes, over the message limit; answered reply_too_large", kind.name, size)
+            reply = protocol.ControlReply(ok=False, changed=answer.changed, state=answer.state,
+                                          error=f"the reply is {size} bytes, over the "
+                                                f"{protocol.MAX_MESSAGE_BYTES}-byte message limit",
+                                          error_code="reply_too_large")
+            frames = protocol.reply_frames(identity, delimited, protocol.Kind.CONTROL_REPLY, reply)
+        self.control_sock.send_multipart(frames)
         self._send_all(out)
         if kind is protocol.Kind.SHUTDOWN and answer.ok:
             self.stop_now.set()
