@@ -8,7 +8,10 @@ applies it (core/engine.py). The failure taxonomy it encodes:
 - RETRY: the worker's fault, fixed by running the slice again from its snapshots -- a transient fault
   (`worker_error`), an outcome for another request, an unreadable one, or no error code at all.
 - FAIL: an error no retry can fix -- an exception inside the model (`model_error`), a request the model
-  cannot run (its own codes): the group is answered at once.
+  cannot run (its own codes): the group is answered at once. A code the scheduler owns (`shutting_down`,
+  `deadline_unmeetable`, ...) is not the worker's to send: clients act on those (a resubmitting client
+  waits out a shutdown; a rejection reads as refused at receipt), so the group fails as `model_error`,
+  the worker's code in its message; so does a code no client could switch on (not a short snake_case word).
 - OUT_OF_MEMORY: the rows did not fit; the worker holds fewer and the slice is planned again smaller.
 - IGNORE: nothing to do -- the group already ended (a late answer), or the scheduler cancelled the slice
   (whatever comes back for it then concerns an ended group, even if a new group has taken its id).
@@ -19,12 +22,25 @@ A "cancelled" outcome the scheduler did not ask for is the worker's fault: retri
 from __future__ import annotations
 
 import enum
+import re
 
+from candidate_scheduler.core.access import FORBIDDEN
+from candidate_scheduler.core.endings import INTERNAL_ERROR
+from candidate_scheduler.core.errors import ERROR_CODES
+from candidate_scheduler.core.group import REJECT_CODES
+from candidate_scheduler.core.group_state import ERROR_CANCELLED, ERROR_DEADLINE_EXCEEDED, ERROR_RETRIES_EXHAUSTED
 from candidate_scheduler.core.values import value
 
 # Worker error codes a retry from snapshots can fix; every other error code ends the group at once.
 RETRYABLE_ERRORS = frozenset({"worker_error"})
 OUT_OF_MEMORY_CODE = "out_of_memory"
+MODEL_ERROR = "model_error"
+# The codes the scheduler's own answers carry: never believed from a worker
+SCHEDULER_CODES = ERROR_CODES | REJECT_CODES | frozenset({
+    INTERNAL_ERROR, FORBIDDEN, ERROR_CANCELLED, ERROR_DEADLINE_EXCEEDED, ERROR_RETRIES_EXHAUSTED, "shutting_down",
+    "overloaded", "tenant_overloaded", "duplicate_request_id", "draining", "stopping", "reply_too_large",
+    "unknown_worker", "reducer_error"})
+_WORKER_CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
 
 class Verdict(enum.Enum):
@@ -39,6 +55,7 @@ class Verdict(enum.Enum):
 class Classified:
     verdict: Verdict
     detail: str = ""  # why, for a retry or a failure (the worker's own message when it sent one)
+    code: str | None = None  # FAIL: the group's error code
 
 
 def classify(group_live: bool, expected_request_id: str, outcome, cancelled_here: bool = False) -> Classified:
@@ -57,5 +74,9 @@ def classify(group_live: bool, expected_request_id: str, outcome, cancelled_here
     if outcome.status == "error" and outcome.error_code == OUT_OF_MEMORY_CODE:
         return Classified(Verdict.OUT_OF_MEMORY, outcome.error or "out of memory")
     if outcome.status == "error" and outcome.error_code and outcome.error_code not in RETRYABLE_ERRORS:
-        return Classified(Verdict.FAIL, outcome.error or outcome.error_code)
+        code = outcome.error_code
+        if not isinstance(code, str) or not _WORKER_CODE.fullmatch(code) or code in SCHEDULER_CODES:
+            return Classified(Verdict.FAIL, f"the worker answered with code {str(code)[:64]!r}: "
+                                            f"{outcome.error or 'no message'}", MODEL_ERROR)
+        return Classified(Verdict.FAIL, outcome.error or code, code)
     return Classified(Verdict.RETRY, outcome.error or "worker error")

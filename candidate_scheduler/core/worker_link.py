@@ -303,7 +303,7 @@ class WorkerLink:
         elif judged.verdict is Verdict.RETRY:
             self.slice_failed(a, entry, worker, "worker_error", judged.detail)
         elif judged.verdict is Verdict.FAIL:
-            g.fail(outcome.error_code, judged.detail)
+            g.fail(judged.code, judged.detail)
             e.end(g)
         elif judged.verdict is Verdict.OUT_OF_MEMORY:
             self._out_of_memory(g, entry, worker, a, judged.detail, report, rows_in_use)

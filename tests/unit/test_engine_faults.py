@@ -327,3 +327,28 @@ def test_out_of_memory_again_after_the_rows_were_lowered_is_a_new_incident(batch
     r = h.reply("g")
     assert r.status == "done" and np.array_equal(r.action, reduced(r.candidate_seeds))
     assert h.engine.workers["w1"].capacity <= 3
+
+
+@pytest.mark.parametrize("code", ["shutting_down", "deadline_unmeetable", "internal_error", "retries_exhausted",
+                                  "forbidden", "Not A Code", "x" * 65])
+def test_a_worker_cannot_answer_with_a_code_the_scheduler_owns(code):
+    """A worker's `shutting_down` read as the scheduler's own (a resubmitting client waited for another run
+    until it timed out) and its `deadline_unmeetable` turned the group `rejected`: the group fails as the
+    model's error, the worker's code in its message."""
+    h = Harness()
+    h.register("w1")
+    h.submit("g", count=2)
+    h.answer(h.work[0], status="error", error_code=code)
+    r = h.reply("g")
+    assert r.status == "failed" and r.error_code == "model_error", r
+    assert code[:64] in r.error
+
+
+@pytest.mark.parametrize("code", ["bad_request", "model_error", "no_candidates", "unsupported_camera"])
+def test_a_workers_own_code_reaches_the_client(code):
+    h = Harness()
+    h.register("w1")
+    h.submit("g", count=2)
+    h.answer(h.work[0], status="error", error_code=code)
+    r = h.reply("g")
+    assert r.status == "failed" and r.error_code == code and r.error == "boom"
