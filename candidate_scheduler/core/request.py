@@ -131,6 +131,8 @@ def _observations(images: np.ndarray, batched: bool) -> np.ndarray:
         raise ValueError(f"at most {MAX_OBSERVATIONS_PER_GROUP} observations per group, got {images.shape[0]}")
     if images.shape[0] < 1 or images.shape[-1] != 3:
         raise ValueError(f"images must have 3 channels and at least one observation, got shape {list(images.shape)}")
+    if images.shape[1] < 1 or images.shape[2] < 1:  # admitted, an image of no pixels failed on the worker
+        raise ValueError(f"images must have at least one pixel, got shape {list(images.shape)}")
     return images
 
 
