@@ -93,9 +93,20 @@ class Group(GroupState):
         if out.rollout is None or set(out.rollout) != set(ROLLOUT_FIELDS) or out.rollout_meta is None \
                 or set(out.rollout_meta) != set(ROLLOUT_META_FIELDS):
             raise CandidateContractError("rollout", "shape_mismatch", f"a rollout slice must carry {ROLLOUT_FIELDS}")
+        # the group's reply stacks every candidate's arrays: each slice's must be shaped as the first's
+        first = next(iter(self.rollout_parts.values()), None)
         for name, arr in out.rollout.items():
             if arr.ndim < 2 or arr.shape[0] != n or arr.shape[1] != self.request.observations:
                 raise CandidateContractError("rollout", "shape_mismatch", f"{name} must be [n, B, ...]", list(arr.shape))
+            if first is not None and arr.shape[1:] != first[name].shape:
+                raise CandidateContractError("rollout", "shape_mismatch", f"{name} must be [n, "
+                                             f"{', '.join(map(str, first[name].shape))}] as the group's other slices",
+                                             list(arr.shape))
+        if self.rollout_meta is not None:
+            for name, arr in out.rollout_meta.items():
+                if arr.shape != np.shape(self.rollout_meta[name]):
+                    raise CandidateContractError("rollout_meta", "shape_mismatch", f"{name} must be shaped as the "
+                                                 "group's other slices'", list(arr.shape))
         return dict(out.rollout)
 
     def account(self, report: dict, share: float) -> None:

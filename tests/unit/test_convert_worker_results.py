@@ -48,7 +48,8 @@ class Fleet:
         self._take(self.engine.submit(("client", rid), sub, self.now))
         return self.work[-1]
 
-    def answer(self, send: SendWork, actions_dtype=np.float32, value: float = 0.5, step_indices=None) -> None:
+    def answer(self, send: SendWork, actions_dtype=np.float32, value: float = 0.5, step_indices=None,
+               rollout_len: int = STEPS) -> None:
         """Answer `send` through the wire, as a worker would."""
         outputs = []
         for sw in send.slices:
@@ -57,7 +58,7 @@ class Fleet:
             actions = np.full((n, 1, H, D), value, actions_dtype)
             out = GroupOutput(d.request_id, "ok", list(d.candidate_ids))
             if sw.group.sampling.rollout:
-                out.rollout = {name: np.zeros((n, 1, STEPS), np.float32) for name in ROLLOUT_FIELDS}
+                out.rollout = {name: np.zeros((n, 1, rollout_len), np.float32) for name in ROLLOUT_FIELDS}
                 out.rollout_meta = {"sigmas": np.zeros(STEPS + 1, np.float32), "timesteps": np.zeros(STEPS, np.float32),
                                     "step_indices": np.arange(STEPS) if step_indices is None else step_indices}
             # the actions as sent, in their own dtype (output_to_wire would cast them to float32 first)
@@ -126,3 +127,17 @@ def test_a_worker_sends_float_rollout_arrays_as_float32_so_the_scheduler_serves_
     assert msg.rollout_meta["step_indices"].dtype == "int64"
     back = convert._outcome(msg)
     assert back.malformed is None and back.rollout["log_probs"].dtype == np.float32
+
+
+def test_a_rollout_slice_shaped_unlike_the_groups_others_is_retried_not_an_internal_error():
+    """Each slice's rollout arrays were checked alone ([n, B, ...]); one whose trailing shape differed from
+    an earlier slice's made the reply's np.stack raise: internal_error, the scheduler's fault."""
+    fleet = Fleet()
+    first = fleet.submit("roll", count=16, rollout=True)  # two slices of 8, one after the other
+    fleet.answer(first)
+    second = fleet.work[-1]
+    assert second is not first
+    fleet.answer(second, rollout_len=STEPS + 1)
+    _retried_then_done(fleet, "roll", second)
+    [reply] = fleet.replies["roll"]
+    assert reply.rollout["log_probs"].shape == (16, STEPS)

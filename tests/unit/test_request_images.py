@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.unit.test_engine import Harness, submission
+from tests.unit.test_engine import Harness
 
 
 @pytest.mark.parametrize("shape, batched", [((0, 64, 3), False), ((64, 0, 3), False), ((2, 0, 8, 3), True)])
