@@ -41,6 +41,9 @@ SCHEDULER_CODES = ERROR_CODES | REJECT_CODES | frozenset({
     "overloaded", "tenant_overloaded", "duplicate_request_id", "draining", "stopping", "reply_too_large",
     "unknown_worker", "reducer_error"})
 _WORKER_CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")
+# A worker's error message goes into the group's reply (and the retry log): a traceback fits, a message
+# of megabytes made the reply that large, or over the message limit (answered reply_too_large).
+MAX_WORKER_MESSAGE = 4000
 
 
 class Verdict(enum.Enum):
@@ -71,12 +74,19 @@ def classify(group_live: bool, expected_request_id: str, outcome, cancelled_here
         return Classified(Verdict.FOLD)
     if outcome.status == "cancelled":
         return Classified(Verdict.RETRY, "the worker dropped a slice the scheduler did not cancel")
+    message = _short(outcome.error)
     if outcome.status == "error" and outcome.error_code == OUT_OF_MEMORY_CODE:
-        return Classified(Verdict.OUT_OF_MEMORY, outcome.error or "out of memory")
+        return Classified(Verdict.OUT_OF_MEMORY, message or "out of memory")
     if outcome.status == "error" and outcome.error_code and outcome.error_code not in RETRYABLE_ERRORS:
         code = outcome.error_code
         if not isinstance(code, str) or not _WORKER_CODE.fullmatch(code) or code in SCHEDULER_CODES:
             return Classified(Verdict.FAIL, f"the worker answered with code {str(code)[:64]!r}: "
-                                            f"{outcome.error or 'no message'}", MODEL_ERROR)
-        return Classified(Verdict.FAIL, outcome.error or code, code)
-    return Classified(Verdict.RETRY, outcome.error or "worker error")
+                                            f"{message or 'no message'}", MODEL_ERROR)
+        return Classified(Verdict.FAIL, message or code, code)
+    return Classified(Verdict.RETRY, message or "worker error")
+
+
+def _short(message: str | None) -> str | None:
+    if message is None or len(message) <= MAX_WORKER_MESSAGE:
+        return message
+    return f"{message[:MAX_WORKER_MESSAGE]}... ({len(message) - MAX_WORKER_MESSAGE} more characters)"

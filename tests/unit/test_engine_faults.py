@@ -352,3 +352,19 @@ def test_a_workers_own_code_reaches_the_client(code):
     h.answer(h.work[0], status="error", error_code=code)
     r = h.reply("g")
     assert r.status == "failed" and r.error_code == code and r.error == "boom"
+
+
+def test_a_workers_error_message_of_megabytes_reaches_the_client_cut_short():
+    h = Harness()
+    h.register("w1")
+    h.submit("g", count=2)
+    send = h.work[0]
+    from candidate_scheduler.core.messages import WorkerResult
+
+    huge = "x" * 5_000_000
+    outputs = tuple(SliceOutcome(sw.dispatch.request_id, "error", error=huge, error_code="model_error")
+                    for sw in send.slices)
+    h.take(h.engine.worker_result(send.identity, WorkerResult("w1", send.batch_id, outputs, {}), h.now))
+    r = h.reply("g")
+    assert r.status == "failed" and r.error_code == "model_error"
+    assert len(r.error) < 5000 and "more characters" in r.error
