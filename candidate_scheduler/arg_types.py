@@ -9,6 +9,7 @@ import math
 from candidate_scheduler.core.access import check_name
 from candidate_scheduler.core.margins import check_margin_quantile
 from candidate_scheduler.core.tenants import TenantPolicy
+from candidate_scheduler.core.worker_link import check_worker_id
 from candidate_scheduler.worker import call_rows as call_rows_rule
 
 
@@ -50,6 +51,14 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {text}")
     return value
+
+
+def worker_id(text: str) -> str:
+    """argparse type of `worker --worker-id`: what the scheduler would refuse at registration, refused here."""
+    try:
+        return check_worker_id(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def call_rows(text: str) -> str:

@@ -17,6 +17,7 @@ from candidate_scheduler.arg_types import (
     tenant_limit,
     tenant_name,
     tenant_weight,
+    worker_id,
 )
 from candidate_scheduler.core.access import DEFAULT_TENANT, Role
 from candidate_scheduler.service import server
@@ -108,7 +109,7 @@ def _add_worker_args(p: argparse.ArgumentParser, with_scheduler: bool) -> None:
     if with_scheduler:
         p.add_argument("--scheduler", default=commands.tcp_endpoint(server.DEFAULT_HOST, server.DEFAULT_WORKER_PORT),
                        help="the scheduler's worker link")
-        p.add_argument("--worker-id", default=None, help="this worker's id (None: host-pid-random)")
+        p.add_argument("--worker-id", type=worker_id, default=None, help="this worker's id (None: host-pid-random)")
         p.add_argument("--step-delay", type=float, default=0.0, help="test knob: sleep this long before each denoise step")
         p.add_argument("--curve-dir", default=None, help="CURVE keys (client.key_secret, server.key) for a remote scheduler")
         p.add_argument("--leave-grace-s", type=grace_seconds, default=25.0,

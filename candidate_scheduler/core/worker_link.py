@@ -50,6 +50,19 @@ from candidate_scheduler.core.prefetch import next_margin
 from candidate_scheduler.core.spec import ModelCapability
 from candidate_scheduler.core.workers import Assignment, WorkerState
 
+# A worker's id travels in every heartbeat and result and is named in `stats`: one of megabytes made
+# each of those that large (a STATS reply went over the message limit). A default id is host-pid-random.
+MAX_WORKER_ID_CHARS = 512
+MAX_DEVICE_CHARS = 64
+
+
+def check_worker_id(worker_id: object) -> str:
+    """`worker_id` if it may name a worker: 1 to MAX_WORKER_ID_CHARS printable characters; else ValueError."""
+    if not isinstance(worker_id, str) or not 0 < len(worker_id) <= MAX_WORKER_ID_CHARS or not worker_id.isprintable():
+        raise ValueError(f"a worker id must be 1 to {MAX_WORKER_ID_CHARS} printable characters, "
+                         f"got {str(worker_id)[:80]!r}{'...' if len(str(worker_id)) > 80 else ''}")
+    return worker_id
+
 
 class WorkerLink:
     def __init__(self, engine):
@@ -60,9 +73,12 @@ class WorkerLink:
     def register(self, identity: Any, reg: Registration) -> None:
         e = self.engine
         try:
+            check_worker_id(reg.worker_id)
             capability = ModelCapability.from_dict(dict(reg.capability))
             if not isinstance(reg.capacity, int) or reg.capacity < 1:
                 raise ValueError("capacity must be >= 1")
+            if not isinstance(reg.device, str) or len(reg.device) > MAX_DEVICE_CHARS:
+                raise ValueError(f"device must be a string of at most {MAX_DEVICE_CHARS} characters")
         except (CandidateContractError, ValueError, TypeError) as exc:
             e.metrics.protocol_error("worker", "bad_type")
             e.outbox.append(StopWorker(identity, f"bad registration: {exc}"))
