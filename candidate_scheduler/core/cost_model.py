@@ -180,7 +180,7 @@ class CostModel:
     def __init__(self, margin_quantile: float = 0.9) -> None:
         self.margin_quantile = check_margin_quantile(margin_quantile)
         self.workers: dict[str, WorkerCost] = {}
-        self.errors = ErrorWindow(self.margin_quantile)  # the fleet's: every worker's errors, behind the margin of a new worker
+        self.errors = ErrorWindow(self.margin_quantile)  # the fleet's, over every worker's: a new worker's margin
         # The workers with too few errors of their own, which plan with the fleet's margin: when that moves,
         # their answers change too
         self._young: set[str] = set()
