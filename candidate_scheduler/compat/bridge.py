@@ -71,6 +71,9 @@ REPORT_INTERVAL_S = 1.0
 DEFAULT_MAX_IN_FLIGHT = 1024
 # Decodes and plans at once (each holds a payload of up to 64 MiB and its decoded observations).
 DEFAULT_MAX_DECODES = 8
+# Bytes held for requests at once: payloads waiting to be decoded, then the observations of groups
+# waiting on the scheduler. max_in_flight alone let 1024 payloads of 64 MiB each be held (64 GiB).
+DEFAULT_MAX_HELD_BYTES = 2 << 30
 # How long shutdown waits for requests to finish before answering the rest with an error.
 SHUTDOWN_GRACE_S = 5.0
 READY_PREFIX = "candidate-scheduler compat bridge: listening on"
@@ -88,18 +91,20 @@ class BridgeConfig:
     liveness_s: float = DEFAULT_LIVENESS_S
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     max_decodes: int = DEFAULT_MAX_DECODES
+    max_held_bytes: int = DEFAULT_MAX_HELD_BYTES
 
 
 class _Request:
     """One client message, answered exactly once (`Bridge._answer`): by its task, or by shutdown when the
     task did not finish in time."""
 
-    __slots__ = ("identity", "answered", "forwarding")
+    __slots__ = ("identity", "answered", "forwarding", "held")
 
-    def __init__(self, identity: bytes):
+    def __init__(self, identity: bytes, held: int = 0):
         self.identity = identity
         self.answered = False
         self.forwarding = False  # waiting on the scheduler: shutdown answers it at once
+        self.held = held  # bytes counted against max_held_bytes while its task runs
 
 
 class Bridge:
@@ -113,6 +118,7 @@ class Bridge:
         self._report_errors: dict[str, int] = {}
         self.stopping = asyncio.Event()
         self._tasks: dict[asyncio.Task, _Request] = {}
+        self._held_bytes = 0
         self._decodes = asyncio.Semaphore(max(1, config.max_decodes))
         self.router = self.control = None
         self.client: AsyncClient | None = None
@@ -214,19 +220,26 @@ class Bridge:
                 except RefusedPickle as exc:
                     await self._refused(identity, exc)
                     continue
-                if isinstance(classify(obj), Ping):
+                try:
+                    ping = isinstance(classify(obj), Ping)
+                except Exception:  # answered by `_handle`: this loop must outlive any payload
+                    ping = False
+                if ping:
                     self.stats["pings"] += 1
                     self._count("ping")
                     await self._reply(identity, dumps_output_batch())
                     continue
-            if len(self._tasks) >= self.config.max_in_flight:
+            # one request alone is always taken: the message size limit bounds it
+            over_bytes = bool(self._tasks) and self._held_bytes + len(payload) > self.config.max_held_bytes
+            if len(self._tasks) >= self.config.max_in_flight or over_bytes:
                 self.stats["busy"] += 1
                 self._count("busy", error=True)
                 await self._reply(identity, error_reply(
-                    f"candidate_scheduler compat bridge: busy ({len(self._tasks)} requests in flight); "
-                    "try again"))
+                    f"candidate_scheduler compat bridge: busy ({len(self._tasks)} requests in flight, "
+                    f"{self._held_bytes} bytes held); try again"))
                 continue
-            request = _Request(identity)
+            request = _Request(identity, len(payload))
+            self._held_bytes += request.held
             self._spawn(request, self._handle(request, payload, obj))
 
     def _count(self, kind: str, error: bool = False) -> None:
@@ -262,7 +275,18 @@ class Bridge:
     def _spawn(self, request: _Request, coro) -> None:
         task = asyncio.create_task(coro)
         self._tasks[task] = request
-        task.add_done_callback(lambda t: self._tasks.pop(t, None))
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        request = self._tasks.pop(task, None)
+        if request is not None:
+            self._held_bytes -= request.held
+            request.held = 0
+
+    def _hold(self, request: _Request, nbytes: int) -> None:
+        """Count `nbytes` for `request` from now on, instead of what it held before (its payload)."""
+        self._held_bytes += nbytes - request.held
+        request.held = nbytes
 
     async def _answer(self, request: _Request, payload: bytes) -> None:
         if request.answered:
@@ -337,6 +361,8 @@ class Bridge:
             await self._answer(request, error_reply(str(exc)))
             return
         rid = plan.submit.request_id
+        # the payload is gone; the observations stay until the scheduler answers (a resend needs them)
+        self._hold(request, len(plan.submit.images.data))
         self.stats["forwarded"] += 1
         request.forwarding = True
         timeout = self.config.request_timeout_s
@@ -420,9 +446,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the scheduler's control endpoint: lets --request-timeout cancel the group, and enables "
                         "--shutdown-scheduler")
     p.add_argument("--allow-nonlocal", action="store_true", help="allow binding a non-loopback address (loud warning)")
-    p.add_argument("--max-message-bytes", type=int, default=MAX_PICKLE_BYTES,
+    p.add_argument("--max-message-bytes", type=arg_types.positive_int, default=MAX_PICKLE_BYTES,
                    help="largest accepted payload (ZMQ MAXMSGSIZE and the unpickler's limit)")
-    p.add_argument("--request-timeout", type=float, default=None,
+    p.add_argument("--request-timeout", type=arg_types.positive_seconds, default=None,
                    help="seconds before an unanswered request gets an error reply (default: wait, like sglang)")
     p.add_argument("--liveness", type=arg_types.positive_seconds, default=DEFAULT_LIVENESS_S,
                    help="seconds of silence from the scheduler before it is PINGed; one that does not answer "
@@ -430,6 +456,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-in-flight", type=arg_types.positive_int, default=DEFAULT_MAX_IN_FLIGHT,
                    help="requests held at once; more are answered 'busy' at once "
                         f"(default {DEFAULT_MAX_IN_FLIGHT})")
+    p.add_argument("--max-held-bytes", type=arg_types.positive_int, default=DEFAULT_MAX_HELD_BYTES,
+                   help="bytes held for requests at once (payloads, then observations); past it requests are "
+                        f"answered 'busy' at once, but one alone is always taken (default {DEFAULT_MAX_HELD_BYTES})")
     p.add_argument("--shutdown-scheduler", action="store_true",
                    help="on ShutdownReq also ask the scheduler (via --control) to shut down")
     p.add_argument("--log-level", default="WARNING")
@@ -447,6 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         bind=args.bind, scheduler=args.scheduler, control=args.control, allow_nonlocal=args.allow_nonlocal,
         max_message_bytes=args.max_message_bytes, request_timeout_s=args.request_timeout,
         shutdown_scheduler=args.shutdown_scheduler, liveness_s=args.liveness, max_in_flight=args.max_in_flight,
+        max_held_bytes=args.max_held_bytes,
     )
 
     def announce(_bridge: Bridge, endpoint: str) -> None:

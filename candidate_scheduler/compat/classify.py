@@ -47,7 +47,9 @@ def _type_repr(obj: Any) -> str:
 def classify(obj: Any) -> Ping | Shutdown | Warmup | Answer | Generation:
     """Sort one unpickled payload the way sglang's Scheduler does (`_normalize_received_payload`,
     `_dispatch_single_request`): Req, [Req], list[Req] (one grouped request), control structs."""
-    if isinstance(obj, dict) and obj.get("method") == "ping" and len(obj) == 1:
+    # Only plain values are compared or truth-tested: a decoded array or tensor raises on either, and
+    # small payloads are classified inside the bridge's receive loop.
+    if isinstance(obj, dict) and len(obj) == 1 and isinstance(obj.get("method"), str) and obj["method"] == "ping":
         return Ping()
     if isinstance(obj, list):
         if not obj:
@@ -77,5 +79,7 @@ def classify(obj: Any) -> Ping | Shutdown | Warmup | Answer | Generation:
 
 def _is_warmup(req: ReqStub) -> bool:
     extra = req.__dict__.get("extra")
-    prewarm = isinstance(extra, dict) and bool(extra.get("server_internal_prewarm"))
-    return req.__dict__.get("is_warmup") is True or prewarm
+    prewarm = extra.get("server_internal_prewarm") if isinstance(extra, dict) else None
+    # sglang sets the flag to True; anything else that is not a plain truthy value is no warmup
+    plain = isinstance(prewarm, (bool, int, float, str, bytes, list, tuple, dict))
+    return req.__dict__.get("is_warmup") is True or (plain and bool(prewarm))

@@ -46,7 +46,7 @@ def image_to_rgb_array(image: Any) -> np.ndarray:
     from PIL import Image, ImageOps
 
     if isinstance(image, PILImageStub):
-        pil = image.to_pil()
+        pil = _decoding(image.to_pil)
     elif isinstance(image, np.ndarray):
         if image.dtype != np.uint8:
             raise CompatError(f"observation arrays must be uint8, got {image.dtype}")
@@ -63,8 +63,18 @@ def image_to_rgb_array(image: Any) -> np.ndarray:
                           "a data: URL, image bytes, a PIL image or a uint8 array")
     if pil.width * pil.height > MAX_IMAGE_PIXELS:
         raise CompatError(f"observation of {pil.width}x{pil.height} pixels is over the limit")
-    pil = ImageOps.exif_transpose(pil)
-    return np.asarray(pil.convert("RGB"), dtype=np.uint8)
+    return _decoding(lambda: np.asarray(ImageOps.exif_transpose(pil).convert("RGB"), dtype=np.uint8))
+
+
+def _decoding(step):
+    """`step()`; what PIL raises on a client's broken image (an EXIF block that is no TIFF, palette
+    entries over 255, ...: SyntaxError, OverflowError, TypeError) is the client's error."""
+    try:
+        return step()
+    except CompatError:
+        raise
+    except Exception as exc:
+        raise CompatError(f"cannot decode the observation image: {type(exc).__name__}: {str(exc)[:200]}") from None
 
 
 def _read_local_file(path: str) -> bytes:

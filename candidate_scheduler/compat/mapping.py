@@ -99,13 +99,19 @@ def _same(a: Any, b: Any) -> bool:
         return False
 
 
-def _int(value: Any, name: str, minimum: int | None = None) -> int:
+# msgpack carries int64 (and uint64, for seeds): a larger int fails in the encoder, not as the client's error
+_INT_MAX = 2**63 - 1
+
+
+def _int(value: Any, name: str, minimum: int | None = None, maximum: int = _INT_MAX) -> int:
     if isinstance(value, (np.integer,)):
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise CompatError(f"{name} must be an int, got {type(value).__name__}")
     if minimum is not None and value < minimum:
         raise CompatError(f"{name} must be >= {minimum}, got {value}")
+    if not -_INT_MAX - 1 <= value <= maximum:
+        raise CompatError(f"{name} is out of range: {str(value)[:40]}")
     return value
 
 
@@ -162,6 +168,20 @@ def parse_candidate_spec(raw: Any) -> CandidateTrajectorySpec:
     return spec
 
 
+def _is_default(value: Any, default: Any) -> bool:
+    """Whether `value` is `default` as sglang reads it: the same type, or any real number equal to a
+    float default (sglang keeps ``sound_duration=0`` as the int, and treats it as 0.0). A bool is no
+    number here, and arrays never compare."""
+    if value is default:
+        return True
+    if default is None:
+        return False
+    number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+    if isinstance(default, float) and number:
+        return bool(value == default)  # exact, and no float() of a huge int
+    return type(value) is type(default) and value == default
+
+
 def _check_cosmos3_policy(req: ReqStub) -> None:
     sp = req.__dict__.get("sampling_params")
     if not isinstance(sp, SamplingParamsStub):
@@ -178,7 +198,7 @@ def _check_cosmos3_policy(req: ReqStub) -> None:
         value = _attr(req, name, _MISSING)
         if value is _MISSING:  # a field this client's sglang does not have cannot change the result
             continue
-        if not any(value is a or (a is not None and type(value) is type(a) and value == a) for a in allowed):
+        if not any(_is_default(value, a) for a in allowed):
             raise CompatError(f"{name} is not supported by candidate_scheduler (sglang compat bridge); "
                               f"leave it at {allowed[0]!r}")
 
@@ -196,7 +216,7 @@ def _prompt(req: ReqStub, batch: int) -> str | list[str]:
 def _seed(value: Any, name: str = "seed") -> int:
     if isinstance(value, list) and len(value) == 1:
         value = value[0]
-    seed = _int(value, name)
+    seed = _int(value, name, maximum=2**64 - 1)
     if not 0 <= seed < 2**64:
         raise CompatError(f"{name} must be in [0, 2**64), got {seed}")
     return seed
@@ -227,12 +247,14 @@ def _sampling(req: ReqStub) -> tuple[protocol.SamplingMsg, int, int]:
     num_frames = _int(_attr(req, "num_frames"), "num_frames", 2)
     domain_id, raw_action_dim, domain_name = _embodiment(req)
     negative = _attr(req, "negative_prompt")
+    if negative is not None and not isinstance(negative, str):  # dropped, it would change a CFG result
+        raise CompatError(f"negative_prompt must be a string, got {type(negative).__name__}")
     fields: dict[str, Any] = dict(
         height=height, width=width, steps=steps, horizon=num_frames - 1,
         guidance_scale=_float(_attr(req, "guidance_scale", 1.0), "guidance_scale"),
         action_mode="policy", domain_id=domain_id, raw_action_dim=raw_action_dim,
         fps=_int(_attr(req, "fps", 5), "fps", 1),
-        negative_prompt=negative if isinstance(negative, str) else None,
+        negative_prompt=negative,
         domain_name=domain_name,  # the worker hands the name on to sglang's request builder
     )
     return protocol.SamplingMsg(**fields), steps, num_frames
@@ -317,7 +339,7 @@ def plan_generation(reqs: tuple) -> GroupPlan:
     )
     try:  # refused here, to this client: sent, it would cost every client its connection (images.py)
         submit_frames(submit)
-    except ValueError as exc:
+    except (ValueError, OverflowError) as exc:
         raise CompatError(str(exc)) from None
     return GroupPlan(kind=kind, submit=submit, request_ids=request_ids, spec=spec, batched=batched,
                      action_mode="policy", domain_id=sampling.domain_id, raw_action_dim=sampling.raw_action_dim,
