@@ -21,9 +21,9 @@ def parse(value: int | str | None) -> int | str | None:
         return "auto"
     try:
         rows = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an infinite float
         raise ValueError(f"call rows must be {CHOICES}, not {value!r}") from None
-    if rows < 1 or (isinstance(value, float) and value != rows):
+    if rows < 1 or isinstance(value, bool) or (isinstance(value, float) and value != rows):
         raise ValueError(f"call rows must be {CHOICES}, not {value!r}")
     return rows
 

@@ -49,9 +49,10 @@ from dataclasses import dataclass
 
 import zmq
 
-from candidate_scheduler import convert, protocol
+from candidate_scheduler import protocol
 from candidate_scheduler.core.messages import LEAVE, REREGISTER
 from candidate_scheduler.worker import link
+from candidate_scheduler.worker.answers import encode_result
 from candidate_scheduler.worker.leaving import Departure
 from candidate_scheduler.worker.preparing import Prepared, Preparer, supports_concurrent_start
 from candidate_scheduler.worker.running import (
@@ -131,7 +132,8 @@ class Worker:
         self._epoch = 0  # REREGISTERs so far: answers of an earlier epoch are dropped (I/O thread only)
         self._answer_epoch = 0  # the epoch of the last Reset the compute thread took (compute thread only)
         self._arriving: Arrival | None = None  # an assignment being admitted (compute thread only)
-        self._cache_seen: dict[str, int] = {}
+        self._cache_seen: dict[str, int] = {}  # the counters the last heartbeat sent carried (I/O thread only)
+        self._cache_failed = False  # reading them raised (logged once)
         self._stop = threading.Event()
         self.leave_grace_s = leave_grace_s  # how long a leave (SIGTERM, or an operator's) waits for what it holds
         self._leave_asked_s: float | None = None  # a leave was asked, with this grace (the I/O thread acts on it)
@@ -212,16 +214,14 @@ class Worker:
     def _answer(self, out, batch_id: int, outputs: list, report) -> None:
         """Encode an assignment's BATCH_RESULT (`report()`: its report) and hand it to the I/O thread."""
         try:
-            result = protocol.BatchResultMsg(self.worker_id, batch_id, [convert.output_to_wire(o) for o in outputs],
-                                             report())
-            frames = protocol.encode(protocol.Kind.BATCH_RESULT, result)
+            frames = encode_result(self.worker_id, batch_id, outputs, report)  # what fails there fails one group
         except Exception as exc:  # noqa: BLE001 - an unencodable result still gets an answer
             log.exception("assignment %d could not be encoded", batch_id)
             outputs = [protocol.GroupOutputMsg(o.request_id, "error", error=f"{type(exc).__name__}: {exc}",
                                                error_code="worker_error") for o in outputs]
             frames = protocol.encode(protocol.Kind.BATCH_RESULT, protocol.BatchResultMsg(self.worker_id, batch_id, outputs))
-        with self._lock:
-            self._cancelled.pop(batch_id, None)
+        # Its cancels are let go of by the I/O thread once the answer has gone (`_send_answers`), not here:
+        # after a REREGISTER the id may already name the new scheduler's assignment, cancels and all.
         out.send_multipart([self._tag(batch_id), *frames])
 
     def _tag(self, batch_id: int) -> bytes:
@@ -321,8 +321,7 @@ class Worker:
                 if now - self._registered_asked > self.register_timeout_s:
                     self._register(sock)
             elif now - last_beat >= self.heartbeat_interval_s:
-                # dropped when the link is full: the next one lists the same work (its forwards are lost)
-                link.try_send(sock, protocol.encode(protocol.Kind.HEARTBEAT, self._heartbeat()))
+                self._beat(sock)
                 last_beat = now
 
     def _take_answers(self, wake) -> None:
@@ -341,7 +340,7 @@ class Worker:
         for answered in self._outbox.flush(sock):
             if answered in self._held:
                 self._held.remove(answered)
-            with self._lock:  # with a cancel that came in after the compute thread let go of it
+            with self._lock:  # its cancels, those that came in after the compute thread let go of it too
                 self._cancelled.pop(answered, None)
             if self._departure is not None:
                 self._departure.answered(answered)
@@ -414,22 +413,37 @@ class Worker:
         link.try_send(sock, self._register_msg())  # asked again after register_timeout_s if unanswered
         self._registered_asked = time.monotonic()
 
-    def _heartbeat(self) -> protocol.HeartbeatMsg:
+    def _beat(self, sock) -> None:
+        """Send a HEARTBEAT. One the link cannot take (the scheduler away a while) is dropped: the next
+        lists the same work, and carries the forwards and cache counts this one would have (counters
+        the scheduler adds up, so a dropped increment would be missing from them for good)."""
         with self._lock:
             step, forwards = self._step, self._forwards
             self._forwards = []
         held = list(self._held)
-        return protocol.HeartbeatMsg(self.worker_id, held[0] if held else None, step, held, forwards, self._cache_delta())
+        cache = self._cache_counters()
+        delta = {} if cache is None else _cache_delta(cache, self._cache_seen)
+        beat = protocol.HeartbeatMsg(self.worker_id, held[0] if held else None, step, held, forwards, delta)
+        if link.try_send(sock, protocol.encode(protocol.Kind.HEARTBEAT, beat)):
+            if cache is not None:
+                self._cache_seen = cache
+            return
+        with self._lock:  # behind the ones run since, and still at most the last _MAX_FORWARD_RECORDS
+            self._forwards[:0] = forwards
+            del self._forwards[:-_MAX_FORWARD_RECORDS]
 
-    def _cache_delta(self) -> dict[str, int]:
-        """Conditioning-cache counter increments since the last heartbeat (and the bytes in use now)."""
+    def _cache_counters(self) -> dict[str, int] | None:
+        """The conditioning cache's counters now (None: the adapter has none, or they could not be read)."""
         stats = getattr(self.adapter, "cache_stats", None)
         if stats is None:
-            return {}
-        now = {k: int(v) for k, v in stats().items() if k in _CACHE_COUNTERS + ("bytes",)}
-        delta = {k: now[k] - self._cache_seen.get(k, 0) for k in _CACHE_COUNTERS if k in now}
-        self._cache_seen = now
-        return {**{k: v for k, v in delta.items() if v}, "bytes": now.get("bytes", 0)}
+            return None
+        try:
+            return {k: int(v) for k, v in stats().items() if k in _CACHE_COUNTERS + ("bytes",)}
+        except Exception:  # noqa: BLE001 - on the I/O thread: a metric must not take the worker down
+            if not self._cache_failed:  # once, not at every heartbeat
+                log.exception("the adapter's conditioning-cache counters could not be read")
+            self._cache_failed = True
+            return None
 
     def _leaving(self, sock, wake, now: float) -> bool:
         """Say LEAVING (again while unanswered), then LEFT when `Departure` says we may go; True: go now."""
@@ -481,6 +495,12 @@ class Worker:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def _cache_delta(now: dict[str, int], seen: dict[str, int]) -> dict[str, int]:
+    """Conditioning-cache counter increments since `seen` (and the bytes in use now)."""
+    delta = {k: now[k] - seen.get(k, 0) for k in _CACHE_COUNTERS if k in now}
+    return {**{k: v for k, v in delta.items() if v}, "bytes": now.get("bytes", 0)}
 
 
 CONDITIONING_MODES = ("thread", "inline")
