@@ -437,7 +437,8 @@ def cmd_http(args) -> int:
               "(--insecure):\nanyone who reaches this port can submit work.\n" + "!" * 78, file=sys.stderr, flush=True)
     from candidate_scheduler.compat.http import run_http_server
 
-    run_http_server(args.compat_port, args.model, args.http_host, args.http_port, tokens=tokens)
+    run_http_server(args.compat_port, args.model, args.http_host, args.http_port, tokens=tokens,
+                    insecure=bool(args.insecure))
     return 0
 
 

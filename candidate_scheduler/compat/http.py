@@ -35,6 +35,7 @@ from candidate_scheduler.compat.mapping import CANDIDATE_SPEC_KEY, parse_candida
 from candidate_scheduler.core.embodiments import EMBODIMENT_TO_DOMAIN_ID, resolve_embodiment
 from candidate_scheduler.core.reducers import BUILTIN_REDUCERS
 from candidate_scheduler.core.spec import SeedPolicy
+from candidate_scheduler.service.endpoints import is_loopback_host
 
 _SHIMS_INSTALLED = False
 OPEN_PATHS = frozenset({"/liveness", "/health"})  # GET without a token: liveness and readiness probes
@@ -264,12 +265,16 @@ def make_http_server_args(compat_endpoint_port: int, model_dir: str, host: str =
 
 
 def run_http_server(compat_endpoint_port: int, model_dir: str, host: str = "127.0.0.1", port: int = 30000,
-                    *, tokens=None, **server_kwargs: Any) -> None:
+                    *, tokens=None, insecure: bool = False, **server_kwargs: Any) -> None:
     """Run sglang's own FastAPI server (blocking) with the compat bridge as its scheduler, so
     ``POST /v1/actions/generations`` (and /v1/actions/metadata, the websocket) are served by
     candidate_scheduler. `tokens`: a key directory (`service.keys.Directory`) whose bearer tokens every
-    route but the health probes requires (`TokenAuth`); None: no authentication. Extra keyword arguments
-    go to sglang's ServerArgs (e.g. warmup_mode, batching_max_size)."""
+    route but the health probes requires (`TokenAuth`); None: no authentication, which off loopback
+    needs `insecure` (ValueError otherwise, before anything listens: the CLI's rule, for callers from
+    Python too). Extra keyword arguments go to sglang's ServerArgs (e.g. warmup_mode, batching_max_size)."""
+    if tokens is None and not insecure and not is_loopback_host(host):
+        raise ValueError(f"refusing to serve HTTP on {host} without tokens: pass tokens=Directory, bind loopback, "
+                         "or insecure=True to let anyone who reaches it submit work")
     sa = make_http_server_args(compat_endpoint_port, model_dir, host, port, **server_kwargs)
     install_http_shims()
     install_no_offline_broker()
