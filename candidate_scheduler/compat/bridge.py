@@ -174,13 +174,23 @@ class Bridge:
     async def serve(self) -> None:
         if self.router is None:
             self.bind()
-        loops = [asyncio.create_task(self._recv_clients())]
+        loops = [asyncio.create_task(self._recv_clients(), name="receive")]
         if self.control is not None:
-            loops.append(asyncio.create_task(self._drain_control()))
-            loops.append(asyncio.create_task(self._report_loop()))
+            loops.append(asyncio.create_task(self._drain_control(), name="control"))
+            loops.append(asyncio.create_task(self._report_loop(), name="report"))
+        stop = asyncio.create_task(self.stopping.wait())
         try:
-            await self.stopping.wait()
+            done, _ = await asyncio.wait([stop, *loops], return_when=asyncio.FIRST_COMPLETED)
+            ended = [t for t in done if t is not stop]
+            if ended:
+                # A loop that ends alone (a bug, a socket error) left a process that answered nothing, pings
+                # included, while it looked alive: it ends the bridge instead, with the error, for its
+                # supervisor to see and restart it
+                error = None if ended[0].cancelled() else ended[0].exception()
+                raise RuntimeError(f"the compat bridge's {ended[0].get_name()} loop ended: "
+                                   f"{type(error).__name__ if error else 'returned'}: {error or ''}") from error
         finally:
+            stop.cancel()
             for t in loops:
                 t.cancel()
             await asyncio.gather(*loops, return_exceptions=True)

@@ -78,3 +78,23 @@ def test_a_small_payload_that_breaks_classify_is_answered_and_the_bridge_keeps_s
     assert first.__dict__.get("error"), "it must be answered with an error"
     assert ping is not None, "the bridge stopped answering after one small hostile payload"
     assert ping.__dict__.get("error") is None
+
+
+def test_a_loop_that_dies_ends_the_bridge_with_its_error_instead_of_a_silent_bridge(monkeypatch):
+    async def broken(self):
+        await asyncio.sleep(0.05)
+        raise OSError("the socket went away")
+
+    monkeypatch.setattr(bridge_mod.Bridge, "_recv_clients", broken)
+
+    async def main():
+        dead = f"tcp://127.0.0.1:{free_port()}"
+        b = bridge_mod.Bridge(bridge_mod.BridgeConfig(bind="tcp://127.0.0.1:0", scheduler=dead))
+        b.bind()
+        try:
+            with pytest.raises(RuntimeError, match="receive loop ended: OSError: the socket went away"):
+                await asyncio.wait_for(b.serve(), 10)
+        finally:
+            b.close()
+
+    asyncio.run(main())
