@@ -261,9 +261,15 @@ class Bridge:
         while True:
             await asyncio.sleep(REPORT_INTERVAL_S)
             if self._report_requests or self._report_errors:
-                report = protocol.CompatReport(requests=self._report_requests, errors=self._report_errors)
+                sent_requests, sent_errors = self._report_requests, self._report_errors
+                report = protocol.CompatReport(requests=sent_requests, errors=sent_errors)
                 self._report_requests, self._report_errors = {}, {}
-                await self._control_send(protocol.encode(protocol.Kind.COMPAT_REPORT, report))
+                if not await self._control_send(protocol.encode(protocol.Kind.COMPAT_REPORT, report)):
+                    # the scheduler away: counters it adds up would miss these for good; the next report
+                    # carries them (the keys are a fixed few, so what is kept stays small)
+                    for table, sent in ((self._report_requests, sent_requests), (self._report_errors, sent_errors)):
+                        for kind, n in sent.items():
+                            table[kind] = table.get(kind, 0) + n
 
     async def _control_send(self, frames: list[bytes]) -> bool:
         """Send on the control socket without waiting: with the scheduler down its queue fills, and a
@@ -314,7 +320,11 @@ class Bridge:
         self.stats["refused"] += 1
         self._count("pickle_refused", error=True)
         self.last_refusal = str(exc)[:300]
-        log.warning("%s", str(exc)[:300])
+        # a peer can send refusals as fast as it likes: the first few are logged, then one in a thousand
+        self.stats["pickle_refused"] += 1
+        refused = self.stats["pickle_refused"]
+        if refused <= 10 or refused % 1000 == 0:
+            log.warning("%s (refused payloads so far: %d)", str(exc)[:300], refused)
         return error_reply(str(exc))
 
     async def _refused(self, identity: bytes, exc: Exception) -> None:
