@@ -20,7 +20,8 @@ Elastic count before start. For a group with a deadline and min_count < count th
 or waits near the head of the queue, the largest n in [min_count, count] is chosen such that it and
 the deadline groups queued right behind it (the next `WATCH_WINDOW` slices, at their minimum counts;
 on a large fleet, a sample of those further behind too: core/fluid.feasibility) are forecast to finish
-in time, behind the groups queued ahead of it (at their counts as they stand);
+in time, behind the groups queued ahead of it (at their counts as they stand) -- of those behind, the
+exact forecast watches only the ones that would finish in time with it at its minimum;
 with no such n, min_count. A waiting group may so start now with the rows that are free instead of
 later with all it asked for; once chosen, a count only ever shrinks. The served candidates are
 0..n-1, bitwise those of the full group. Without a calibrated cost model there is no forecast and
@@ -118,7 +119,7 @@ def choose_count(snap: PlanningSnapshot, view: GroupView) -> int:
             break
         if unit.request_id not in behind and (g := snap.group(unit.request_id)) is not None:
             behind[unit.request_id] = g
-    watched = [view] + [g for g in behind.values() if g.deadline is not None]
+    others = [g for g in behind.values() if g.deadline is not None]
 
     def count_of(n: int) -> Callable[[GroupView], int | None]:
         return lambda g: n if g.request_id == view.request_id else (
@@ -130,14 +131,17 @@ def choose_count(snap: PlanningSnapshot, view: GroupView) -> int:
                         snap.batching, want=[g.request_id for g in groups],
                         orders={g.request_id: g.order for g in groups}, horizon=horizon)
 
-    # Watched too: the running groups ahead of it that can still make their deadlines (its rows slow
-    # their forwards); one already late whatever happens constrains nothing.
+    # Watched too: the running groups ahead of it (its rows slow their forwards). Of those behind it and
+    # those, only the ones that can still make their deadlines, with it at its minimum: one already late
+    # whatever happens constrains nothing (a group behind that will expire anyway kept every count ahead
+    # of it at its minimum, for nothing).
     running = {k[0] for w in snap.workers for a in w.running for k in a.keys}
-    ahead = [g for rid in running if (g := snap.group(rid)) is not None and g.deadline is not None
-             and g.running and g.order < view.order]
-    if ahead:
-        floor = finishes(view.min_count, ahead)
-        watched += [g for g in ahead if floor[g.request_id] <= g.deadline]
+    others += [g for rid in running if (g := snap.group(rid)) is not None and g.deadline is not None
+               and g.running and g.order < view.order]
+    watched = [view]
+    if others:
+        floor = finishes(view.min_count, others)
+        watched += [g for g in others if floor[g.request_id] <= g.deadline]
 
     def feasible(n: int) -> bool:
         finish = finishes(n, watched)
@@ -182,14 +186,18 @@ def backfiller(snap: PlanningSnapshot) -> Callable[[str, Unit, Unit], bool] | No
         if key not in shadows:
             sim = snap.sim_workers(only=worker_id)[0]
             free = sim.capacity - sum(i.rows for i in sim.items)
+            # Each item under a name of its own: the forecast answers per group, and two slices of one group
+            # that joined apart end apart -- the first one's rows are free when it ends, not with the last
             items = list(sim.items)
+            for n, item in enumerate(items):
+                item.keys = ((str(n), 0),)
             ends = forecast(snap.now, [sim], [], cost, snap.batching)  # runs `sim` down to empty
             at = snap.now
-            for item in sorted(items, key=lambda i: max(ends.get(k[0], math.inf) for k in i.keys)):
+            for n in sorted(range(len(items)), key=lambda n: ends.get(str(n), math.inf)):
                 if free >= rows_needed:
                     break
-                free += item.rows
-                at = max(ends.get(k[0], math.inf) for k in item.keys)
+                free += items[n].rows
+                at = ends.get(str(n), math.inf)
             shadows[key] = at if free >= rows_needed else math.inf
         return shadows[key]
 
