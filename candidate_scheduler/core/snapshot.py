@@ -420,12 +420,20 @@ class PlanningSnapshot:
                 fixed = cost.overhead_s(w.worker_id, a.label) * len(a.keys)
                 done = (self.now - a.sent_at - fixed) / tau if tau > 0 else 0.0
                 left = min(float(a.steps), max(0.5, a.steps - max(0.0, done)))
-                # on a worker that conditions aside, an assignment still being conditioned has not joined yet
-                delay = max(0.0, fixed - (self.now - a.sent_at)) if w.conditions_aside else 0.0
-                sim.preparing = max(sim.preparing, delay)
+                # an assignment still being conditioned: on a worker that conditions aside it has not joined
+                # yet; on one that conditions inline, the worker steps nothing until it is done
+                conditioning = max(0.0, fixed - (self.now - a.sent_at))
+                delay = conditioning if w.conditions_aside else 0.0
+                if w.conditions_aside:
+                    sim.preparing = max(sim.preparing, delay)
+                else:
+                    sim.stall = max(sim.stall, conditioning)
                 sim.items.append(SimItem(a.keys, a.rows, a.cost_rows, left, a.label, a.forward_key, delay))
-                wait = max(wait, delay + left * tau)
-            for a in held:  # it starts once what runs before it is done (the longest of it, to be safe)
-                sim.items.append(SimItem(a.keys, a.rows, a.cost_rows, float(a.steps), a.label, a.forward_key, wait))
+                wait = max(wait, conditioning + left * tau)
+            for a in held:  # it starts once what runs before it is done (the longest of it, to be safe), and
+                # is conditioned meanwhile on a side thread, else then (as the planner predicts it)
+                fixed = cost.overhead_s(w.worker_id, a.label) * len(a.keys)
+                start = max(wait, fixed) if w.conditions_aside else wait + fixed
+                sim.items.append(SimItem(a.keys, a.rows, a.cost_rows, float(a.steps), a.label, a.forward_key, start))
             sims.append(sim)
         return sims
