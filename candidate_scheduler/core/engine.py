@@ -35,7 +35,7 @@ from typing import Any
 
 from candidate_scheduler.core import deadlines, schedule
 from candidate_scheduler.core.access import LOCAL, Action, Principal
-from candidate_scheduler.core.admission import decide
+from candidate_scheduler.core.admission import AdmissionPolicy, decide
 from candidate_scheduler.core.control import Control
 from candidate_scheduler.core.cost_model import CostModel
 from candidate_scheduler.core.elastic_index import ElasticEntry, ElasticIndex
@@ -462,7 +462,8 @@ class Engine:
         return None if g is None else self.group_view(g)
 
     def group_view(self, g: Group, order: tuple | None = None) -> GroupView:
-        return GroupView.of(g, g.request_id in self.unstarted or g.status is GroupStatus.QUEUED, order)
+        return GroupView.of(g, g.request_id in self.unstarted or g.status is GroupStatus.QUEUED, order,
+                            self.config.policy is AdmissionPolicy.SEQUENTIAL)
 
     # ---- the worker link (core/worker_link.py) ----------------------------------------------------------
 

@@ -134,23 +134,29 @@ class GroupView:
     label: str
     forward_key: tuple
     batch_key: tuple
+    sequential: bool = False  # admitted under the sequential policy: over a worker's rows, one candidate a slice
 
     @classmethod
-    def of(cls, g, startable: bool, order: tuple | None = None) -> GroupView:
+    def of(cls, g, startable: bool, order: tuple | None = None, sequential: bool = False) -> GroupView:
         """The view of a core.group.Group (at `order`: one not queued yet)."""
         running = g.status.name == "RUNNING"
         return cls(g.request_id, order or g.order, g.deadline, g.spec.min_count, g.served_count, startable, running,
-                   g.sampling.steps, g.request.observations, g.label, g.forward_key, g.batch_key)
+                   g.sampling.steps, g.request.observations, g.label, g.forward_key, g.batch_key, sequential)
 
     @property
     def elastic(self) -> bool:
         return self.deadline is not None and self.startable and self.min_count < self.served_count
 
     def units(self, count: int, capacity: int) -> list[Unit]:
-        """Its work as if it served `count` candidates, sliced for `capacity` rows (as admission would)."""
+        """Its work as if it served `count` candidates, sliced for `capacity` rows (as admission would:
+        core/admission.decide)."""
+        if self.sequential and count > capacity:
+            slices = tuple((i,) for i in range(count))
+        else:
+            slices = split_balanced(count, capacity)
         return [Unit(self.request_id, i, ids, self.batch_key, self.forward_key, (*self.order, i), self.steps,
                      len(ids) * self.observations, self.label)
-                for i, ids in enumerate(split_balanced(count, capacity))]
+                for i, ids in enumerate(slices)]
 
 
 @value
