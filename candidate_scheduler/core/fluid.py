@@ -22,8 +22,10 @@ startable elastic groups ahead give back their excess at their minimum counts, s
 core/elastic_index.py).
 The pipe is the law of large numbers' view of the planner: close when many workers share the queue,
 pessimistic by up to one group's own run (it waits for everything ahead to finish, not just to start),
-and optimistic when batches run half empty. core/deadlines.py uses it once the exact simulation would have to place more
-than `EXACT_LIMIT` slices; below that, the exact one answers.
+and optimistic when batches run half empty, and on a fleet of unlike workers, where a group's own run
+is timed on the fastest worker that holds it (each worker's with its margin) while the planner places
+by free rows, not by speed. core/deadlines.py uses it once the exact simulation would have to place
+more than `EXACT_LIMIT` slices; below that, the exact one answers.
 """
 
 from __future__ import annotations
