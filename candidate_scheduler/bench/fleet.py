@@ -130,35 +130,38 @@ def run_times(pids: list[int]) -> dict[tuple[int, str], int]:
     scheduler's metrics server answers each scrape on a thread of its own, and one that ran before a
     run and ended in it would take its run time off the run's figure (per_thread_s)."""
     out = {}
-    for pid in pids:
-        for tid in _tasks(pid):
-            try:
-                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                    out[pid, tid] = int(f.read().split()[0])
-                continue
-            except (OSError, IndexError, ValueError):  # a thread that ended meanwhile, or no schedstat here
-                pass
+    for pid, tid in _threads(pids):
+        ran = _schedstat(pid, tid, 0)
+        if ran is None:
             try:
                 with open(f"/proc/{pid}/task/{tid}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
-                out[pid, tid] = (int(fields[11]) + int(fields[12])) * 1_000_000_000 // _TICK
+                ran = (int(fields[11]) + int(fields[12])) * 1_000_000_000 // _TICK
             except (OSError, IndexError, ValueError):
                 continue
+        out[pid, tid] = ran
     return out
 
 
 def waits(pids: list[int]) -> dict[tuple[int, str], int]:
     """Nanoseconds each live thread of these processes was ready to run but waited for a core (the
     run-queue delay, from /proc/PID/task/TID/schedstat: run time, wait time, timeslices)."""
-    out = {}
-    for pid in pids:
-        for tid in _tasks(pid):
-            try:
-                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                    out[pid, tid] = int(f.read().split()[1])
-            except (OSError, IndexError, ValueError):  # a thread that ended meanwhile, or no schedstat here
-                continue
-    return out
+    found = {(pid, tid): _schedstat(pid, tid, 1) for pid, tid in _threads(pids)}
+    return {key: ns for key, ns in found.items() if ns is not None}
+
+
+def _threads(pids: list[int]) -> list[tuple[int, str]]:
+    return [(pid, tid) for pid in pids for tid in _tasks(pid)]
+
+
+def _schedstat(pid: int, tid: str, field: int) -> int | None:
+    """One field of the thread's schedstat (0: run time, 1: run-queue wait, in ns); None when it ended
+    meanwhile, or the kernel keeps no schedstat."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+            return int(f.read().split()[field])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def per_thread_s(before: dict, after: dict) -> float:
