@@ -13,7 +13,13 @@ import zmq
 import zmq.asyncio
 
 from candidate_scheduler import protocol
-from candidate_scheduler.service.client import DEFAULT_LIVENESS_S, client_socket, restarted
+from candidate_scheduler.service.client import (
+    DEFAULT_LIVENESS_S,
+    client_socket,
+    restarted,
+    unreadable,
+    unreadable_id,
+)
 from candidate_scheduler.service.control_link import ControlLink
 from candidate_scheduler.service.keys import ClientKeys
 from candidate_scheduler.service.next_run import NOT_RUN_BY_A_STOPPING_SCHEDULER, NextRun
@@ -83,7 +89,12 @@ class AsyncClient:
             self._heard = time.monotonic()
             try:
                 kind, msg = protocol.decode_frames(frames, {protocol.Kind.RESULT, protocol.Kind.ERROR, protocol.Kind.PONG})
-            except protocol.ProtocolError:
+            except protocol.ProtocolError as exc:
+                # one this client cannot read (a scheduler of another version) fails the group it names: its
+                # waiter would wait forever, the scheduler answering every PING
+                fut = self._futures.pop(unreadable_id(frames), None)
+                if fut is not None and not fut.done():
+                    fut.set_exception(unreadable(exc, frames))
                 continue
             if kind is protocol.Kind.PONG:
                 self._incarnation = msg.incarnation
@@ -161,13 +172,15 @@ class AsyncClient:
 
     async def _submit_once(self, request: protocol.SubmitRequest) -> Result:
         rid = request.request_id
-        if rid in self._futures:  # one future an id: the second waiter would never be answered
-            raise ValueError(f"{rid!r} is in flight on this client already")
         frames = submit_frames(request)
         if self.liveness_s is not None and self._incarnation is None:
             # once: which run of the scheduler this client talks to ("" when it did not answer: no verdict)
             self._incarnation = self._incarnation if await self.ping(self.liveness_s) else ""
         self._check_open()
+        # checked after the PING, with no await before the future is registered: a second submission of the
+        # id that raced past the PING would take the first's future, and the first would wait forever
+        if rid in self._futures:  # one future an id: the second waiter would never be answered
+            raise ValueError(f"{rid!r} is in flight on this client already")
         sent_to, drops = self._incarnation, self._drops
         fut = asyncio.get_running_loop().create_future()
         self._futures[rid] = fut
@@ -202,6 +215,13 @@ class AsyncClient:
                 if await self._same_run(sent_to):
                     raise ConnectionDropped(f"the connection to {self.endpoint} dropped after {rid!r} was sent; "
                                             "its reply may be lost: send it again under its id")
+            # another run answers (a PONG to any waiter's probe says so): decided now, not at the next silence,
+            # which never comes while that run answers other groups
+            if restarted(sent_to, self._incarnation) and not fut.done():
+                if not (await self._held_here(rid) or fut.done()):  # answered meanwhile: taken below
+                    raise SchedulerUnavailable(f"the scheduler at {self.endpoint} restarted; {rid!r} was "
+                                               "sent to the run before and was not answered")
+                sent_to = self._incarnation
             quiet = None if self.liveness_s is None else max(self._heard + self.liveness_s - time.monotonic(), 0.01)
             await asyncio.wait({fut, self._drop_future()}, timeout=quiet, return_when=asyncio.FIRST_COMPLETED)
             if fut.done():
@@ -214,12 +234,7 @@ class AsyncClient:
                 self._incarnation = None  # the next send learns which run answers then
                 raise SchedulerUnavailable(f"the scheduler at {self.endpoint} did not answer a PING within "
                                            f"{self.liveness_s:.1f} s; {rid!r} was not answered")
-            if restarted(sent_to, self._incarnation) and not fut.done():
-                if await self._held_here(rid) or fut.done():  # answered meanwhile: taken above
-                    sent_to = self._incarnation
-                    continue
-                raise SchedulerUnavailable(f"the scheduler at {self.endpoint} restarted; {rid!r} was "
-                                           "sent to the run before and was not answered")
+            # answered: by another run, the top of the loop decides
 
     async def _same_run(self, sent_to: str | None) -> bool:
         """After a drop: whether the run a group was sent to answers (without liveness PINGs, assumed: a
@@ -274,6 +289,8 @@ class AsyncClient:
 
     def close(self) -> None:
         """Close the sockets; every call waiting on this client raises ClientClosed."""
+        if self._closed:  # closed again: the sockets are gone already
+            return
         self._closed = True
         closed = ClientClosed(f"the client of {self.endpoint} was closed")
         for fut in [*self._futures.values(), *self._pongs.values()]:

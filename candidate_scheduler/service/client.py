@@ -36,6 +36,15 @@ def _reply(sock: zmq.Socket, allowed) -> Any:
     return msg
 
 
+def unreadable_id(frames: list[bytes]) -> str | None:
+    """The request id a reply the client cannot read names, if it can read one."""
+    return protocol.request_id_of(frames[1]) if len(frames) == 2 else None
+
+
+def unreadable(exc: protocol.ProtocolError, frames: list[bytes]) -> protocol.ProtocolError:
+    return protocol.ProtocolError(exc.kind, f"the reply to {unreadable_id(frames)!r} could not be read: {exc}")
+
+
 def restarted(sent_to: str | None, now: str | None) -> bool:
     """Whether the scheduler that answers now is another run than the one a group was sent to (either
     unknown, or a server that does not say: no verdict)."""
@@ -91,22 +100,29 @@ class Client:
         # after its wait gave up): dropped, and counted here
         self.unclaimed = 0
         self._ctl = None
-        self._pending: dict[str, protocol.GroupResult | protocol.ErrorReply] = {}  # replies of awaited groups
+        # replies of awaited groups (a ProtocolError: one that could not be read)
+        self._pending: dict[str, protocol.GroupResult | protocol.ErrorReply | protocol.ProtocolError] = {}
         self._pongs: set[int] = set()
         self._nonce = itertools.count(1)
         self._incarnation: str | None = None  # of the scheduler's last PONG (None: none yet)
         self._sent_to: dict[str, Sent] = {}  # awaited request id -> where and when it was sent
+        self._closed = False
 
     def _dealer(self, endpoint: str) -> zmq.Socket:
         sock = client_socket(self.ctx, endpoint, self.keys)
         sock.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)  # a blocking client must not block forever
         return sock
 
-    def send(self, request: protocol.SubmitRequest) -> str:
+    def send(self, request: protocol.SubmitRequest, timeout_s: float | None = None) -> str:
+        """Send one group; `timeout_s` bounds the PING of a client's first send (`submit` passes what is left
+        of its own timeout, which that PING, `liveness_s` long, would otherwise overrun)."""
+        self._check_open()
+        frames = submit_frames(request)  # one the scheduler could not take fails first, not after a PING
         if self.liveness_s is not None and self._incarnation is None:
             # once: which run of the scheduler this client talks to ("" when it did not answer: no verdict)
-            self._incarnation = self._incarnation if self._answers_ping(self.liveness_s) else ""
-        frames = submit_frames(request)
+            probe_s = self.liveness_s if timeout_s is None else min(self.liveness_s, timeout_s)
+            if probe_s > 0 and not self._answers_ping(probe_s) and probe_s >= self.liveness_s:
+                self._incarnation = ""  # cut short by the timeout instead: no verdict, the next send asks again
         self._count_drops()  # one before this send is not this group's
         try:
             self._sock.send_multipart(frames)
@@ -128,6 +144,7 @@ class Client:
         """The group's reply. TimeoutError after `timeout_s`; SchedulerUnavailable as soon as the
         scheduler stops answering PINGs (see `liveness_s`); ConnectionDropped when the connection dropped
         since the group was sent and its reply may be lost: send it again."""
+        self._check_open()
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         heard = time.monotonic()
         while request_id not in self._pending:
@@ -154,16 +171,15 @@ class Client:
                                            f"{self.liveness_s:.1f} s (after {self.liveness_s:.1f} s without a word); "
                                            f"{request_id!r} was not answered")
             sent = self._sent_to.get(request_id)
-            if sent is not None and restarted(sent.incarnation, self._incarnation) \
-                    and not self._held_here(request_id, deadline - time.monotonic()):
-                self._sent_to.pop(request_id, None)
-                raise SchedulerUnavailable(f"the scheduler at {self.endpoint} restarted; {request_id!r} was sent to "
-                                           "the run before and was not answered")
+            if sent is not None and restarted(sent.incarnation, self._incarnation):
+                self._restart_verdict(request_id, deadline)
             heard = time.monotonic()
         self._sent_to.pop(request_id, None)
         reply = self._pending.pop(request_id)
         if isinstance(reply, protocol.ErrorReply):
             raise ServiceError(reply)
+        if isinstance(reply, protocol.ProtocolError):
+            raise reply
         return Result.from_wire(reply)
 
     def _dropped_since_sent(self, request_id: str) -> bool:
@@ -183,9 +199,19 @@ class Client:
             self._verdict = (drops, answered)
         if self.liveness_s is not None and (not self._verdict[1] or restarted(sent.incarnation, self._incarnation)):
             self._sent_to[request_id] = sent._replace(drops=self._drops)
+            if self._verdict[1]:  # another run answers: decided now, as the replies of groups sent to it since
+                self._restart_verdict(request_id, deadline)  # would put off the silence that decides it
             return
         raise ConnectionDropped(f"the connection to {self.endpoint} dropped after {request_id!r} was sent; its "
                                 "reply may be lost: send it again under its id")
+
+    def _restart_verdict(self, request_id: str, deadline: float) -> None:
+        """Another run answers than the one `request_id` was sent to: waited on if that run holds it, else
+        SchedulerUnavailable."""
+        if not self._held_here(request_id, deadline - time.monotonic()):
+            self._sent_to.pop(request_id, None)
+            raise SchedulerUnavailable(f"the scheduler at {self.endpoint} restarted; {request_id!r} was sent to "
+                                       "the run before and was not answered")
 
     def _held_here(self, request_id: str, timeout_s: float) -> bool:
         """Whether the scheduler that answers now has the group after all: sent after a restart this
@@ -238,6 +264,7 @@ class Client:
           was only slow answers it once);
         - it was stopping, and answered `shutting_down` or refused it `stopping`: sent again once another
           run of the scheduler answers a PING (its incarnation); until the timeout (TimeoutError)."""
+        self._check_open()
         request = make_request(image, prompt, **kwargs)
         rid = request.request_id
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
@@ -247,7 +274,7 @@ class Client:
         try:
             while True:
                 try:
-                    self.send(request)
+                    self.send(request, max(0.0, deadline - time.monotonic()))
                     sent_to = self._sent_to[rid].incarnation
                     result = self.wait(rid, max(0.0, deadline - time.monotonic()))
                     if not resubmit or (result.status, result.error_code) not in NOT_RUN_BY_A_STOPPING_SCHEDULER:
@@ -276,6 +303,10 @@ class Client:
             started, probe_s = time.monotonic(), min(nxt.probe_s, remaining)
             if self._answers_ping(probe_s):
                 if nxt.answered_by(self._incarnation):
+                    # what came meanwhile on the request socket (a stopping run's second answer to the group)
+                    # is read now, while the group is not awaited: after the resend it would read as its answer
+                    while self._read_one(time.monotonic()):
+                        pass
                     return
                 time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
             else:
@@ -286,6 +317,7 @@ class Client:
     def ping(self, timeout_s: float = 2.0) -> bool:
         """Whether the scheduler answers a PING within `timeout_s`; results of groups in flight that arrive
         first are kept."""
+        self._check_open()
         nonce = next(self._nonce)
         deadline = time.monotonic() + timeout_s
         while True:
@@ -305,16 +337,24 @@ class Client:
     def _read_one(self, deadline: float) -> bool:
         """Read one reply into `_pending` (a RESULT) or `_pongs`; False when none came by `deadline`, or
         when the connection dropped first (counted in `_drops`)."""
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return False
-        ready = dict(self._poller.poll(int(remaining * 1000)))
+        # past `deadline` still a look (poll 0): `wait(rid, 0)` takes a reply that has come
+        ready = dict(self._poller.poll(max(0, int((deadline - time.monotonic()) * 1000))))
         if self._monitor in ready:
             self._count_drops()
         if self._sock not in ready:
             return False
-        kind, msg = protocol.decode_frames(self._sock.recv_multipart(),
-                                           {protocol.Kind.RESULT, protocol.Kind.ERROR, protocol.Kind.PONG})
+        frames = self._sock.recv_multipart()
+        try:
+            kind, msg = protocol.decode_frames(frames, {protocol.Kind.RESULT, protocol.Kind.ERROR, protocol.Kind.PONG})
+        except protocol.ProtocolError as exc:  # one that names a group fails that group's wait, not the reader's
+            rid = unreadable_id(frames)
+            if rid is None:
+                raise
+            if rid in self._sent_to:
+                self._pending[rid] = unreadable(exc, frames)
+            else:
+                self.unclaimed += 1
+            return True
         if kind is protocol.Kind.PONG:
             self._pongs.add(msg.nonce)
             self._incarnation = msg.incarnation
@@ -335,6 +375,7 @@ class Client:
     def control(self, kind: protocol.Kind, payload, timeout_s: float = 10.0) -> protocol.ControlReply:
         if self.control_endpoint is None:
             raise ValueError("this client has no control endpoint")
+        self._check_open()
         try:
             self._control_socket().send_multipart(protocol.encode(kind, payload))
         except zmq.Again:
@@ -372,7 +413,14 @@ class Client:
         """Ask one worker to leave: no new work; it finishes what it holds, then goes (admin)."""
         return self.control(protocol.Kind.WORKER_LEAVE, protocol.WorkerLeaveRequest(worker_id))
 
+    def _check_open(self) -> None:
+        if self._closed:  # its sockets are gone: a ZMQError about a non-socket would say less
+            raise ClientClosed(f"the client of {self.endpoint} is closed")
+
     def close(self) -> None:
+        if self._closed:  # closed again (inside a `with` block, say): the sockets are gone already
+            return
+        self._closed = True
         self._sock.disable_monitor()
         self._monitor.close(0)
         self._sock.close(0)

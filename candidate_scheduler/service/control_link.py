@@ -22,7 +22,14 @@ class ControlLink:
         self._lock = asyncio.Lock()
 
     async def ask(self, kind: protocol.Kind, payload, timeout_s: float) -> protocol.ControlReply | None:
-        async with self._lock:
+        """The reply to one request, or None when none came within `timeout_s`. The wait for the link is
+        part of it: with the scheduler away each ask waits out its timeout, and the Nth caller queued
+        behind the others waited N of them."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        if not await self._turn(timeout_s):
+            return None
+        try:
             if self._sock is None:
                 self._sock = self.ctx.socket(zmq.DEALER)
                 self._sock.setsockopt(zmq.LINGER, 0)
@@ -30,21 +37,50 @@ class ControlLink:
                     self.keys.apply(self._sock)
                 self._sock.connect(self.endpoint)
             try:
-                await self._sock.send_multipart(protocol.encode(kind, payload))
-                if not await self._sock.poll(int(timeout_s * 1000)):
+                # a send finding no peer to queue for waits for one: within the same timeout
+                await asyncio.wait_for(self._sock.send_multipart(protocol.encode(kind, payload)),
+                                       max(deadline - loop.time(), 0.001))
+                if not await self._sock.poll(max(int((deadline - loop.time()) * 1000), 0)):
                     self.close()
                     return None
                 frames = await self._sock.recv_multipart()
+            except TimeoutError:
+                self.close()
+                return None
             except BaseException:
                 # cancelled (or failed) with its reply still to come: that reply must never be read as the
                 # answer to the next request, so the socket goes with it
                 self.close()
                 raise
+        finally:
+            self._lock.release()
         try:
             reply_kind, msg = protocol.decode_frames(frames, {protocol.Kind.CONTROL_REPLY, protocol.Kind.ERROR})
         except protocol.ProtocolError:
             return None
         return msg if reply_kind is protocol.Kind.CONTROL_REPLY else None
+
+    async def _turn(self, timeout_s: float) -> bool:
+        """Take the link within `timeout_s` (False: not in time, and not held)."""
+        acquire = asyncio.ensure_future(self._lock.acquire())
+        try:
+            done, _ = await asyncio.wait({acquire}, timeout=timeout_s)
+        except BaseException:  # the caller was cancelled while it waited its turn
+            self._abandon(acquire)
+            raise
+        if done:
+            return True
+        self._abandon(acquire)
+        return False
+
+    def _abandon(self, acquire: asyncio.Future) -> None:
+        """Give up a wait for the link: if it took the lock all the same (as it was given up), hand it back."""
+        def hand_back(task: asyncio.Future) -> None:
+            if not task.cancelled() and task.exception() is None and task.result():
+                self._lock.release()
+
+        acquire.add_done_callback(hand_back)
+        acquire.cancel()
 
     def close(self) -> None:
         if self._sock is not None:
