@@ -223,7 +223,8 @@ class GroupState:
         the one the full group would have served; the reducer then runs over those n."""
         if self.status is not GroupStatus.ADMITTED or any(s.attempts for s in self._slices):
             raise IllegalTransition(f"group {self.request_id!r}: the count is fixed once work has started")
-        if not self.spec.min_count <= n <= self.spec.count:
+        # checked before anything changes: a bad n must not leave the seeds cut and the slices not
+        if isinstance(n, bool) or not isinstance(n, int) or not self.spec.min_count <= n <= self.spec.count:
             raise CandidateContractError("served_count", "invalid_count",
                                          f"must be in [{self.spec.min_count}, {self.spec.count}]", n)
         flat = sorted(c for s in decision.slices for c in s)
@@ -242,6 +243,8 @@ class GroupState:
         """Halve a pending slice (a worker ran out of memory on it): slice `slice_idx` keeps the first
         half, the second half becomes a new slice at the end (indices of other slices never move).
         Returns the new slice's index. Both halves start again from their snapshots with fresh attempts."""
+        if self.status not in (GroupStatus.ADMITTED, GroupStatus.RUNNING):  # its reply already counts its slices
+            raise IllegalTransition(f"group {self.request_id!r} is {self.status.name}; cannot split slices")
         sl = self._slice(slice_idx)
         if sl.status is not WorkStatus.PENDING or len(sl.candidate_ids) < 2:
             raise IllegalTransition(f"slice {slice_idx} of {self.request_id!r} cannot be split")
@@ -291,8 +294,11 @@ class GroupState:
         sl = self._slice(slice_idx)
         if sl.status is not WorkStatus.RUNNING or sl.worker_id != worker_id:
             return False
-        ids = [int(c) for c in candidate_ids]
-        if sorted(ids) != list(sl.candidate_ids):
+        ids = list(candidate_ids)
+        # int() would take 1.7 or True as a candidate id; a slice's ids need not be sorted (admit takes
+        # any partition), so both sides are compared sorted
+        if any(isinstance(c, bool) or not isinstance(c, (int, np.integer)) for c in ids) \
+                or sorted(ids) != sorted(sl.candidate_ids):
             raise CandidateContractError(
                 "candidate_ids", "candidate_mismatch", f"slice {slice_idx} holds {sl.candidate_ids}", tuple(ids)
             )

@@ -23,6 +23,7 @@ Served actions are float32, computed in float64.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -76,13 +77,12 @@ def _reduce_medoid(stacked: np.ndarray) -> Reduction:
     flat = stacked.reshape(stacked.shape[0], -1)
     totals = np.empty(flat.shape[0], dtype=np.float64)
     for i in range(flat.shape[0]):
-        # (x_i - x_j)^2 == (x_j - x_i)^2 exactly, so the distance matrix is exactly symmetric and equal
-        # totals compare equal: ties are real ties, broken by argmin's first (lowest) index.
-        distances = np.sqrt(np.sum((flat - flat[i]) ** 2, axis=1))
-        total = 0.0
-        for d in distances:
-            total += float(d)
-        totals[i] = total
+        # (x_i - x_j)^2 == (x_j - x_i)^2 exactly, so the distance matrix is exactly symmetric. Each row
+        # holds its distances in a different order, and a left-to-right float sum depends on the order
+        # (two mirror-image candidates with bitwise the same distances got different totals, and the
+        # higher id won); fsum is correctly rounded, so equal distances give equal totals and ties are
+        # real ties, broken by argmin's first (lowest) index.
+        totals[i] = math.fsum(np.sqrt(np.sum((flat - flat[i]) ** 2, axis=1)).tolist())
     chosen = int(np.argmin(totals))
     return Reduction(stacked[chosen].copy(), chosen)
 
@@ -156,9 +156,21 @@ def reduce_full(name: str, stacked: Any) -> Reduction:
             "reducer", "bad_reducer_output",
             f"{name!r} returned shape {action.shape}, expected {arr.shape[1:]}", name,
         )
-    if chosen is not None and not 0 <= chosen < arr.shape[0]:
-        raise CandidateContractError("reducer", "bad_reducer_output", "chosen_candidate out of range", chosen)
-    return Reduction(action.astype(OUTPUT_DTYPE), chosen)
+    if chosen is not None:
+        # a model reducer's np.argmin is a numpy integer, which the reply's wire encoding refuses
+        if isinstance(chosen, (bool, np.bool_)) or not isinstance(chosen, (int, np.integer)):
+            raise CandidateContractError("reducer", "bad_reducer_output", "chosen_candidate must be an int",
+                                         repr(chosen))
+        chosen = int(chosen)
+        if not 0 <= chosen < arr.shape[0]:
+            raise CandidateContractError("reducer", "bad_reducer_output", "chosen_candidate out of range", chosen)
+    with np.errstate(over="ignore", invalid="ignore"):
+        served = action.astype(OUTPUT_DTYPE)
+    if not np.isfinite(served).all():
+        # Finite candidates can still reduce to inf (a float64 mean that overflows, a value beyond
+        # float32's range) and a model reducer can return NaN: never served, as fold never takes one.
+        raise CandidateContractError("reducer", "non_finite", f"{name!r} returned a non-finite action", name)
+    return Reduction(served, chosen)
 
 
 def reduce(name: str, stacked: Any) -> np.ndarray | None:
@@ -187,6 +199,8 @@ class PartialReduction:
 
     def fold(self, candidate_ids: Sequence[int], arrays: Any) -> None:
         ids = list(candidate_ids)
+        if not hasattr(arrays, "__len__") or isinstance(arrays, np.ndarray) and arrays.ndim == 0:
+            raise CandidateContractError("arrays", "shape_mismatch", "need one array per candidate id", repr(arrays)[:80])
         if len(arrays) != len(ids):
             raise CandidateContractError(
                 "arrays", "shape_mismatch", f"{len(ids)} candidate ids but {len(arrays)} arrays", len(arrays)

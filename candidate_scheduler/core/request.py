@@ -7,12 +7,14 @@ or a ValueError; the engine answers either with status `invalid`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
+from candidate_scheduler.core import rng
 from candidate_scheduler.core.errors import CandidateContractError
 from candidate_scheduler.core.spec import MAX_REQUEST_ID_LEN, CandidateTrajectorySpec
 from candidate_scheduler.core.values import value
@@ -74,13 +76,19 @@ def check_request_id(request_id: Any) -> None:
 def validate(sub: Submission) -> GroupRequest:
     """Raises CandidateContractError (a field is wrong) or ValueError (the shape of the request is)."""
     check_request_id(sub.request_id)
-    if sub.deadline_s is not None and not (isinstance(sub.deadline_s, (int, float)) and 0.0 < sub.deadline_s <= MAX_DEADLINE_S):
+    deadline = sub.deadline_s
+    if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))
+                                 or not 0.0 < deadline <= MAX_DEADLINE_S):
         raise CandidateContractError("deadline_s", "invalid_value", f"must be in (0, {MAX_DEADLINE_S:g}] seconds",
                                      sub.deadline_s)
-    spec = _checked_once(CandidateTrajectorySpec, sub.candidates, _spec_fields)
+    # checked even when explicit seeds make it unused: a request is refused or taken as a whole
+    rng.check_seed(sub.seed, "seed")
+    spec = _checked_once(CandidateTrajectorySpec, sub.candidates, "candidates", _spec_fields)
     if spec.count > MAX_CANDIDATES:
         raise CandidateContractError("count", "count_over_limit", f"at most {MAX_CANDIDATES}", spec.count)
-    sampling = _checked_once(SamplingSpec, sub.sampling)
+    sampling = _checked_once(SamplingSpec, sub.sampling, "sampling")
+    if not isinstance(sub.batched, (bool, np.bool_)):  # bool("no") is True
+        raise CandidateContractError("batched", "invalid_type", "must be a bool", sub.batched)
     images = _observations(sub.images, sub.batched)
     prompts = _prompts(sub.prompt, images.shape[0])
     noise = _initial_noise(sub.initial_noise, spec, sampling)
@@ -94,24 +102,39 @@ def validate(sub: Submission) -> GroupRequest:
 _CACHED_TYPES = frozenset({str, int, float, bool, type(None)})
 
 
-def _checked_once(cls: type, raw: Mapping[str, Any] | None, fields: Callable[[Mapping], dict] = dict):
+def _checked_once(cls: type, raw: Mapping[str, Any] | None, where: str,
+                  fields: Callable[[Mapping], dict] = dict):
     """cls(**fields(raw)): a client's groups share a few specs, each checked once. The key holds each
     value's type, since 4 == 4.0 == True in Python and only the int is a valid step count; a container
     (seeds, return_step_indices) would hide its items' types, so a spec with one is checked afresh."""
-    items = (raw or {}).items()
-    if all(type(value) in _CACHED_TYPES for _name, value in items):
-        return _checked(cls, tuple(sorted((name, type(value), value) for name, value in items)))
-    return cls(**fields(raw or {}))
+    raw = {} if raw is None else raw
+    if not isinstance(raw, Mapping):
+        raise CandidateContractError(where, "invalid_type", "must be a map", type(raw).__name__)
+    items = raw.items()
+    if all(type(name) is str and type(value) in _CACHED_TYPES for name, value in items):
+        return _checked(cls, where, tuple(sorted((name, type(value), value) for name, value in items)))
+    _known_keys(cls, raw, where)
+    return cls(**fields(raw))
 
 
 @functools.lru_cache(maxsize=1024)
-def _checked(cls: type, key: tuple):
-    return cls(**{name: value for name, _type, value in key})  # a bad spec raises: nothing kept
+def _checked(cls: type, where: str, key: tuple):
+    kwargs = {name: value for name, _type, value in key}
+    _known_keys(cls, kwargs, where)
+    return cls(**kwargs)  # a bad spec raises: nothing kept
+
+
+def _known_keys(cls: type, raw: Mapping, where: str) -> None:
+    # cls(**raw) would raise a TypeError naming no field for a misspelt key (or a key that is no string)
+    known = {f.name for f in dataclasses.fields(cls) if f.init}
+    for name in raw:
+        if name not in known:
+            raise CandidateContractError(f"{where}.{name}", "unknown_field", f"not a field of {cls.__name__}", name)
 
 
 def _spec_fields(raw: Mapping[str, Any]) -> dict[str, Any]:
     fields = dict(raw)
-    if fields.get("seeds") is not None:
+    if isinstance(fields.get("seeds"), list):  # tuple() of anything else (a map: its keys) hides the mistake
         fields["seeds"] = tuple(fields["seeds"])
     return fields
 
@@ -137,6 +160,8 @@ def _observations(images: np.ndarray, batched: bool) -> np.ndarray:
 
 
 def _prompts(prompt: Any, n: int) -> tuple[str, ...]:
+    if not isinstance(prompt, (str, list, tuple)):
+        raise ValueError(f"prompt must be a string or a list of strings, got {type(prompt).__name__}")
     prompts = [prompt] * n if isinstance(prompt, str) else list(prompt)
     if len(prompts) == 1:
         prompts = prompts * n
@@ -153,6 +178,8 @@ def _prompts(prompt: Any, n: int) -> tuple[str, ...]:
 def _initial_noise(noise: np.ndarray | None, spec: CandidateTrajectorySpec, sampling: SamplingSpec) -> np.ndarray | None:
     if noise is None:
         return None
+    if not isinstance(noise, np.ndarray):
+        raise ValueError(f"initial_noise must be an array, got {type(noise).__name__}")
     want = (spec.count, sampling.horizon)
     if noise.dtype not in (np.float32, np.float64) or noise.ndim != 3 or noise.shape[:2] != want:
         raise ValueError(f"initial_noise must be float [count={want[0]}, horizon={want[1]}, D], got "
