@@ -42,6 +42,18 @@ def positive_seconds(text: str) -> float:
     return _seconds(text, above_zero=True)
 
 
+def port(text: str) -> int:
+    """argparse type of a port a socket binds, 0 for any free one: ZMQ takes 70000 as 70000 % 65536 and
+    listens somewhere unasked."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port in 0-65535, not {text}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """argparse type of a count that must be at least 1 (--max-in-flight)."""
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 
 from candidate_scheduler import commands
@@ -13,6 +14,9 @@ from candidate_scheduler.arg_types import (
     call_rows,
     grace_seconds,
     margin_quantile,
+    port,
+    positive_int,
+    positive_seconds,
     principal_name,
     tenant_limit,
     tenant_name,
@@ -35,22 +39,84 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+def _whole(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+
+
+def _fixed_port(text: str) -> int:
+    """A port a client dials (demo): 0 would bind one the client never learns."""
+    value = port(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be a port in 1-65535 (0, any free port, is not one the client can dial)")
+    return value
+
+
+def _metrics_port(text: str) -> int:
+    return -1 if _whole(text) == -1 else port(text)
+
+
+def _demo_metrics_port(text: str) -> int:
+    """The demo prints the address it asked for: 0 (any free port) would print one nothing listens on."""
+    return -1 if _whole(text) == -1 else _fixed_port(text)
+
+
+def _not_negative_int(text: str) -> int:
+    value = _whole(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, not {text}")
+    return value
+
+
+def _not_negative(text: str) -> float:
+    """A finite amount >= 0 (MB, seconds): NaN passes every comparison the service makes with it."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be finite and >= 0, not {text}")
+    return value
+
+
+def _shapes(text: str) -> str:
+    """`worker --warmup-shapes`: parsed as the worker will, so a typo is refused here, not after the model
+    loads (`up` checks its own in commands.py, on the local path only: `up --ray` hands it on untouched)."""
+    try:
+        return commands.check_warmup_shapes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _lead_seconds(text: str) -> float:
+    """--prefetch-lead: >= 0 seconds, inf meaning at once."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be >= 0 seconds (inf: at once), not {text}")
+    return value
+
+
 def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
     from candidate_scheduler.service.openpi.launch import add_openpi_arguments
 
     p.add_argument("--host", default=server.DEFAULT_HOST,
                    help="bind address of every socket; off loopback it requires --curve-dir (or --insecure)")
-    p.add_argument("--request-port", type=int, default=server.DEFAULT_REQUEST_PORT, help="native request socket (0 = any free port)")
-    p.add_argument("--control-port", type=int, default=server.DEFAULT_CONTROL_PORT, help="control socket (0 = any free port)")
-    p.add_argument("--worker-port", type=int, default=server.DEFAULT_WORKER_PORT, help="worker link (0 = any free port)")
+    p.add_argument("--request-port", type=port, default=server.DEFAULT_REQUEST_PORT, help="native request socket (0 = any free port)")
+    p.add_argument("--control-port", type=port, default=server.DEFAULT_CONTROL_PORT, help="control socket (0 = any free port)")
+    p.add_argument("--worker-port", type=port, default=server.DEFAULT_WORKER_PORT, help="worker link (0 = any free port)")
     p.add_argument("--worker-host", default=None, help="bind address of the worker link (None: --host); "
                    "a non-loopback address requires --curve-dir")
-    p.add_argument("--compat-port", type=int, default=server.DEFAULT_COMPAT_PORT, help="sglang-compatible socket")
+    p.add_argument("--compat-port", type=port, default=server.DEFAULT_COMPAT_PORT, help="sglang-compatible socket")
     p.add_argument("--no-compat", action="store_true", help="do not start the sglang-compatible bridge")
     p.add_argument("--compat-host", default=None, help="bind address of the sglang-compatible socket (None: --host)")
     p.add_argument("--compat-allow-nonlocal", action="store_true",
                    help="let the sglang-compatible socket bind a non-loopback address (it speaks pickle: think twice)")
-    p.add_argument("--metrics-port", type=int, default=9464, help="Prometheus /metrics port (0 = any free port; -1 = off)")
+    p.add_argument("--metrics-port", type=_metrics_port, default=9464, help="Prometheus /metrics port (0 = any free port; -1 = off)")
     p.add_argument("--metrics-host", default=server.DEFAULT_HOST,
                    help="bind address of /metrics, which has no authentication: not --host, so that opening the "
                         "request socket to robots does not open /metrics to them")
@@ -59,24 +125,24 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batching", default="dispatch", choices=["dispatch", "step"],
                    help="step: groups join and leave a worker's running batch at denoise-step boundaries; "
                         "dispatch: a worker runs one batch from its first step to its last")
-    p.add_argument("--max-queued-groups", type=int, default=1024, help="groups in flight before answering 'overloaded'")
+    p.add_argument("--max-queued-groups", type=positive_int, default=1024, help="groups in flight before answering 'overloaded'")
     p.add_argument("--prefetch", type=int, default=1, choices=range(0, 5), metavar="{0..4}",
                    help="batches' worth of work a busy worker may hold beyond what it runs (its next dispatch "
                         "batch; rows beyond its capacity under step batching): it starts at the worker's first "
                         "step boundary with room instead of a round trip later; 0: send only what can start")
-    p.add_argument("--prefetch-lead", type=float, default=0.01, metavar="SECONDS",
+    p.add_argument("--prefetch-lead", type=_lead_seconds, default=0.01, metavar="SECONDS",
                    help="send prefetched work this long before the worker is predicted to need it (plus its "
                         "conditioning, and a margin learned from batches that ended with nothing to start), not "
                         "as soon as it has room: until then a group that arrives, another tenant's or one due "
                         "sooner, can still go ahead of it; inf: at once")
-    p.add_argument("--retry-limit", type=int, default=3, help="attempts per slice before the group fails")
+    p.add_argument("--retry-limit", type=positive_int, default=3, help="attempts per slice before the group fails")
     p.add_argument("--stop-grace-s", type=grace_seconds, default=25.0,
                    help="on SIGTERM, admit no new groups and serve the ones admitted for up to this long before "
                         "stopping; what is left then is answered shutting_down (0: stop at once, as SIGINT does). "
                         "Keep it below your orchestrator's kill timeout (Kubernetes: terminationGracePeriodSeconds)")
-    p.add_argument("--heartbeat-interval", type=float, default=0.5, help="seconds between worker heartbeats")
-    p.add_argument("--heartbeat-timeout", type=float, default=3.0, help="seconds without a heartbeat before a worker is dead")
-    p.add_argument("--best-effort-slack", type=float, default=30.0,
+    p.add_argument("--heartbeat-interval", type=positive_seconds, default=0.5, help="seconds between worker heartbeats")
+    p.add_argument("--heartbeat-timeout", type=positive_seconds, default=3.0, help="seconds without a heartbeat before a worker is dead")
+    p.add_argument("--best-effort-slack", type=_not_negative, default=30.0,
                    help="seconds: a group without a deadline is ordered as if due this long after receipt, so "
                         "earliest-deadline-first never starves it")
     p.add_argument("--deadline-margin-quantile", type=margin_quantile, default=0.9,
@@ -110,7 +176,7 @@ def _add_worker_args(p: argparse.ArgumentParser, with_scheduler: bool) -> None:
         p.add_argument("--scheduler", default=commands.tcp_endpoint(server.DEFAULT_HOST, server.DEFAULT_WORKER_PORT),
                        help="the scheduler's worker link")
         p.add_argument("--worker-id", type=worker_id, default=None, help="this worker's id (None: host-pid-random)")
-        p.add_argument("--step-delay", type=float, default=0.0, help="test knob: sleep this long before each denoise step")
+        p.add_argument("--step-delay", type=_not_negative, default=0.0, help="test knob: sleep this long before each denoise step")
         p.add_argument("--curve-dir", default=None, help="CURVE keys (client.key_secret, server.key) for a remote scheduler")
         p.add_argument("--leave-grace-s", type=grace_seconds, default=25.0,
                        help="on SIGTERM, take no new work and finish what the worker holds for up to this long "
@@ -120,14 +186,14 @@ def _add_worker_args(p: argparse.ArgumentParser, with_scheduler: bool) -> None:
                        help="test knob: inject worker faults, e.g. malformed:0.3,raise:0.1,seed=7 (worker/faults.py)")
     p.add_argument("--model", default=DEFAULT_MODEL, help="Cosmos3 checkpoint directory")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
-    p.add_argument("--capacity", type=int, default=None, help="candidate rows a worker holds at once (None: the model's)")
+    p.add_argument("--capacity", type=positive_int, default=None, help="candidate rows a worker holds at once (None: the model's)")
     p.add_argument("--adapter", default="cosmos3", choices=["cosmos3", "null"],
                    help="cosmos3 (the product) or null (a model-free adapter for tests and benchmarks)")
-    p.add_argument("--conditioning-cache-mb", type=float, default=256.0,
+    p.add_argument("--conditioning-cache-mb", type=_not_negative, default=256.0,
                    help="worker cache of text K/V and observation latents reused across groups (0 = off)")
-    p.add_argument("--warmup-shapes", default="64x64",
+    p.add_argument("--warmup-shapes", type=_shapes if with_scheduler else str, default="64x64",
                    help="HxW shapes the worker times before registering: the scheduler's first cost model ('' = none)")
-    p.add_argument("--memory-budget-mb", type=float, default=0.0,
+    p.add_argument("--memory-budget-mb", type=_not_negative, default=0.0,
                    help="device memory a worker may use; caps its rows by the predicted peak per row (0 = no cap)")
     p.add_argument("--call-rows", default="auto", type=call_rows,
                    help="the most candidate rows one transformer call carries: auto (1 on CUDA, where batched "
@@ -140,8 +206,8 @@ def _add_worker_args(p: argparse.ArgumentParser, with_scheduler: bool) -> None:
 
 def _add_client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default=server.DEFAULT_HOST, help="the scheduler's host")
-    p.add_argument("--request-port", type=int, default=server.DEFAULT_REQUEST_PORT, help="its request socket")
-    p.add_argument("--control-port", type=int, default=server.DEFAULT_CONTROL_PORT, help="its control socket")
+    p.add_argument("--request-port", type=_fixed_port, default=server.DEFAULT_REQUEST_PORT, help="its request socket")
+    p.add_argument("--control-port", type=_fixed_port, default=server.DEFAULT_CONTROL_PORT, help="its control socket")
     p.add_argument("--curve-dir", default=None, help="a directory holding server.key and KEY.key_secret, for a "
                    "scheduler that takes keys (see `candidate-scheduler keys`)")
     p.add_argument("--key", default="admin", help="the name of this client's key pair in --curve-dir")
@@ -201,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("up", "a scheduler and N local workers", commands.cmd_up)
     _add_scheduler_args(p)
     _add_worker_args(p, False)
-    p.add_argument("--workers", type=int, default=1, help="local workers to start")
+    p.add_argument("--workers", type=_not_negative_int, default=1, help="local workers to start")
     r = p.add_argument_group("Ray (pip install candidate-scheduler[ray]; docs/deployment.md)")
     r.add_argument("--ray", default=None, metavar="ADDRESS",
                    help="place the scheduler and the workers as Ray actors on this cluster ('auto': the one "
@@ -214,14 +280,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("demo", "start everything on the tiny checkpoint and send one group (make run)", commands.cmd_demo)
     p.add_argument("--model", default=DEFAULT_MODEL, help="Cosmos3 checkpoint directory (written if missing)")
-    p.add_argument("--count", type=int, default=8, help="candidates in the demo group")
+    p.add_argument("--count", type=positive_int, default=8, help="candidates in the demo group")
     p.add_argument("--once", action="store_true", help="exit after the demo group instead of serving on")
     p.add_argument("--no-compat", action="store_true", help="do not start the sglang-compatible bridge")
-    p.add_argument("--request-port", type=int, default=server.DEFAULT_REQUEST_PORT, help="native request socket")
-    p.add_argument("--control-port", type=int, default=server.DEFAULT_CONTROL_PORT, help="control socket")
-    p.add_argument("--worker-port", type=int, default=server.DEFAULT_WORKER_PORT, help="worker link")
-    p.add_argument("--compat-port", type=int, default=server.DEFAULT_COMPAT_PORT, help="sglang-compatible socket")
-    p.add_argument("--metrics-port", type=int, default=9464, help="Prometheus /metrics port")
+    p.add_argument("--request-port", type=_fixed_port, default=server.DEFAULT_REQUEST_PORT, help="native request socket")
+    p.add_argument("--control-port", type=_fixed_port, default=server.DEFAULT_CONTROL_PORT, help="control socket")
+    p.add_argument("--worker-port", type=_fixed_port, default=server.DEFAULT_WORKER_PORT, help="worker link")
+    p.add_argument("--compat-port", type=_fixed_port, default=server.DEFAULT_COMPAT_PORT, help="sglang-compatible socket")
+    p.add_argument("--metrics-port", type=_demo_metrics_port, default=9464, help="Prometheus /metrics port (-1 = off)")
 
     _add_submit_args(command("submit", "send one candidate group and print the JSON reply", commands.cmd_submit))
 
@@ -260,11 +326,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="flags of python -m candidate_scheduler.bench: --smoke, --load, --no-load, --model, --out, ...")
 
     p = command("http", "sglang's own HTTP server pointed at this scheduler's compat socket", commands.cmd_http)
-    p.add_argument("--compat-port", type=int, default=server.DEFAULT_COMPAT_PORT, help="the compat socket's port")
+    p.add_argument("--compat-port", type=_fixed_port, default=server.DEFAULT_COMPAT_PORT, help="the compat socket's port")
     p.add_argument("--model", default=DEFAULT_MODEL, help="checkpoint whose configs sglang's server reads")
     p.add_argument("--http-host", default="127.0.0.1",
                    help="HTTP bind address; off loopback it requires --tokens (or --insecure)")
-    p.add_argument("--http-port", type=int, default=30000, help="HTTP port")
+    p.add_argument("--http-port", type=port, default=30000, help="HTTP port")
     p.add_argument("--tokens", metavar="DIR", default=None,
                    help="require a bearer token of this key directory (its authorized_tokens/; `candidate-scheduler "
                         "keys DIR --token NAME`) on every route but GET /liveness and /health, even on loopback: "

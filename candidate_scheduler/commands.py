@@ -56,7 +56,11 @@ def _start_metrics(config: server.SchedulerConfig, tenants: list[str]):
         print(f"candidate-scheduler: note: /metrics is served on {config.metrics_host} without authentication "
               "(--metrics-host); keep it to your monitoring network", file=sys.stderr, flush=True)
     m = metrics.SchedulerMetrics(tenants=tenants)
-    _server, _thread, port = metrics.start_http_server(m, config.metrics_host, config.metrics_port)
+    try:
+        _server, _thread, port = metrics.start_http_server(m, config.metrics_host, config.metrics_port)
+    except OSError as exc:  # a port in use, an address not on this host: the user's to fix, in one line
+        raise server.StartupRefused(f"cannot serve /metrics on {config.metrics_host}:{config.metrics_port}: "
+                                    f"{exc.strerror or exc} (--metrics-port, --metrics-host; -1: off)") from exc
     return m, f"http://{config.metrics_host}:{port}/metrics"
 
 
@@ -174,6 +178,8 @@ def cmd_up(args) -> int:
         return run_up(args, worker_flags(args))
     from candidate_scheduler.service.processes import tied_to_this_process
 
+    if args.workers:
+        _check_worker_inputs(args)  # before the scheduler binds: else it serves on with workers that died at start
     procs: list[subprocess.Popen] = []
 
     def on_ready(_scheduler, bound):
@@ -196,9 +202,39 @@ def cmd_up(args) -> int:
     return 0
 
 
+def check_warmup_shapes(text: str) -> str:
+    """ValueError unless `text` is what worker/profile.py's parse_shapes reads: HxW[,HxW...]."""
+    from candidate_scheduler.worker.profile import parse_shapes
+
+    try:
+        shapes = parse_shapes(text)
+    except ValueError:
+        raise ValueError(f"expected HxW[,HxW...], e.g. 64x64,256x256, not {text!r}") from None
+    if any(h < 1 or w < 1 for h, w in shapes):
+        raise ValueError(f"every shape must be at least 1x1, not {text!r}")
+    return text
+
+
+def _check_worker_inputs(args) -> None:
+    """What a worker would otherwise find only after loading the model and warming up (a minute on a
+    large checkpoint), as a traceback from deep inside sglang or pyzmq: refused first, in one line."""
+    if args.adapter == "cosmos3" and args.model and not Path(args.model).is_dir():
+        raise server.StartupRefused(f"--model {args.model} is not a checkpoint directory (`candidate-scheduler "
+                                    f"make-checkpoint {args.model}` writes a tiny random-weight one)")
+    try:
+        check_warmup_shapes(args.warmup_shapes)
+    except ValueError as exc:
+        raise server.StartupRefused(f"--warmup-shapes: {exc}") from None
+    if getattr(args, "curve_dir", None) and hasattr(args, "scheduler"):
+        from candidate_scheduler.service.keys import WORKER_KEY, ClientKeys
+
+        ClientKeys.load(args.curve_dir, WORKER_KEY)  # what worker/link.py reads; KeyDirError: one line
+
+
 def cmd_worker(args) -> int:
     from candidate_scheduler.worker.loop import Worker, build_adapter
 
+    _check_worker_inputs(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
     adapter = build_adapter(args.adapter, args.model, args.device, args.capacity, args.conditioning_cache_mb,
                             args.call_rows)
@@ -288,6 +324,17 @@ def cmd_submit(args) -> int:
 
 
 def cmd_control(args) -> int:
+    from candidate_scheduler.service.client import SchedulerUnavailable
+
+    try:
+        return _control(args)
+    except (TimeoutError, SchedulerUnavailable) as exc:  # no scheduler there: one line, as `submit` says it
+        print(f"candidate-scheduler {args.command}: scheduler unavailable at {getattr(args, 'host', server.DEFAULT_HOST)}"
+              f" (control port {args.control_port}): {exc}", file=sys.stderr)
+        return 4
+
+
+def _control(args) -> int:
     with _client(args) as client:
         if args.command == "cancel":
             reply = client.cancel(args.request_id)
@@ -333,6 +380,26 @@ def cmd_keys(args) -> int:
     return 0
 
 
+def _demo_checkpoint(model: str, ensure_checkpoint) -> None:
+    """Write the tiny checkpoint where `--model` names nothing yet, or an older tiny one of ours. Any other
+    directory (a real Cosmos3 checkpoint, a full preset, a user's files) is used as it is: writing replaces
+    the directory whole, so that would delete it."""
+    from candidate_scheduler.worker.checkpoint_layout import MANIFEST_FILE
+
+    path = Path(model)
+    if path.exists() and not path.is_dir():
+        raise server.StartupRefused(f"--model {model} is a file, not a checkpoint directory")
+    if not path.exists() or not any(path.iterdir()):
+        ensure_checkpoint(path)
+        return
+    try:
+        manifest = json.loads((path / MANIFEST_FILE).read_text())
+    except (OSError, ValueError):
+        return  # not written by make-checkpoint: not ours to replace
+    if isinstance(manifest, dict) and manifest.get("preset", "tiny") == "tiny" and not manifest.get("config_only"):
+        ensure_checkpoint(path)
+
+
 def cmd_demo(args) -> int:
     """`make run`: a scheduler and a Cosmos3 worker on the tiny checkpoint, one candidate group."""
     import numpy as np
@@ -340,7 +407,7 @@ def cmd_demo(args) -> int:
     from candidate_scheduler.service.client import Client, synthetic_image
     from candidate_scheduler.worker.tiny_checkpoint import ensure_checkpoint
 
-    ensure_checkpoint(args.model)
+    _demo_checkpoint(args.model, ensure_checkpoint)
     cmd = [sys.executable, "-m", "candidate_scheduler.cli", "up", "--model", args.model, "--workers", "1",
            "--request-port", str(args.request_port), "--control-port", str(args.control_port),
            "--worker-port", str(args.worker_port), "--compat-port", str(args.compat_port),
@@ -355,6 +422,7 @@ def cmd_demo(args) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     service = subprocess.Popen(cmd, preexec_fn=tied_to_this_process())
     client = Client(tcp_endpoint(server.DEFAULT_HOST, args.request_port), tcp_endpoint(server.DEFAULT_HOST, args.control_port))
+    serving = False
     try:
         deadline = time.monotonic() + 180
         print("waiting for the worker to load the model (sglang's import takes ~15 s)...", flush=True)
@@ -388,15 +456,24 @@ def cmd_demo(args) -> int:
                   f"physical_forwards={m.get('physical_forwards')} denoise_s={m.get('denoise_s', 0):.3f}")
         else:
             print(f"  error: {result.error_code}: {result.error}")
-        print(f"\nmetrics: http://{server.DEFAULT_HOST}:{args.metrics_port}/metrics")
-        print("try:     .venv/bin/candidate-scheduler submit --count 8 --reducer medoid --synthetic")
+        print("\nmetrics: " + (f"http://{server.DEFAULT_HOST}:{args.metrics_port}/metrics"
+                               if args.metrics_port >= 0 else "off (--metrics-port -1)"))
+        ports = ""  # the hint must dial the ports this demo bound, not submit's defaults
+        if (args.request_port, args.control_port) != (server.DEFAULT_REQUEST_PORT, server.DEFAULT_CONTROL_PORT):
+            ports = f" --request-port {args.request_port} --control-port {args.control_port}"
+        print(f"try:     .venv/bin/candidate-scheduler submit --count 8 --reducer medoid --synthetic{ports}")
         if args.once:
             return 0 if result.ok else 1
         print("serving; Ctrl-C to stop", flush=True)
-        service.wait()
-        return 0
+        serving = True
+        code = service.wait()
+        if code != 0:  # the service died under the user, not stopped by them: say so, and fail
+            print(f"the service exited with code {code}; see the log above", file=sys.stderr)
+        return code
     except KeyboardInterrupt:
-        return 0
+        # Ctrl-C is how one stops a serving demo; before the group is answered (or with --once, where a
+        # CI runner's timeout sends SIGTERM) the demo did not do its job, and the exit code says so
+        return 0 if serving else 130
     finally:
         client.close()
         if service.poll() is None:

@@ -154,10 +154,11 @@ class Launcher:
             return None if value in (None, "off") else value
 
         keys = None
-        if "--curve-dir" in extra:  # the key directory's admin pair (`keys DIR` writes one)
+        flags = [*self.serve_args, *extra]  # as on the command line: a later --curve-dir wins
+        if "--curve-dir" in flags:  # the key directory's admin pair (`keys DIR` writes one)
             from candidate_scheduler.service.keys import ClientKeys
 
-            keys = ClientKeys.load(extra[list(extra).index("--curve-dir") + 1])
+            keys = ClientKeys.load(flags[len(flags) - 1 - flags[::-1].index("--curve-dir") + 1])
         return SchedulerHandle(proc, found["request endpoint"], found["control endpoint"], found["worker link"],
                                endpoint("metrics"), endpoint("sglang compat"), keys=keys)
 

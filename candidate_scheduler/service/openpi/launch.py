@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from candidate_scheduler.arg_types import positive_int, positive_seconds
+from candidate_scheduler.arg_types import port, positive_int, positive_seconds
 from candidate_scheduler.service.endpoints import is_loopback_host
 from candidate_scheduler.service.keys import ENV_KEYS, ClientKeys
 from candidate_scheduler.service.openpi import observation
@@ -96,7 +96,7 @@ def add_default_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> 
 
 def add_openpi_arguments(parser: argparse.ArgumentParser) -> None:
     """What `serve` and `up` add: --openpi-port (unset: no front), --openpi-host, the defaults."""
-    parser.add_argument("--openpi-port", type=int, default=None,
+    parser.add_argument("--openpi-port", type=port, default=None,
                         help="start the openpi policy websocket on this port (0 = any free port; default off)")
     parser.add_argument("--openpi-host", default=None, help="bind address of the openpi websocket (default: --host)")
     parser.add_argument("--openpi-tokens", metavar="DIR", default=None,
