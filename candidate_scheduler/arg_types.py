@@ -22,13 +22,22 @@ def margin_quantile(text: str) -> float:
 
 
 def _seconds(text: str, *, above_zero: bool) -> float:
+    return _amount(text, "seconds", above_zero=above_zero)
+
+
+def _amount(text: str, unit: str, *, above_zero: bool) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not math.isfinite(value) or value < 0 or (above_zero and value == 0):
-        raise argparse.ArgumentTypeError(f"must be finite and {'>' if above_zero else '>='} 0 seconds, not {text}")
+        raise argparse.ArgumentTypeError(f"not a number of {unit}: {text!r}") from None
+    if not math.isfinite(value) or value < 0 or (above_zero and value == 0):  # NaN passes every comparison after
+        raise argparse.ArgumentTypeError(f"must be finite and {'>' if above_zero else '>='} 0 {unit}, not {text}")
     return value
+
+
+def not_negative(text: str) -> float:
+    """argparse type of an amount that may be 0 (MB of cache or memory budget, a test knob's seconds)."""
+    return _amount(text, "units", above_zero=False)
 
 
 def grace_seconds(text: str) -> float:

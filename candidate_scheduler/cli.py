@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import sys
 
 from candidate_scheduler import commands
@@ -14,6 +13,7 @@ from candidate_scheduler.arg_types import (
     call_rows,
     grace_seconds,
     margin_quantile,
+    not_negative,
     port,
     positive_int,
     positive_seconds,
@@ -67,17 +67,6 @@ def _not_negative_int(text: str) -> int:
     value = _whole(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be at least 0, not {text}")
-    return value
-
-
-def _not_negative(text: str) -> float:
-    """A finite amount >= 0 (MB, seconds): NaN passes every comparison the service makes with it."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be finite and >= 0, not {text}")
     return value
 
 
@@ -142,7 +131,7 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
                         "Keep it below your orchestrator's kill timeout (Kubernetes: terminationGracePeriodSeconds)")
     p.add_argument("--heartbeat-interval", type=positive_seconds, default=0.5, help="seconds between worker heartbeats")
     p.add_argument("--heartbeat-timeout", type=positive_seconds, default=3.0, help="seconds without a heartbeat before a worker is dead")
-    p.add_argument("--best-effort-slack", type=_not_negative, default=30.0,
+    p.add_argument("--best-effort-slack", type=not_negative, default=30.0,
                    help="seconds: a group without a deadline is ordered as if due this long after receipt, so "
                         "earliest-deadline-first never starves it")
     p.add_argument("--deadline-margin-quantile", type=margin_quantile, default=0.9,
@@ -176,7 +165,7 @@ def _add_worker_args(p: argparse.ArgumentParser, with_scheduler: bool) -> None:
         p.add_argument("--scheduler", default=commands.tcp_endpoint(server.DEFAULT_HOST, server.DEFAULT_WORKER_PORT),
                        help="the scheduler's worker link")
         p.add_argument("--worker-id", type=worker_id, default=None, help="this worker's id (None: host-pid-random)")
-        p.add_argument("--step-delay", type=_not_negative, default=0.0, help="test knob: sleep this long before each denoise step")
+        p.add_argument("--step-delay", type=not_negative, default=0.0, help="test knob: sleep this long before each denoise step")
         p.add_argument("--curve-dir", default=None, help="CURVE keys (client.key_secret, server.key) for a remote scheduler")
         p.add_argument("--leave-grace-s", type=grace_seconds, default=25.0,
                        help="on SIGTERM, take no new work and finish what the worker holds for up to this long "
@@ -189,11 +178,11 @@ def _add_worker_args(p: argparse.ArgumentParser, with_scheduler: bool) -> None:
     p.add_argument("--capacity", type=positive_int, default=None, help="candidate rows a worker holds at once (None: the model's)")
     p.add_argument("--adapter", default="cosmos3", choices=["cosmos3", "null"],
                    help="cosmos3 (the product) or null (a model-free adapter for tests and benchmarks)")
-    p.add_argument("--conditioning-cache-mb", type=_not_negative, default=256.0,
+    p.add_argument("--conditioning-cache-mb", type=not_negative, default=256.0,
                    help="worker cache of text K/V and observation latents reused across groups (0 = off)")
     p.add_argument("--warmup-shapes", type=_shapes if with_scheduler else str, default="64x64",
                    help="HxW shapes the worker times before registering: the scheduler's first cost model ('' = none)")
-    p.add_argument("--memory-budget-mb", type=_not_negative, default=0.0,
+    p.add_argument("--memory-budget-mb", type=not_negative, default=0.0,
                    help="device memory a worker may use; caps its rows by the predicted peak per row (0 = no cap)")
     p.add_argument("--call-rows", default="auto", type=call_rows,
                    help="the most candidate rows one transformer call carries: auto (1 on CUDA, where batched "
