@@ -297,7 +297,7 @@ class GroupState:
         ids = list(candidate_ids)
         # int() would take 1.7 or True as a candidate id; a slice's ids need not be sorted (admit takes
         # any partition), so both sides are compared sorted
-        if any(isinstance(c, bool) or not isinstance(c, (int, np.integer)) for c in ids) \
+        if any(type(c) is not int and (isinstance(c, bool) or not isinstance(c, (int, np.integer))) for c in ids) \
                 or sorted(ids) != sorted(sl.candidate_ids):
             raise CandidateContractError(
                 "candidate_ids", "candidate_mismatch", f"slice {slice_idx} holds {sl.candidate_ids}", tuple(ids)

@@ -36,6 +36,7 @@ from candidate_scheduler.core.values import value
 NO_REDUCTION = "none"
 BUILTIN_REDUCERS = ("none", "mean", "median", "medoid")
 OUTPUT_DTYPE = np.float32
+_SERVABLE = float(np.finfo(np.float32).max)  # the largest magnitude a served (float32) action holds
 
 # Reducer names appear in metric labels and on the wire: keep them short and plain.
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
@@ -164,13 +165,11 @@ def reduce_full(name: str, stacked: Any) -> Reduction:
         chosen = int(chosen)
         if not 0 <= chosen < arr.shape[0]:
             raise CandidateContractError("reducer", "bad_reducer_output", "chosen_candidate out of range", chosen)
-    with np.errstate(over="ignore", invalid="ignore"):
-        served = action.astype(OUTPUT_DTYPE)
-    if not np.isfinite(served).all():
+    if not (np.abs(action) <= _SERVABLE).all():  # NaN fails the comparison too
         # Finite candidates can still reduce to inf (a float64 mean that overflows, a value beyond
         # float32's range) and a model reducer can return NaN: never served, as fold never takes one.
         raise CandidateContractError("reducer", "non_finite", f"{name!r} returned a non-finite action", name)
-    return Reduction(served, chosen)
+    return Reduction(action.astype(OUTPUT_DTYPE), chosen)
 
 
 def reduce(name: str, stacked: Any) -> np.ndarray | None:

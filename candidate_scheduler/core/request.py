@@ -108,7 +108,7 @@ def _checked_once(cls: type, raw: Mapping[str, Any] | None, where: str,
     value's type, since 4 == 4.0 == True in Python and only the int is a valid step count; a container
     (seeds, return_step_indices) would hide its items' types, so a spec with one is checked afresh."""
     raw = {} if raw is None else raw
-    if not isinstance(raw, Mapping):
+    if type(raw) is not dict and not isinstance(raw, Mapping):  # dict first: a Mapping check goes through abc
         raise CandidateContractError(where, "invalid_type", "must be a map", type(raw).__name__)
     items = raw.items()
     if all(type(name) is str and type(value) in _CACHED_TYPES for name, value in items):

@@ -67,6 +67,10 @@ def check_worker_id(worker_id: object) -> str:
 class WorkerLink:
     def __init__(self, engine):
         self.engine = engine
+        # The margin gauges (the largest is O(workers) to find) are set at most once a second of the
+        # engine's clock, after a margin moved: noisy errors move one at most results of a busy fleet
+        self._margins_moved = False
+        self._margins_due = -math.inf
 
     # ---- registration and heartbeats ------------------------------------------------------------------
 
@@ -237,8 +241,9 @@ class WorkerLink:
                 e.rows_changed()  # a memory observation may change the rows it may hold
             if a.predicted_s > 0:
                 e.metrics.prediction(a.predicted_s, e.now - a.sent_at)
-                if e.cost.observe_error(worker.worker_id, a.predicted_s, e.now - a.sent_at):
-                    e.metrics.forecast_margins(e.cost.margin(), e.cost.largest_margin())
+                self._margins_moved |= e.cost.observe_error(worker.worker_id, a.predicted_s, e.now - a.sent_at)
+            if self._margins_moved and e.now >= self._margins_due:
+                self._publish_margins()
         if len(result.outputs) != len(a.entries):
             # A wrong-shaped answer is the worker's fault: retry every member elsewhere.
             for entry in a.entries:
@@ -376,6 +381,11 @@ class WorkerLink:
                 if not held:
                     del e.held[entry.request_id]
 
+    def _publish_margins(self) -> None:
+        e = self.engine
+        e.metrics.forecast_margins(e.cost.margin(), e.cost.largest_margin())
+        self._margins_moved, self._margins_due = False, e.now + 1.0
+
     def _forget_worker(self, worker: WorkerState, event: str) -> list[Assignment]:
         """Out of the engine, live or leaving; what it held, taken back (the caller retries it)."""
         e = self.engine
@@ -395,7 +405,7 @@ class WorkerLink:
                 e.metrics.conditioning_cache_bytes_in_use(sum(e.cache_bytes.values()))
             if e.config.prefetch and e.config.prefetch_lead_s < math.inf:  # the gauge forgets its margin too
                 e.metrics.prefetch_margin(max(e.prefetch_margin.values(), default=0.0))
-            e.metrics.forecast_margins(e.cost.margin(), e.cost.largest_margin())  # and this one its own
+            self._publish_margins()  # and this one its own
         return held
 
     def lost(self, worker: WorkerState, reason: str, event: str) -> None:

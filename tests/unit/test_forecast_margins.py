@@ -152,3 +152,28 @@ def test_the_fleets_margin_and_the_largest_workers_are_exported_and_a_leaving_wo
     assert gauge("forecast_margin") == pytest.approx(h.engine.cost.margin()) and gauge("forecast_margin") > 1.0
     h.take(h.engine.worker_left(b"slow", Left("slow", "stopped"), h.now))
     assert gauge("forecast_margin_max") == pytest.approx(1.0)  # the honest worker's, all that is left
+
+
+def test_the_margin_gauges_are_set_at_most_once_a_second_of_the_engines_clock():
+    """Finding the largest margin reads every worker: with noisy errors a margin moves at most results,
+    and the gauges would cost O(workers) per result."""
+    from candidate_scheduler.core.no_metrics import NoMetrics
+
+    class Spy(NoMetrics):
+        def __init__(self):
+            self.set_at: list[float] = []
+
+        def forecast_margins(self, fleet, largest):
+            self.set_at.append(h.now)
+
+    h = Harness(batching="dispatch")
+    h.engine.metrics = spy = Spy()
+    calibrated(h, "w1")
+    for i in range(40):  # every result 10 ms after the last, each a different error: the margin moves
+        h.submit(f"g{i}", count=8, steps=4)
+        [w] = [w for w in h.work if w.batch_id in h.engine.assignments]
+        h.now += 0.01
+        h.engine.assignments[w.batch_id].predicted_s = 0.01 / (1.0 + i / 10)  # later ones, later still
+        h.answer(w)
+    assert 1 <= len(spy.set_at) <= 2  # 0.4 s of results: the first move, then nothing within the second
+    assert all(b - a >= 1.0 for a, b in zip(spy.set_at, spy.set_at[1:]))
