@@ -2,7 +2,11 @@
 with ids of tens of MB made STATS (which names every worker) larger than MAX_MESSAGE_BYTES. The
 client's socket drops such a message together with its connection, so the operator's STATS -- and
 whatever else it had in flight on that connection -- went unanswered. Now a reply that would not fit
-is answered with a typed refusal (`reply_too_large`), counted, and the scheduler keeps serving."""
+is answered with a typed refusal (`reply_too_large`), counted, and the scheduler keeps serving.
+
+Registration now refuses an id over 512 characters (core/worker_link.check_worker_id), so a STATS that
+large takes a fleet of ~100,000 workers: the test lowers the limit the shell checks replies against
+instead, and registers a few dozen workers with ids of the longest kind."""
 
 from __future__ import annotations
 
@@ -42,16 +46,17 @@ def _control(endpoint: str, kind: protocol.Kind, payload) -> protocol.ControlRep
     return protocol.decode_frames(frames, {protocol.Kind.CONTROL_REPLY})[1]
 
 
-def test_a_control_reply_over_the_message_limit_is_a_typed_refusal(scheduler):
+def test_a_control_reply_over_the_message_limit_is_a_typed_refusal(scheduler, monkeypatch):
     sched, bound = scheduler
+    monkeypatch.setattr(protocol, "MAX_MESSAGE_BYTES", 16 * 1024)  # read by the shell at each reply
     ctx = zmq.Context.instance()
     workers = []
     try:
-        for i in range(2):  # each REGISTER fits the limit; STATS, naming both, does not
+        for i in range(40):  # each REGISTER fits the limit; STATS, naming them all, does not
             sock = ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.connect(bound["worker"])
-            worker_id = f"w{i}-" + "x" * (40 * 1024 * 1024)
+            worker_id = f"w{i:02d}-" + "x" * 508
             sock.send_multipart(protocol.encode(protocol.Kind.REGISTER, protocol.RegisterMsg(
                 worker_id, NullAdapter(8).capability_dict(), 8)))
             assert sock.poll(15_000), "no REGISTERED"
