@@ -72,10 +72,13 @@ class Played:
         self.router.close(0)
 
 
-def test_a_second_answer_from_a_stopping_run_is_not_taken_as_the_next_runs():
+@pytest.mark.parametrize("with_control", [False, True])
+def test_a_second_answer_from_a_stopping_run_is_not_taken_as_the_next_runs(with_control):
     """Run A, paused past the liveness verdict, gets the group and its resend, then stops with grace 0 and
     answers both `shutting_down`. The client takes the first, waits for the next run (B), resends: its answer
-    is B's `done`, not A's second `shutting_down` (which had been kept, and read as B's)."""
+    is B's `done`, not A's second `shutting_down` (which had been kept, and read as B's). With a control
+    endpoint the PINGs go there, so A's second answer was still unread on the request socket when the
+    client resent, and was taken as B's: the client waited for a run after B until its timeout."""
 
     def answer(msg, state):
         n = len(state["submits"])
@@ -91,7 +94,7 @@ def test_a_second_answer_from_a_stopping_run_is_not_taken_as_the_next_runs():
 
     played = Played(answer)
     try:
-        with Client(played.endpoint, liveness_s=0.2) as c:
+        with Client(played.endpoint, played.endpoint if with_control else None, liveness_s=0.2) as c:
             r = c.submit(IMAGE, "pick", request_id="g", resubmit=True, timeout_s=10)
             assert (r.status, r.resent) == ("done", ["unavailable", "shutting_down"]), played.state["submits"]
             assert c.ping(1) and c._pending == {} and c._sent_to == {}
