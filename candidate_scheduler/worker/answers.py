@@ -1,8 +1,9 @@
 """An assignment's BATCH_RESULT as the worker encodes it: one answer that always travels.
 
-Each group's output is encoded on its own, so one the wire cannot carry (a dtype it has no name for, a
-numpy scalar among the candidate ids) fails that group alone, as a model error, like a `finish` that
-raised; the groups beside it keep their results. A report that cannot be encoded is left out.
+The answer is encoded whole, once, as a rule. When that fails or is too large, each group's output is
+encoded on its own, so one the wire cannot carry (a dtype it has no name for, a numpy scalar among the
+candidate ids) fails that group alone, as a model error, like a `finish` that raised; the groups beside
+it keep their results. A report that cannot be made or encoded is left out.
 
 The scheduler's socket drops a message over `protocol.MAX_MESSAGE_BYTES` together with the connection,
 and retries the whole assignment once heartbeats stop listing it: it would come back just as large,
@@ -31,11 +32,22 @@ _ENCODER = msgspec.msgpack.Encoder()
 def encode_result(worker_id: str, batch_id: int, outputs: Sequence[GroupOutput],
                   report: Callable[[], dict]) -> list[bytes]:
     """The frames of the assignment's BATCH_RESULT (`report()`: its report)."""
+    try:
+        wire_report = report()
+    except Exception:  # noqa: BLE001 - a report is for the cost model and metrics: answered without it
+        log.exception("the report of assignment %d could not be made: answered without it", batch_id)
+        wire_report = {}
+    try:  # the common case, one encoding of the whole answer
+        frames = protocol.encode(protocol.Kind.BATCH_RESULT, protocol.BatchResultMsg(
+            worker_id, batch_id, [convert.output_to_wire(o) for o in outputs], wire_report))
+        if len(frames[1]) <= protocol.MAX_MESSAGE_BYTES:
+            return frames
+    except Exception:  # noqa: BLE001 - an output or the report cannot travel: found below, one by one
+        pass
     ids = [o.request_id for o in outputs]
     # pre-encoded (msgspec.Raw): each output's bytes are known, and copied once more into the message
     raws = [_encoded(batch_id, o) for o in outputs]
     try:
-        wire_report = report()
         frames = protocol.encode(protocol.Kind.BATCH_RESULT, protocol.BatchResultMsg(worker_id, batch_id, raws,
                                                                                      wire_report))
     except Exception:  # noqa: BLE001 - the outputs are encoded already: only the report can fail here
