@@ -24,6 +24,12 @@ the front's own; the token still decides who gets in. `GET /healthz` needs no to
 Frame limits: frames up to `max_frame_bytes` are read; over it, up to twice that, the frame is read
 and refused with a text frame (the connection stays); past twice that, the websocket library closes
 the connection with 1009 (message too big) before buffering it, which is all RFC 6455 allows.
+
+Connection limit (`max_connections`): each open connection can hold a few frames of up to twice
+`max_frame_bytes` (the one being answered, one queued, one being read), so without a limit the robots
+connected decide the front's memory. A handshake past the limit is an HTTP 503 with `Retry-After`
+(openpi's client raises with the body); handshakes that pass the check together and end past the limit
+are closed at once with 1013 (try again later), so the limit holds exactly.
 """
 
 from __future__ import annotations
@@ -56,6 +62,9 @@ log = logging.getLogger("candidate_scheduler.service.openpi")
 READY_PREFIX = "candidate-scheduler openpi front: listening on"
 DEFAULT_MAX_FRAME_BYTES = protocol.MAX_OBSERVATION_BYTES
 STATS_TIMEOUT_S = 1.0
+DEFAULT_MAX_CONNECTIONS = 256  # robots per front; a connection may hold ~3 frames (module docstring)
+FULL_RETRY_AFTER_S = 1  # what a refused robot is told to wait before it connects again
+FULL_LOG_EVERY_S = 10.0  # a robot retrying in a loop must not flood the log with one line per refusal
 STATS_CACHE_S = 2.0
 MAX_ERROR_CHARS = 2000  # an error frame quotes what was sent, and that can be most of a 32 MiB frame
 CANCEL_DRAIN_S = 1.5  # how long close waits for the cancels of abandoned groups still being sent
@@ -71,6 +80,7 @@ class FrontConfig:
     defaults: observation.FrontDefaults = field(default_factory=observation.FrontDefaults)
     model_name: str = "cosmos3"
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    max_connections: int = DEFAULT_MAX_CONNECTIONS  # open websocket connections at once
     request_timeout_s: float | None = None
     tokens: Directory | None = None  # bearer tokens every connection needs (None: no authentication)
     keys: ClientKeys | None = None  # this front's CURVE keys, for a scheduler that requires them
@@ -100,6 +110,8 @@ class OpenpiFront:
         self._stats_ask: asyncio.Future | None = None  # the STATS in flight, shared by every connection
         self._cancels: set[asyncio.Task] = set()  # CANCELs of abandoned groups (robot left, timed out) in flight
         self._conn_ids = itertools.count(1)
+        self.live = 0  # connections whose handler runs (past the handshake, not yet closed)
+        self._full_logged = -FULL_LOG_EVERY_S  # when a refusal for a full front was last logged
         self.url: str | None = None
 
     # ---- the server -------------------------------------------------------------------------------
@@ -109,7 +121,9 @@ class OpenpiFront:
             self._handler, cfg.host, cfg.port,
             compression=None,  # as openpi's server and client: arrays do not compress
             max_size=2 * cfg.max_frame_bytes,
-            max_queue=4,  # a robot sends one observation and waits; a few frames of slack is plenty
+            # a robot sends one observation and waits for its answer: one frame queued behind the one being
+            # answered is all it ever needs, and each frame queued is memory (up to 2 x max_frame_bytes)
+            max_queue=1,
             process_request=self._process_request,
         )
         host, port = self._server.sockets[0].getsockname()[:2]
@@ -217,6 +231,17 @@ class OpenpiFront:
 
     # ---- one connection ---------------------------------------------------------------------------
     async def _handler(self, ws: websockets.asyncio.server.ServerConnection) -> None:
+        self.live += 1
+        try:
+            if self.live > self.config.max_connections:  # handshakes that passed the check together
+                self._note_full(ws.remote_address)
+                await ws.close(1013, "too many connections: try again later")
+                return
+            await self._serve_connection(ws)
+        finally:
+            self.live -= 1
+
+    async def _serve_connection(self, ws: websockets.asyncio.server.ServerConnection) -> None:
         conn = next(self._conn_ids)
         self.stats["connections"] += 1
         principal: Principal | None = getattr(ws, "principal", None)  # set by _process_request
@@ -348,17 +373,33 @@ class OpenpiFront:
         submitted). The principal rides on the connection to `_handler`."""
         if request.path == "/healthz":
             return connection.respond(http.HTTPStatus.OK, "OK\n")
-        if self.config.tokens is None:
-            return None
-        principal, why = authenticate(self.config.tokens, request.headers.get_all("Authorization"))
-        if principal is None:
-            self.stats["unauthorized"] += 1
-            log.warning("refused a connection from %s: %s", connection.remote_address, why)
-            response = connection.respond(http.HTTPStatus.UNAUTHORIZED, f"candidate_scheduler openpi: {why}\n")
-            response.headers["WWW-Authenticate"] = 'Bearer realm="candidate_scheduler openpi"'
+        principal = None
+        if self.config.tokens is not None:  # first: a caller without a token learns nothing, not even that we are full
+            principal, why = authenticate(self.config.tokens, request.headers.get_all("Authorization"))
+            if principal is None:
+                self.stats["unauthorized"] += 1
+                log.warning("refused a connection from %s: %s", connection.remote_address, why)
+                response = connection.respond(http.HTTPStatus.UNAUTHORIZED, f"candidate_scheduler openpi: {why}\n")
+                response.headers["WWW-Authenticate"] = 'Bearer realm="candidate_scheduler openpi"'
+                return response
+        if self.live >= self.config.max_connections:
+            self._note_full(connection.remote_address)
+            response = connection.respond(
+                http.HTTPStatus.SERVICE_UNAVAILABLE,
+                f"candidate_scheduler openpi: too many connections ({self.config.max_connections} open, the front's "
+                "--max-connections): try again later\n")
+            response.headers["Retry-After"] = str(FULL_RETRY_AFTER_S)
             return response
         connection.principal = principal
         return None
+
+    def _note_full(self, remote) -> None:
+        self.stats["refused:full"] += 1
+        now = time.monotonic()
+        if now - self._full_logged >= FULL_LOG_EVERY_S:
+            self._full_logged = now
+            log.warning("refused a connection from %s: %d connections open, the limit (%d refused so far)",
+                        remote, self.live, self.stats["refused:full"])
 
 
 def _error_text(message: str) -> str:

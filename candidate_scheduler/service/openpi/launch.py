@@ -87,6 +87,11 @@ def add_default_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> 
                         type=positive_int, default=None,
                         help="largest observation frame read (default 32 MiB); frames up to twice that are refused "
                              "with a text frame, bigger ones close the connection")
+    parser.add_argument(f"--{prefix}max-connections", dest=f"{prefix}max_connections".replace("-", "_"),
+                        type=positive_int, default=None,
+                        help="open websocket connections at once (default 256); a robot past it is refused with "
+                             "HTTP 503 and Retry-After. Each connection may hold about 3 frames of up to twice "
+                             "the frame limit")
     parser.add_argument(f"--{prefix}request-timeout", dest=f"{prefix}request_timeout".replace("-", "_"),
                         type=positive_seconds, default=None,
                         help="seconds before a call is answered with an error and its group cancelled (default: wait)")
@@ -120,7 +125,7 @@ def defaults_argv(args: argparse.Namespace, prefix: str = "openpi-") -> list[str
             continue
         # --name=value: a value such as "-1,1" must not read as a flag
         argv.append(f"--{flag.name}" if flag.type is bool else f"--{flag.name}={value}")
-    for name in ("max-frame-bytes", "request-timeout", "model-name"):
+    for name in ("max-frame-bytes", "max-connections", "request-timeout", "model-name"):
         value = getattr(args, (prefix + name).replace("-", "_"), None)
         if value is not None:
             argv.append(f"--{name}={value}")
@@ -226,7 +231,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from candidate_scheduler.service.openpi.front import DEFAULT_MAX_FRAME_BYTES, READY_PREFIX, FrontConfig, OpenpiFront
+    from candidate_scheduler.service.openpi.front import (
+        DEFAULT_MAX_CONNECTIONS,
+        DEFAULT_MAX_FRAME_BYTES,
+        READY_PREFIX,
+        FrontConfig,
+        OpenpiFront,
+    )
 
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
@@ -266,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     config = FrontConfig(
         scheduler_request=args.scheduler_request, scheduler_control=args.scheduler_control, host=args.bind,
         port=args.port, defaults=defaults, model_name=args.model_name or "cosmos3",
-        max_frame_bytes=args.max_frame_bytes or DEFAULT_MAX_FRAME_BYTES, request_timeout_s=args.request_timeout,
+        max_frame_bytes=args.max_frame_bytes or DEFAULT_MAX_FRAME_BYTES,
+        max_connections=args.max_connections or DEFAULT_MAX_CONNECTIONS, request_timeout_s=args.request_timeout,
         tokens=tokens, keys=keys, resubmit=args.resubmit,
     )
 
