@@ -263,7 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "`ray start` made; 'local': a new one on this machine) instead of starting them here")
     r.add_argument("--gpus-per-worker", type=float, default=0.0, help="GPUs Ray gives each worker (with --ray)")
     r.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs Ray gives each worker (with --ray)")
-    r.add_argument("--max-restarts", type=int, default=3, help="times Ray restarts a dead worker or scheduler (with --ray)")
+    p.add_argument("--max-restarts", type=int, default=3,
+                   help="times a worker that dies (a crash, not a leave: exit 0) is started again, -1: no limit; "
+                        "with --ray, times Ray restarts a dead worker or scheduler")
     r.add_argument("--placement", default="SPREAD", choices=["SPREAD", "PACK", "STRICT_SPREAD", "STRICT_PACK"],
                    help="the placement group's strategy (with --ray)")
 

@@ -176,29 +176,32 @@ def cmd_up(args) -> int:
                 raise
             raise server.StartupRefused("--ray needs Ray: pip install 'candidate-scheduler[ray]'") from exc
         return run_up(args, worker_flags(args))
-    from candidate_scheduler.service.processes import tied_to_this_process
+    import socket
+
+    from candidate_scheduler.service.supervisor import WorkerSupervisor
 
     if args.workers:
         _check_worker_inputs(args)  # before the scheduler binds: else it serves on with workers that died at start
-    procs: list[subprocess.Popen] = []
+    supervisor = None
 
     def on_ready(_scheduler, bound):
-        for i in range(args.workers):
-            # tied: an `up` killed outright (SIGKILL, OOM) takes its workers with it, instead of leaving
-            # them dialling a scheduler that is gone (on_ready runs on the main thread: see die_with_parent)
-            procs.append(subprocess.Popen(_worker_cmd(args, bound["worker"]), preexec_fn=tied_to_this_process()))
-            print(f"candidate-scheduler: worker {i} pid {procs[-1].pid} ({args.adapter}, {args.device})", flush=True)
+        nonlocal supervisor
+        # each under an id of its own that its restarts keep: the scheduler takes a restarted worker for the
+        # same one and retries what the dead process held at once (service/supervisor.py)
+        host = socket.gethostname()
+        cmds = [[*_worker_cmd(args, bound["worker"]), "--worker-id", f"{host}-up{i}"] for i in range(args.workers)]
+        supervisor = WorkerSupervisor(cmds, max_restarts=args.max_restarts,
+                                      say=lambda line: print(line, flush=True))
+        # tied: an `up` killed outright (SIGKILL, OOM) takes its workers with it, instead of leaving them
+        # dialling a scheduler that is gone (on_ready runs on the main thread: see die_with_parent)
+        supervisor.start(lambda i, proc: print(f"candidate-scheduler: worker {i} pid {proc.pid} ({args.adapter}, "
+                                               f"{args.device})", flush=True))
 
     try:
         _serve(args, on_ready)
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        if supervisor is not None:
+            supervisor.stop()
     return 0
 
 
