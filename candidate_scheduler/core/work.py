@@ -19,6 +19,14 @@ DEFAULT_DOMAIN_ID = 0
 DEFAULT_RAW_ACTION_DIM = 7
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 @value
 class SamplingSpec:
     """Sampling parameters of one group: the one definition of these fields (protocol.SamplingMsg is
@@ -46,14 +54,15 @@ class SamplingSpec:
     def __post_init__(self) -> None:
         for name in ("height", "width"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0 or value % 16:
+            if not _is_int(value) or value <= 0 or value % 16:
                 raise ValueError(f"{name} must be a positive multiple of 16, got {value!r}")
-        if not isinstance(self.steps, int) or not 1 <= self.steps <= 1000:
+        # bools are ints to Python: steps=True would run one step, guidance_scale=True a scale of 1.0
+        if not _is_int(self.steps) or not 1 <= self.steps <= 1000:
             raise ValueError(f"steps must be an int in [1, 1000], got {self.steps!r}")
-        if not isinstance(self.horizon, int) or self.horizon <= 0 or self.horizon % 4:
+        if not _is_int(self.horizon) or self.horizon <= 0 or self.horizon % 4:
             # Cosmos3 needs num_frames = horizon + 1 with (num_frames - 1) % 4 == 0 (temporal VAE).
             raise ValueError(f"horizon must be a positive multiple of 4, got {self.horizon!r}")
-        if not isinstance(self.guidance_scale, (int, float)) or not 0.0 <= self.guidance_scale <= 100.0:
+        if not _is_number(self.guidance_scale) or not 0.0 <= self.guidance_scale <= 100.0:
             raise ValueError(f"guidance_scale must be a number in [0, 100], got {self.guidance_scale!r}")
         if self.action_mode not in ACTION_MODES:
             raise ValueError(f"action_mode must be one of {ACTION_MODES}, got {self.action_mode!r}")
@@ -69,20 +78,20 @@ class SamplingSpec:
             raw_dim = DEFAULT_RAW_ACTION_DIM if self.raw_action_dim is None else self.raw_action_dim
         object.__setattr__(self, "domain_id", domain_id)
         object.__setattr__(self, "raw_action_dim", raw_dim)
-        if not isinstance(self.domain_id, int) or isinstance(self.domain_id, bool) or self.domain_id < 0:
+        if not _is_int(self.domain_id) or self.domain_id < 0:
             raise ValueError(f"domain_id must be a non-negative int, got {self.domain_id!r}")
-        if not isinstance(self.raw_action_dim, int) or self.raw_action_dim <= 0:
+        if not _is_int(self.raw_action_dim) or self.raw_action_dim <= 0:
             raise ValueError(f"raw_action_dim must be a positive int, got {self.raw_action_dim!r}")
-        if not isinstance(self.fps, int) or self.fps <= 0:
+        if not _is_int(self.fps) or self.fps <= 0:
             raise ValueError(f"fps must be a positive int, got {self.fps!r}")
         if not isinstance(self.rollout, bool):
             raise ValueError(f"rollout must be a bool, got {self.rollout!r}")
-        if not isinstance(self.noise_level, (int, float)) or not 0.0 < self.noise_level <= 5.0:
+        if not _is_number(self.noise_level) or not 0.0 < self.noise_level <= 5.0:
             # a zero noise level has no Gaussian transition, so no log-probability
             raise ValueError(f"noise_level must be in (0, 5], got {self.noise_level!r}")
         if self.return_step_indices is not None:
             idx = tuple(self.return_step_indices)
-            if not idx or any(not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < self.steps for i in idx):
+            if not idx or any(not _is_int(i) or not 0 <= i < self.steps for i in idx):
                 raise ValueError(f"return_step_indices must be step indices in [0, {self.steps}), got {idx!r}")
             if list(idx) != sorted(set(idx)):
                 raise ValueError(f"return_step_indices must be ascending and unique, got {idx!r}")
