@@ -11,7 +11,7 @@ A worker process ends for one of three reasons, and only one of them calls for a
 
 `after_exit` decides (a value, tested as a table); `WorkerSupervisor` applies it on a thread of its
 own. Restarted workers are tied to that thread (`die_with_parent`: the signal comes when the forking
-thread ends), which lives until `stop`, which stops every worker anyway.
+thread ends), so it lives until `stop` has seen every worker exit.
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ class WorkerSupervisor:
         self.say = say
         self.clock = clock
         self.poll_s = poll_s
-        self._stopping = threading.Event()
+        self._stopping = threading.Event()  # no more starts
+        self._done = threading.Event()  # every worker has exited: the watcher thread may end (module docstring)
         self._lock = threading.Lock()  # a start on the watcher thread against `stop` on the main one
         self._thread: threading.Thread | None = None
 
@@ -97,7 +98,9 @@ class WorkerSupervisor:
         slot.proc = subprocess.Popen(slot.cmd, preexec_fn=tied_to_this_process())
 
     def _watch(self) -> None:
-        while not self._stopping.wait(self.poll_s):
+        while not self._done.wait(self.poll_s):
+            if self._stopping.is_set():
+                continue
             try:
                 self.check()
             except Exception:  # noqa: BLE001 - the watcher must outlive one bad pass, or restarted workers die with it
@@ -139,5 +142,6 @@ class WorkerSupervisor:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        self._done.set()
         if self._thread is not None:
             self._thread.join(timeout=5)

@@ -79,3 +79,21 @@ def test_stop_ends_the_running_workers_and_no_restart_follows():
     assert all(p.returncode is not None for p in procs)
     time.sleep(0.1)
     assert not any(" started again" in line for line in said), said
+
+
+def test_a_restarted_worker_gets_its_graceful_stop_too():
+    """Restarted workers are tied to the watcher thread (the kill signal comes when the thread that
+    forked them ends): the thread must outlive them, or `stop` would SIGKILL them mid-leave."""
+    said: list[str] = []
+    leaves = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: (time.sleep(0.3), sys.exit(0))); "
+    first = [sys.executable, "-c", "import sys; sys.exit(1)"]
+    sup = WorkerSupervisor([first], max_restarts=1, delays_s=(0.01,), say=said.append, poll_s=0.01)
+    sup.start()
+    sup.slots[0].cmd = [sys.executable, "-c", leaves + "time.sleep(60)"]  # what its restart runs
+    try:
+        _until(lambda: any("started again" in line for line in said))
+        time.sleep(0.3)  # its SIGTERM handler is in place
+    finally:
+        proc = sup.slots[0].proc
+        sup.stop(timeout_s=5)
+    assert proc.returncode == 0  # it left on its own, not killed by the watcher thread's end (-9)
