@@ -14,7 +14,12 @@ the most room the scheduler could make (the groups ahead shrink to make it: thei
 with every deadline group behind them watched, below). If even then it would finish after its
 deadline, it is refused at once (`rejected`, `deadline_unmeetable`, with the predicted completion),
 instead of being served late. A group that could not finish in time even alone on an idle worker is
-refused without a simulation.
+refused without a simulation. It is refused too when it could finish in time but only by making late a
+group admitted before it: one with a later deadline that it would go ahead of (the next `WATCH_WINDOW`
+slices behind it), or, under step batching, one running whose forwards its rows would slow -- a group
+that was forecast in time without it and is forecast late with it. The promise made first is kept; the
+newcomer hears at once, instead of the earlier group expiring at its deadline. (Only where the exact
+forecast answers: behind a queue the fluid forecast judges, the newcomer's own finish decides alone.)
 
 Elastic count before start. For a group with a deadline and min_count < count that is about to start,
 or waits near the head of the queue, the largest n in [min_count, count] is chosen such that it and
@@ -82,23 +87,60 @@ def _alone_s(snap: PlanningSnapshot, units: list[Unit]) -> float:
     return fluid.Pipe.of(snap).run_s(max(units, key=lambda u: u.cost_rows), busy=False)
 
 
-def refuse_at_receipt(snap: PlanningSnapshot, view: GroupView) -> float | None:
-    """The predicted completion when the group's deadline cannot be met even at its minimum (inf: not
-    before the deadline), else None."""
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """Why a deadline group is refused at receipt: its predicted completion (inf: not before its deadline),
+    and how many groups admitted before it it would make late (0: its own deadline is what cannot be met)."""
+
+    predicted: float
+    harmed: int = 0
+
+
+def refuse_at_receipt(snap: PlanningSnapshot, view: GroupView) -> Refusal | None:
+    """A Refusal when the group's deadline cannot be met even at its minimum, or only by making a group
+    admitted before it late (the module docstring); else None."""
     if view.deadline is None or not snap.workers or not snap.calibrated:
         return None
     own = view.units(view.min_count, snap.slice_capacity)
     alone = snap.now + _alone_s(snap, own)
     if alone > view.deadline:
-        return alone
+        return Refusal(alone)
     if not fluid.exact_enough(snap, view.order):
         finish = fluid.refusal_finish(snap, view, own)
-        return finish if finish > view.deadline else None
-    units = _forecast_units(snap, lambda g: g.min_count if g.elastic else None, (view, view.min_count))
-    finish = forecast(snap.now, snap.sim_workers(), units, snap.planned_cost, snap.batching,
-                      want=(view.request_id,), orders={view.request_id: view.order},
-                      horizon=view.deadline)[view.request_id]
-    return finish if finish > view.deadline else None
+        return Refusal(finish) if finish > view.deadline else None
+    at_minimum = lambda g: g.min_count if g.elastic else None  # noqa: E731 - the most room the queue can make
+    others = _promised(snap, view)
+    want = {view.request_id: view.order, **{g.request_id: g.order for g in others}}
+    horizon = max([view.deadline, *(g.deadline for g in others)])
+    finish = forecast(snap.now, snap.sim_workers(), _forecast_units(snap, at_minimum, (view, view.min_count)),
+                      snap.planned_cost, snap.batching, want=tuple(want), orders=want, horizon=horizon)
+    if finish[view.request_id] > view.deadline:
+        return Refusal(finish[view.request_id])
+    late = [g for g in others if finish[g.request_id] > g.deadline]
+    if not late:
+        return None
+    # late with it; were they in time without it? (one late anyway is no reason to refuse it)
+    before = forecast(snap.now, snap.sim_workers(), _forecast_units(snap, at_minimum), snap.planned_cost,
+                      snap.batching, want=tuple(g.request_id for g in late),
+                      orders={g.request_id: g.order for g in late}, horizon=max(g.deadline for g in late))
+    harmed = sum(before[g.request_id] <= g.deadline for g in late)
+    return Refusal(finish[view.request_id], harmed) if harmed else None
+
+
+def _promised(snap: PlanningSnapshot, view: GroupView) -> list[GroupView]:
+    """The deadline groups admitted before `view` that it could make late: those queued behind it (the
+    next WATCH_WINDOW slices), and, under step batching, those running (its rows slow their forwards)."""
+    found: dict[str, GroupView] = {}
+    for walked, unit in enumerate(snap.queue.ordered((*view.order, math.inf))):
+        if walked >= WATCH_WINDOW:
+            break
+        if unit.request_id not in found and (g := snap.group(unit.request_id)) is not None:
+            found[unit.request_id] = g
+    if snap.batching == "step":
+        for rid in {k[0] for w in snap.workers for a in w.running for k in a.keys}:
+            if rid not in found and (g := snap.group(rid)) is not None:
+                found[rid] = g
+    return [g for g in found.values() if g.deadline is not None and g.request_id != view.request_id]
 
 
 def choose_count(snap: PlanningSnapshot, view: GroupView) -> int:

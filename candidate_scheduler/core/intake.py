@@ -90,14 +90,19 @@ class Intake:
         if not e.workers:
             e.waiting[rid] = None  # admitted as soon as a worker registers
             return None
-        predicted = None if group.deadline is None else deadlines.refuse_at_receipt(
+        refusal = None if group.deadline is None else deadlines.refuse_at_receipt(
             e.snapshot(e.now), e.group_view(group, order=e.order_of(group)))
-        if predicted is not None:
+        if refusal is not None:
             e.metrics.deadline_refusal()
+            predicted = refusal.predicted
             when = f"in {predicted - e.now:.3f} s" if math.isfinite(predicted) else "after the deadline"
-            group.fail("deadline_unmeetable",
-                       f"predicted completion {when} (at {request.spec.min_count} candidates) "
-                       f"misses the deadline of {request.deadline_s:.3f} s", field="deadline_s")
+            if refusal.harmed:
+                why = (f"it could finish {when}, within its deadline of {request.deadline_s:.3f} s, only by making "
+                       f"{refusal.harmed} group(s) admitted before it miss theirs")
+            else:
+                why = (f"predicted completion {when} (at {request.spec.min_count} candidates) "
+                       f"misses the deadline of {request.deadline_s:.3f} s")
+            group.fail("deadline_unmeetable", why, field="deadline_s")
             e.end(group)
             return None
         e.admit(group)
