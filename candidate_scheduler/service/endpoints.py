@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 
 import zmq
 
@@ -24,7 +25,7 @@ def bind_socket(sock: zmq.Socket, endpoint: str) -> str:
 
 
 def is_loopback_endpoint(endpoint: str) -> bool:
-    """True for ipc://, inproc:// and tcp:// on a loopback address or ``localhost``. A wildcard
+    """True for ipc://, inproc:// and tcp:// on a loopback host (`is_loopback_host`). A wildcard
     (``*``, ``0.0.0.0``), an interface name, any other hostname, or an endpoint that is not plainly
     ``tcp://HOST:PORT`` (ZMQ's ``SOURCE;ADDRESS`` form included) counts as public."""
     if endpoint.startswith(("ipc://", "inproc://")):
@@ -34,10 +35,21 @@ def is_loopback_endpoint(endpoint: str) -> bool:
 
 
 def is_loopback_host(host: str) -> bool:
-    """``localhost`` or a loopback address (IPv6 in brackets too); "", a wildcard or a name is public."""
-    if host == "localhost":
-        return True
+    """A loopback address (IPv6 in brackets too), or ``localhost`` when every address the resolver
+    gives for it is one; "", a wildcard or any other name is public."""
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        pass
+    if host.lower() != "localhost":
+        return False
+    # The bind resolves the name: a hosts file that maps localhost to a network address would open
+    # there, without keys or tokens, what a number would have been refused for.
+    try:
+        found = {info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
+    except OSError:
+        return False
+    try:
+        return bool(found) and all(ipaddress.ip_address(a).is_loopback for a in found)
     except ValueError:
         return False

@@ -12,6 +12,9 @@ DIR/authorized_tokens/NAME.json       the token's SHA-256, role and tenant (the 
 looks for: `worker --curve-dir DIR`) and an `admin` pair, each only if missing. A public key with no
 role metadata is a worker's (what `keys` wrote before roles existed).
 
+`keys` writes nothing other users may write, whatever the umask, and `Directory.load` refuses a
+directory or record every user may write (off a read-only mount): they could authorise themselves.
+
 `Directory.load(DIR)` reads the authorised keys and tokens into principals (core/access.py); the
 scheduler's ZAP handler (`Authenticator`) admits a CURVE key on a socket's domain only if its role
 belongs there, and names the connection by its principal, which the shell reads back per message
@@ -28,6 +31,7 @@ import json
 import os
 import re
 import secrets
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +54,11 @@ WORKERS_DOMAIN = "workers"  # the worker link
 
 class KeyDirError(ValueError):
     """A key directory that cannot be used as it is (missing or malformed file): one line says which."""
+
+
+def _dir(key_dir: str | os.PathLike) -> Path:
+    # "~/keys" from Python (docs/deployment.md): the shell expands it on a command line, Python does not
+    return Path(key_dir).expanduser()
 
 
 def _write_public(path: Path, public: bytes, metadata: dict[str, str]) -> None:
@@ -124,7 +133,11 @@ def _check_new(d: Path, principal: Principal) -> None:
 def add_key(key_dir: str | os.PathLike, name: str, role: Role | str = Role.CLIENT,
             tenant: str = DEFAULT_TENANT) -> Path:
     """A new CURVE pair for `name`, authorised with its role and tenant; refuses to overwrite one."""
-    d = Path(key_dir)
+    with _umask(_SHARED):
+        return _add_key(_dir(key_dir), name, role, tenant)
+
+
+def _add_key(d: Path, name: str, role: Role | str, tenant: str) -> Path:
     principal = Principal(check_name("principal", name), tenant, Role(role))
     # the authorised public key counts too: a secret handed out (moved off this host) leaves only it, and
     # writing a new pair over it would revoke the key its holder has
@@ -134,7 +147,7 @@ def add_key(key_dir: str | os.PathLike, name: str, role: Role | str = Role.CLIEN
                               "first to replace the key")
     _check_new(d, principal)
     (d / "authorized_clients").mkdir(parents=True, exist_ok=True)
-    with _private_files():
+    with _umask(_PRIVATE):
         _public_file, secret_file = zmq.auth.create_certificates(str(d), name)
     public, _ = zmq.auth.load_certificate(secret_file)
     _write_public(d / "authorized_clients" / f"{name}.key", public,
@@ -145,7 +158,11 @@ def add_key(key_dir: str | os.PathLike, name: str, role: Role | str = Role.CLIEN
 def add_token(key_dir: str | os.PathLike, name: str, role: Role | str = Role.CLIENT,
               tenant: str = DEFAULT_TENANT) -> str:
     """A new bearer token for `name`: written to DIR/NAME.token (0600), its hash authorised."""
-    d = Path(key_dir)
+    with _umask(_SHARED):
+        return _add_token(_dir(key_dir), name, role, tenant)
+
+
+def _add_token(d: Path, name: str, role: Role | str, tenant: str) -> str:
     principal = Principal(check_name("principal", name), tenant, Role(role))
     if principal.role is Role.WORKER:
         raise KeyDirError("a worker connects with a CURVE key, not a token")
@@ -166,7 +183,11 @@ def add_token(key_dir: str | os.PathLike, name: str, role: Role | str = Role.CLI
 
 def init_dir(key_dir: str | os.PathLike) -> list[str]:
     """The scheduler's pair, a worker pair and an admin pair, each only if missing; what it wrote."""
-    d = Path(key_dir)
+    with _umask(_SHARED):
+        return _init_dir(_dir(key_dir))
+
+
+def _init_dir(d: Path) -> list[str]:
     try:
         d.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -176,7 +197,7 @@ def init_dir(key_dir: str | os.PathLike) -> list[str]:
         if os.path.lexists(d / "server.key"):  # a client's or worker's copy: a new pair would lock it out
             raise KeyDirError(f"{d / 'server.key'} exists without server.key_secret: this is a copy handed to a "
                               "client or worker, not the scheduler's directory; run `keys` on that one")
-        with _private_files():
+        with _umask(_PRIVATE):
             zmq.auth.create_certificates(str(d), SERVER)
         wrote.append(f"{d}/server.key[_secret]")
     for name, role in ((WORKER_KEY, Role.WORKER), (ADMIN_KEY, Role.ADMIN)):
@@ -187,15 +208,34 @@ def init_dir(key_dir: str | os.PathLike) -> list[str]:
     return wrote
 
 
+# Bits masked off whatever the caller's umask: nobody else may write the directories and the records
+# (whoever may, can authorise keys and tokens of their own), nor read a secret. pyzmq writes a secret key
+# with plain open(): under _PRIVATE it is 0600 from its first byte, not world-readable until a chmod.
+_SHARED, _PRIVATE = 0o022, 0o077
+
+
 @contextlib.contextmanager
-def _private_files():
-    """pyzmq writes a secret key with plain open(): under this umask it is 0600 from its first byte,
-    not world-readable until a chmod."""
-    old = os.umask(0o077)
+def _umask(bits: int):
+    old = os.umask(0o777)  # the umask can only be read by setting it: the strictest one meanwhile
+    os.umask(old | bits)
     try:
         yield
     finally:
         os.umask(old)
+
+
+def _check_not_world_writable(path: Path) -> None:
+    """Refuse a key directory, or a record in it, that every user may write: anyone on the host could
+    authorise an admin key or a token of their own there (a sticky directory too: they add new files).
+    A read-only mount is exempt: a Kubernetes secret volume shows 1777 modes nobody can use."""
+    try:
+        mode = path.stat().st_mode
+        loose = mode & stat.S_IWOTH and not os.statvfs(path).f_flag & os.ST_RDONLY
+    except OSError as exc:
+        raise KeyDirError(f"{path}: {exc}") from exc
+    if loose:
+        raise KeyDirError(f"{path} is writable by every user (mode {stat.S_IMODE(mode):o}): anyone on this host "
+                          f"could authorise a key or a token of their own; `chmod o-w {path}`")
 
 
 def _digest(token: str) -> str:
@@ -203,7 +243,7 @@ def _digest(token: str) -> str:
 
 
 def read_token(path: str | os.PathLike) -> str:
-    return Path(path).read_text(encoding="utf8").strip()
+    return Path(path).expanduser().read_text(encoding="utf8").strip()
 
 
 @dataclass
@@ -216,8 +256,12 @@ class Directory:
 
     @classmethod
     def load(cls, key_dir: str | os.PathLike) -> Directory:
-        d, out = Path(key_dir), cls()
+        d, out = _dir(key_dir), cls()
+        for path in (d, d / "authorized_clients", d / "authorized_tokens"):
+            if path.exists():
+                _check_not_world_writable(path)
         for path in sorted((d / "authorized_clients").glob("*.key")):
+            _check_not_world_writable(path)
             try:
                 public, _ = zmq.auth.load_certificate(str(path))
                 principal = _key_record(path)
@@ -225,6 +269,7 @@ class Directory:
                 raise KeyDirError(f"{path}: {exc}") from exc
             out.add(principal, key=public)
         for path in sorted((d / "authorized_tokens").glob("*.json")):
+            _check_not_world_writable(path)
             try:
                 principal, digest = _token_record(path)
             except (OSError, ValueError, TypeError) as exc:
@@ -313,11 +358,11 @@ class ClientKeys:
 
     server_public: bytes
     public: bytes
-    secret: bytes
+    secret: bytes = field(repr=False)  # a repr lands in logs, tracebacks and test reports
 
     @classmethod
     def load(cls, key_dir: str | os.PathLike, name: str = ADMIN_KEY) -> ClientKeys:
-        d = Path(key_dir)
+        d = _dir(key_dir)
         try:
             server_public, _ = zmq.auth.load_certificate(str(d / "server.key"))
             public, secret = zmq.auth.load_certificate(str(d / f"{name}.key_secret"))
@@ -378,7 +423,7 @@ def load_tokens(key_dir: str) -> Directory:
     """The key directory whose `authorized_tokens/` a front requires; KeyDirError (one line) when it
     is not a directory or a record is malformed. A directory without tokens loads (every connection is
     then refused until one is added and the front restarted; `Directory.by_token` is empty)."""
-    if not Path(key_dir).is_dir():
+    if not _dir(key_dir).is_dir():
         raise KeyDirError(f"--tokens {key_dir}: no such directory (`candidate-scheduler keys {key_dir} "
                           "--token NAME` writes one)")
     return Directory.load(key_dir)

@@ -1,0 +1,57 @@
+"""What counts as loopback decides what may listen without keys or tokens (service/endpoints.py).
+`localhost` is a name: it is loopback only when every address it resolves to is, as the bind will use
+the resolver's answer, not the name."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from candidate_scheduler.compat import http
+from candidate_scheduler.service.endpoints import is_loopback_endpoint, is_loopback_host
+from candidate_scheduler.service.openpi.launch import bind_refusal
+
+
+def _resolving(monkeypatch, *addresses: str, fail: bool = False) -> list[str]:
+    asked = []
+
+    def getaddrinfo(host, *args, **kwargs):
+        asked.append(host)
+        if fail:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return [(socket.AF_INET6 if ":" in a else socket.AF_INET, socket.SOCK_STREAM, 6, "",
+                 (a, 0, 0, 0) if ":" in a else (a, 0)) for a in addresses]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    return asked
+
+
+def test_localhost_mapped_to_a_network_address_is_public(monkeypatch):
+    asked = _resolving(monkeypatch, "127.0.0.1", "10.1.2.3")  # an /etc/hosts entry "10.1.2.3 localhost"
+    assert not is_loopback_host("localhost")
+    assert not is_loopback_endpoint("tcp://localhost:5555")
+    assert bind_refusal("localhost", None, False) is not None  # the openpi websocket: tokens needed
+    with pytest.raises(ValueError, match="without tokens"):  # sglang's HTTP server too
+        http.run_http_server(30001, "/nonexistent", "localhost", 30000)
+    assert asked
+
+
+def test_localhost_that_does_not_resolve_is_not_taken_for_loopback(monkeypatch):
+    _resolving(monkeypatch, fail=True)
+    assert not is_loopback_host("localhost")
+
+
+@pytest.mark.parametrize("name", ["localhost", "LocalHost"])
+def test_localhost_resolving_to_loopback_stays_loopback(monkeypatch, name):
+    _resolving(monkeypatch, "127.0.0.1", "::1")
+    assert is_loopback_host(name)
+    assert is_loopback_endpoint(f"tcp://{name}:5555")
+
+
+def test_addresses_are_not_looked_up(monkeypatch):
+    asked = _resolving(monkeypatch, "10.1.2.3")
+    assert is_loopback_host("127.0.0.1") and is_loopback_host("::1") and is_loopback_host("[::1]")
+    assert not is_loopback_host("0.0.0.0") and not is_loopback_host("::") and not is_loopback_host("")
+    assert not is_loopback_host("robot-gateway")  # any other name is public, without asking
+    assert asked == []
