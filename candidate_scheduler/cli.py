@@ -102,7 +102,8 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
                    "a non-loopback address requires --curve-dir")
     p.add_argument("--compat-port", type=port, default=server.DEFAULT_COMPAT_PORT, help="sglang-compatible socket")
     p.add_argument("--no-compat", action="store_true", help="do not start the sglang-compatible bridge")
-    p.add_argument("--compat-host", default=None, help="bind address of the sglang-compatible socket (None: --host)")
+    p.add_argument("--compat-host", default=None, help="bind address of the sglang-compatible socket (default 127.0.0.1, "
+                   "whatever --host is: it speaks pickle and takes no keys)")
     p.add_argument("--compat-allow-nonlocal", action="store_true",
                    help="let the sglang-compatible socket bind a non-loopback address (it speaks pickle: think twice)")
     p.add_argument("--metrics-port", type=_metrics_port, default=9464, help="Prometheus /metrics port (0 = any free port; -1 = off)")

@@ -147,6 +147,8 @@ class Scheduler:
                 sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting worker takes its identity back
             if self._authenticator is not None:
                 sock.zap_domain = (WORKERS_DOMAIN if name == "worker" else CLIENTS_DOMAIN).encode()
+                # without it libzmq admits any key when no ZAP handler answers (one gone, or not yet started)
+                sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
                 sock.curve_secretkey = self._server_secret
                 sock.curve_publickey = self._server_public
                 sock.curve_server = True
