@@ -40,9 +40,12 @@ TICK_S = 0.05
 DEFAULT = {"rate": 6.0, "seconds": 60.0, "count": 4, "deadline_s": 1.0, "seed": 20261206}
 
 
-def simulate(rate: float, seconds: float, count: int, deadline_s: float, seed: int, slowdown: float = 3.0) -> dict:
+def simulate(rate: float, seconds: float, count: int, deadline_s: float, seed: int, slowdown: float = 3.0,
+             deadlines: tuple[float, ...] | None = None) -> dict:
     """One run: {"outcomes": {status/error -> groups}, "in_time", "groups", per-worker batches and the
-    margins `stats` shows at the end (None where the engine keeps none per worker)}."""
+    margins `stats` shows at the end (None where the engine keeps none per worker)}. `deadlines`: the
+    groups' deadlines taken in turn by arrival (bench/deadline_mix.py); default every one `deadline_s`."""
+    deadlines = tuple(deadlines or (deadline_s,))
     # no heartbeats here: a worker is never declared dead
     engine = Engine(EngineConfig(batching="dispatch", prefetch=0, max_queued_groups=100_000,
                                  heartbeat_timeout_s=1e12))
@@ -85,7 +88,7 @@ def simulate(rate: float, seconds: float, count: int, deadline_s: float, seed: i
             next_tick += TICK_S
         if kind == "submit":
             sub = Submission(str(payload), image, "pick", {"count": count, "reducer": "mean", "min_count": count},
-                             payload, dict(SAMPLING), deadline_s=deadline_s)
+                             payload, dict(SAMPLING), deadline_s=deadlines[payload % len(deadlines)])
             handle(engine.submit(("sim", payload), sub, t), t)
         else:
             outputs = tuple(SliceOutcome(sw.dispatch.request_id, "ok", sw.dispatch.candidate_ids,
@@ -93,7 +96,7 @@ def simulate(rate: float, seconds: float, count: int, deadline_s: float, seed: i
                             for sw in payload.slices)
             result = WorkerResult(payload.identity.decode(), payload.batch_id, outputs, {"transformer_forwards": 1})
             handle(engine.worker_result(payload.identity, result, t), t)
-    for _ in range(int(deadline_s / TICK_S) + 2):
+    for _ in range(int(max(deadlines) / TICK_S) + 2):
         handle(engine.tick(next_tick), next_tick)
         next_tick += TICK_S
     outcomes: dict[str, int] = {}
@@ -102,7 +105,7 @@ def simulate(rate: float, seconds: float, count: int, deadline_s: float, seed: i
         now, r = replies.get(str(i), (None, None))
         key = "no_reply" if r is None else (r.status if r.status == "done" else r.error_code or r.status)
         outcomes[key] = outcomes.get(key, 0) + 1
-        in_time += r is not None and r.status == "done" and now - at <= deadline_s + 1e-9
+        in_time += r is not None and r.status == "done" and now - at <= deadlines[i % len(deadlines)] + 1e-9
     stats = engine.stats()
     margins = {wid: stats["workers"][wid].get("forecast_margin") for wid in workers}
     return {"groups": len(arrivals), "in_time": in_time, "outcomes": outcomes, "batches": batches,
@@ -110,7 +113,9 @@ def simulate(rate: float, seconds: float, count: int, deadline_s: float, seed: i
             "goodput_groups_per_s": in_time / seconds}
 
 
-def _child(root: str | None, args: dict) -> dict:
+def run_point(root: str | None, args: dict) -> dict:
+    """One `simulate` in a child process, with the engine of the checkout at `root` (None: this one) and
+    this harness."""
     env = dict(os.environ)
     if root is not None:
         env["PYTHONPATH"] = root
@@ -127,7 +132,7 @@ def compare(baseline: str | None, rates=(3.0, 6.0, 8.0), slowdowns=(3.0, 1.0), *
         for rate in rates:
             args = {**DEFAULT, **kw, "rate": rate, "slowdown": slowdown}
             for name, root in ((("baseline", baseline),) if baseline else ()) + (("current", None),):
-                rows.append({"engine": name, "rate": rate, "slowdown": slowdown, **_child(root, args)})
+                rows.append({"engine": name, "rate": rate, "slowdown": slowdown, **run_point(root, args)})
                 print(f"[margin_sim] {name}, b {slowdown:g}x slow, {rate:g} groups/s: "
                       f"{rows[-1]['in_time']}/{rows[-1]['groups']} in time, {rows[-1]['outcomes']}",
                       file=sys.stderr, flush=True)
@@ -139,7 +144,7 @@ def report(rows: list[dict], baseline_rev: str | None) -> str:
              f"Two dispatch workers of {ROWS} rows with the same warm-up profile; `b` runs `slowdown` times "
              f"slower than it says. Groups of {DEFAULT['count']} candidates (served in full "
              f"or refused), {SAMPLING['steps']} steps, deadline {DEFAULT['deadline_s']:g} s, Poisson arrivals for "
-             f"{DEFAULT['seconds']:g} s. Baseline: {baseline_rev or 'none'} (one margin for the fleet).", "",
+             f"{DEFAULT['seconds']:g} s. Baseline: {baseline_rev or 'none'}.", "",
              "| b's slowdown | engine | offered groups/s | groups | in time | refused at receipt | expired | other | "
              "goodput groups/s | margins (fleet / a / b) |", "|---:|---|---:|---:|---:|---:|---:|---|---:|---|"]
     for r in rows:

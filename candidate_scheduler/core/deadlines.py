@@ -21,6 +21,9 @@ that was forecast in time without it and is forecast late with it. The promise m
 newcomer hears at once, instead of the earlier group expiring at its deadline. (Only where the exact
 forecast answers: behind a queue the fluid forecast judges, the newcomer's own finish decides alone.)
 
+Batches (dispatch). A batch takes no filler that would make a deadline group in it late
+(`batch_guard`, core/batch_deadlines.py); the exact forecast fills its simulated batches by that rule too.
+
 Elastic count before start. For a group with a deadline and min_count < count that is about to start,
 or waits near the head of the queue, the largest n in [min_count, count] is chosen such that it and
 the deadline groups queued right behind it (the next `WATCH_WINDOW` slices, at their minimum counts;
@@ -49,6 +52,7 @@ import math
 from collections.abc import Callable, Iterator
 
 from candidate_scheduler.core import fluid
+from candidate_scheduler.core.batch_deadlines import BatchDeadlines
 from candidate_scheduler.core.forecast import duration, forecast
 from candidate_scheduler.core.planning import Unit
 from candidate_scheduler.core.snapshot import GroupView, PlanningSnapshot
@@ -113,7 +117,8 @@ def refuse_at_receipt(snap: PlanningSnapshot, view: GroupView) -> Refusal | None
     want = {view.request_id: view.order, **{g.request_id: g.order for g in others}}
     horizon = max([view.deadline, *(g.deadline for g in others)])
     finish = forecast(snap.now, snap.sim_workers(), _forecast_units(snap, at_minimum, (view, view.min_count)),
-                      snap.planned_cost, snap.batching, want=tuple(want), orders=want, horizon=horizon)
+                      snap.planned_cost, snap.batching, want=tuple(want), orders=want, horizon=horizon,
+                      deadline_of=snap.deadline_of)
     if finish[view.request_id] > view.deadline:
         return Refusal(finish[view.request_id])
     late = [g for g in others if finish[g.request_id] > g.deadline]
@@ -122,7 +127,8 @@ def refuse_at_receipt(snap: PlanningSnapshot, view: GroupView) -> Refusal | None
     # late with it; were they in time without it? (one late anyway is no reason to refuse it)
     before = forecast(snap.now, snap.sim_workers(), _forecast_units(snap, at_minimum), snap.planned_cost,
                       snap.batching, want=tuple(g.request_id for g in late),
-                      orders={g.request_id: g.order for g in late}, horizon=max(g.deadline for g in late))
+                      orders={g.request_id: g.order for g in late}, horizon=max(g.deadline for g in late),
+                      deadline_of=snap.deadline_of)
     harmed = sum(before[g.request_id] <= g.deadline for g in late)
     return Refusal(finish[view.request_id], harmed) if harmed else None
 
@@ -171,7 +177,7 @@ def choose_count(snap: PlanningSnapshot, view: GroupView) -> int:
         horizon = max(g.deadline for g in groups)
         return forecast(snap.now, snap.sim_workers(), _forecast_units(snap, count_of(n)), snap.planned_cost,
                         snap.batching, want=[g.request_id for g in groups],
-                        orders={g.request_id: g.order for g in groups}, horizon=horizon)
+                        orders={g.request_id: g.order for g in groups}, horizon=horizon, deadline_of=snap.deadline_of)
 
     # Watched too: the running groups ahead of it (its rows slow their forwards). Of those behind it and
     # those, only the ones that can still make their deadlines, with it at its minimum: one already late
@@ -250,3 +256,18 @@ def backfiller(snap: PlanningSnapshot) -> Callable[[str, Unit, Unit], bool] | No
         return snap.now + duration(cost, worker_id, (unit,), there) <= shadow(worker_id, head.size)
 
     return ok
+
+
+def batch_guard(snap: PlanningSnapshot) -> Callable[[str], BatchDeadlines] | None:
+    """The dispatch planner's test for each batch it fills (core/batch_deadlines.py): no unit joins a batch
+    that it would make a deadline group in it miss. None (no test) while the cost model is not calibrated."""
+    if not snap.calibrated:
+        return None
+    cost = snap.planned_cost
+
+    def guard(worker_id: str) -> BatchDeadlines:
+        # a busy worker's next batch (prefetch) starts when its current one is predicted to end
+        start = max(snap.now, snap.worker(worker_id).busy_until)
+        return BatchDeadlines(start, lambda units: duration(cost, worker_id, units), snap.deadline_of)
+
+    return guard

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from candidate_scheduler.core.batch_deadlines import BatchDeadlines
 from candidate_scheduler.core.pending import PendingIndex
 from candidate_scheduler.core.planning import Unit, WorkerSlot, dispatch_class, plan_dispatch, plan_step, step_class
 
@@ -131,7 +132,7 @@ def _advance(cost, w: SimWorker, dt: float) -> list[SimItem]:
 
 def forecast(now: float, workers: list[SimWorker], units: Iterable[Unit], cost, mode: str, *,
              want: Iterable[str] | None = None, orders: dict[str, tuple] | None = None,
-             horizon: float = math.inf) -> dict[str, float]:
+             horizon: float = math.inf, deadline_of: Callable[[str], float | None] | None = None) -> dict[str, float]:
     """Predicted finish time of groups: when its last slice ends, counting its slices already running;
     inf when no worker can ever hold one, or when it ends after `horizon`.
 
@@ -140,7 +141,8 @@ def forecast(now: float, workers: list[SimWorker], units: Iterable[Unit], cost, 
     answer, with their queue positions in `orders` ((effective deadline, admission order): a group's end
     counts only once the queue has been read past it, so none of its slices is still unread); default:
     every one in `units` and every one running on `workers`, the whole queue read at once. The
-    simulation stops once they have all ended."""
+    simulation stops once they have all ended. `deadline_of` (the groups' deadlines): dispatch batches are
+    filled as the engine fills them, never making a deadline group in one late (core/batch_deadlines.py)."""
     queue = PendingIndex(dispatch_class if mode == "dispatch" else step_class)
     sims = {w.worker_id: w for w in workers}
     chunk = 64 + 2 * sum(w.capacity for w in workers)
@@ -209,6 +211,9 @@ def forecast(now: float, workers: list[SimWorker], units: Iterable[Unit], cost, 
                         del left[rid]
                         ended[rid] = t
 
+    def batch_deadlines(worker_id: str) -> BatchDeadlines:
+        return BatchDeadlines(t, lambda units: duration(cost, worker_id, units), deadline_of)
+
     def open_groups() -> bool:
         """Some group asked about has slices that have not ended, or may still have some not read."""
         return bool(left) or any(unread(rid) for rid in wanted)
@@ -219,7 +224,7 @@ def forecast(now: float, workers: list[SimWorker], units: Iterable[Unit], cost, 
         while True:
             if mode == "dispatch":
                 idle = [w.slot() for w in sims.values() if not w.items]
-                placed = plan_dispatch(queue, idle)
+                placed = plan_dispatch(queue, idle, guard=None if deadline_of is None else batch_deadlines)
                 room = len(idle) > len(placed)
             else:
                 slots = [w.slot() for w in sims.values()]

@@ -10,7 +10,8 @@ Dispatch-level batching (`plan_dispatch`): only idle workers get work -- or, wit
 running one batch gets the next, which it starts when the current one ends; truly idle workers come
 first. Each of them, largest first, gets one physical batch: the earliest unit it can hold (the head
 of line always goes into the next batch), then, first-fit in queue order, later units of the same
-batch key that still fit (core/microbatch.py states the rule and its consequences). The batch runs from its first step to its
+batch key that still fit (core/microbatch.py states the rule and its consequences) and that `guard`
+lets in: none that would make a deadline group in the batch late (core/batch_deadlines.py). The batch runs from its first step to its
 last before that worker gets more. A pass stops when no idle worker is left.
 
 Step-level batching (`plan_step`): a worker takes units while it has free rows; a unit joins the
@@ -52,6 +53,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from candidate_scheduler.core.microbatch import BatchEntry, BatchKey
 from candidate_scheduler.core.pending import PendingIndex
@@ -119,10 +121,11 @@ def step_class(unit: Unit):
     return unit.forward_key
 
 
-def plan_dispatch(queue: PendingIndex, idle: list[WorkerSlot],
-                  on_unit: Callable[[str], None] | None = None) -> list[tuple[str, tuple[Unit, ...]]]:
+def plan_dispatch(queue: PendingIndex, idle: list[WorkerSlot], on_unit: Callable[[str], None] | None = None,
+                  guard: Callable[[str], Any] | None = None) -> list[tuple[str, tuple[Unit, ...]]]:
     """One physical batch for each idle worker that has work, largest worker first; each batch's units
-    in queue order. `on_unit(request_id)` is told of each unit as it is considered."""
+    in queue order. `on_unit(request_id)` is told of each unit as it is considered. `guard(worker_id)`:
+    a BatchDeadlines for the batch filled there (its `allows` and `add`), or None for no test."""
     plans: list[tuple[str, tuple[Unit, ...]]] = []
     walk = queue.walk()
     # idle workers first (a busy one that may hold its next batch runs it only after the current one)
@@ -136,9 +139,13 @@ def plan_dispatch(queue: PendingIndex, idle: list[WorkerSlot],
             on_unit(head.request_id)
         walk.take(bucket)
         units, used, kind = [head], head.size, bucket.class_key
+        batch = None if guard is None else guard(worker.worker_id)
+        if batch is not None:
+            batch.add(head)
         while used < capacity:
             room = capacity - used
-            found = walk.first(lambda b, room=room, kind=kind: b.size <= room and b.class_key == kind)
+            found = walk.first(lambda b, room=room, kind=kind, batch=batch: b.size <= room and b.class_key == kind
+                               and (batch is None or batch.allows(walk.head(b))))
             if found is None:
                 break
             if on_unit is not None:
@@ -146,6 +153,8 @@ def plan_dispatch(queue: PendingIndex, idle: list[WorkerSlot],
             walk.take(found[0])
             units.append(found[1])
             used += found[1].size
+            if batch is not None:
+                batch.add(found[1])
         plans.append((worker.worker_id, tuple(units)))
     return plans
 

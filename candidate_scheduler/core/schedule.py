@@ -99,7 +99,7 @@ def plan(snap: PlanningSnapshot, *, elastic: bool = True, trace: Trace | None = 
 def _place(snap: PlanningSnapshot, trace: Trace) -> list[tuple[str, tuple[Unit, ...]]]:
     if snap.batching == "dispatch":
         idle = [w.batch_slot() for w in snap.due_now()]
-        return plan_dispatch(snap.queue, idle, trace.at) if idle else []
+        return plan_dispatch(snap.queue, idle, trace.at, deadlines.batch_guard(snap)) if idle else []
     slots = [w.slot(spare=spare) for w, spare in snap.rows_due()]
     if not slots:
         return []  # the common case under load: every row busy, nothing to plan

@@ -185,6 +185,15 @@ class PlanningSnapshot:
     # Answers `open` (core/worker_views.WorkerViews.open keeps them; None: derived from `workers`)
     open_of: Callable[[], tuple[WorkerView, ...]] | None = None
     positions: Mapping[str, int] | None = None  # worker id -> its place in `workers` (None: found by a scan)
+    # a group's own deadline by request id, read through (None: derived from `group`, which builds a view)
+    deadlines: Callable[[str], float | None] | None = None
+
+    def deadline_of(self, request_id: str) -> float | None:
+        """The group's own deadline (None: it has none, or is not known here): what a batch may not break."""
+        if self.deadlines is not None:
+            return self.deadlines(request_id)
+        view = self.group(request_id)
+        return None if view is None else view.deadline
 
     @cached_property
     def open(self) -> tuple[WorkerView, ...]:

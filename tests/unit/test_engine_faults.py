@@ -96,8 +96,8 @@ def test_planning_that_raises_on_one_group_fails_it_alone(monkeypatch, batching)
         monkeypatch.undo()
         real = engine_module.schedule.plan_dispatch
 
-        def plan_dispatch(queue, idle, on_unit=None):
-            return real(queue, idle, lambda rid: (on_unit(rid), check(rid)))
+        def plan_dispatch(queue, idle, on_unit=None, guard=None):
+            return real(queue, idle, lambda rid: (on_unit(rid), check(rid)), guard)
         monkeypatch.setattr(engine_module.schedule, "plan_dispatch", plan_dispatch)
     h.answer(h.work[0])  # rows free: the planning pass meets "bad"
     assert_internal_error(h, "bad", "schedule")

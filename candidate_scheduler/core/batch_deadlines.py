@@ -1,0 +1,56 @@
+"""A dispatch batch filled without making a deadline group in it late.
+
+Dispatch batching fills a worker's next batch in queue order: the head of the queue, then later units of
+the same batch key while rows are free (core/planning.py). Every unit added makes each forward of the
+batch longer, so a group due soon at the head can be made late by a filler due much later: at 8 rows a
+forward costs more than at 4, and the head ran past its deadline where it would have finished in time
+alone. A unit may join a batch only if every deadline group already in it that would finish in time
+without it still finishes in time with it; one late anyway constrains nothing. A unit refused here waits
+for the next batch -- it came later in the queue, so its own deadline is no earlier.
+
+`BatchDeadlines` is that test for one batch; the planner asks it for each candidate (`allows`) and tells
+it what joined (`add`). The engine's planning pass and the forecast's replay of it (core/forecast.py)
+both use it, so a forecast sees the batches the engine will send. It needs the cost model's time of a
+batch (`run_s`) and each group's deadline (`deadline_of`: None for a group without one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from candidate_scheduler.core.planning import Unit
+
+
+class BatchDeadlines:
+    __slots__ = ("start", "run_s", "deadline_of", "units", "due", "_ends", "_verdicts")
+
+    def __init__(self, start: float, run_s: Callable[[Sequence[Unit]], float],
+                 deadline_of: Callable[[str], float | None]):
+        self.start = start  # when the batch starts (now, or when the worker's current batch ends)
+        self.run_s = run_s
+        self.deadline_of = deadline_of
+        self.units: list[Unit] = []
+        self.due: list[float] = []  # the deadlines of the groups in the batch that has one
+        self._ends: float | None = None  # the batch's predicted end as it stands (None: not asked yet)
+        self._verdicts: dict[tuple, bool] = {}  # per kind of unit, while the batch stands
+
+    def add(self, unit: Unit) -> None:
+        self.units.append(unit)
+        deadline = self.deadline_of(unit.request_id)
+        if deadline is not None:
+            self.due.append(deadline)
+        self._ends = None
+        self._verdicts.clear()
+
+    def allows(self, unit: Unit) -> bool:
+        if not self.due:
+            return True  # nothing in it is due: the common case without deadlines costs one check
+        # the units of one pending bucket are alike here (rows, steps, label): one verdict for them all
+        kind = (unit.cost_rows, unit.steps, unit.label)
+        verdict = self._verdicts.get(kind)
+        if verdict is None:
+            if self._ends is None:
+                self._ends = self.start + self.run_s(self.units)
+            ends = self.start + self.run_s([*self.units, unit])
+            verdict = self._verdicts[kind] = all(ends <= d or self._ends > d for d in self.due)
+        return verdict
