@@ -22,7 +22,7 @@ from candidate_scheduler.core.planning import Unit
 
 
 class BatchDeadlines:
-    __slots__ = ("start", "run_s", "deadline_of", "units", "due", "_ends", "_verdicts")
+    __slots__ = ("start", "run_s", "deadline_of", "units", "due", "_ends", "_verdicts", "_after")
 
     def __init__(self, start: float, run_s: Callable[[Sequence[Unit]], float],
                  deadline_of: Callable[[str], float | None]):
@@ -33,24 +33,33 @@ class BatchDeadlines:
         self.due: list[float] = []  # the deadlines of the groups in the batch that has one
         self._ends: float | None = None  # the batch's predicted end as it stands (None: not asked yet)
         self._verdicts: dict[tuple, bool] = {}  # per kind of unit, while the batch stands
+        self._after: dict[tuple, float] = {}  # per kind of unit: the batch's end with one more of it
 
     def add(self, unit: Unit) -> None:
         self.units.append(unit)
         deadline = self.deadline_of(unit.request_id)
         if deadline is not None:
             self.due.append(deadline)
-        self._ends = None
-        self._verdicts.clear()
+        if self._after:  # `allows` worked out the batch's end with it (or with one like it)
+            self._ends = self._after.get(_kind(unit))
+            self._verdicts.clear()
+            self._after.clear()
+        else:
+            self._ends = None
 
     def allows(self, unit: Unit) -> bool:
         if not self.due:
             return True  # nothing in it is due: the common case without deadlines costs one check
         # the units of one pending bucket are alike here (rows, steps, label): one verdict for them all
-        kind = (unit.cost_rows, unit.steps, unit.label)
+        kind = _kind(unit)
         verdict = self._verdicts.get(kind)
         if verdict is None:
             if self._ends is None:
                 self._ends = self.start + self.run_s(self.units)
-            ends = self.start + self.run_s([*self.units, unit])
+            ends = self._after[kind] = self.start + self.run_s([*self.units, unit])
             verdict = self._verdicts[kind] = all(ends <= d or self._ends > d for d in self.due)
         return verdict
+
+
+def _kind(unit: Unit) -> tuple:
+    return (unit.cost_rows, unit.steps, unit.label)

@@ -305,7 +305,7 @@ class Engine:
                                 self._calibrated(), self.pending, self._group_view,
                                 self.elastic, self.config.prefetch, self.config.prefetch_lead_s, self.prefetch_margin,
                                 self.config.stagger, self.held_back, fleet=self.fleet, open_of=self.views.open,
-                                positions=self.views.positions)
+                                positions=self.views.positions, deadlines=self._deadline_of)
 
     def forget_cost(self, worker_id: str) -> None:
         self._known_cost.discard(worker_id)
@@ -456,6 +456,10 @@ class Engine:
         """The rows a worker may hold: its capacity, capped by its predicted peak memory (CUDA)."""
         return self.cost.workers[w.worker_id].max_rows_for(w.memory_budget_bytes, w.capacity) \
             if w.worker_id in self.cost.workers else w.capacity
+
+    def _deadline_of(self, rid: str) -> float | None:
+        g = self.groups.get(rid)
+        return None if g is None else g.deadline
 
     def _group_view(self, rid: str) -> GroupView | None:
         g = self.groups.get(rid)

@@ -145,7 +145,7 @@ def plan_dispatch(queue: PendingIndex, idle: list[WorkerSlot], on_unit: Callable
         while used < capacity:
             room = capacity - used
             found = walk.first(lambda b, room=room, kind=kind, batch=batch: b.size <= room and b.class_key == kind
-                               and (batch is None or batch.allows(walk.head(b))))
+                               and (batch is None or not batch.due or batch.allows(walk.head(b))))
             if found is None:
                 break
             if on_unit is not None:
