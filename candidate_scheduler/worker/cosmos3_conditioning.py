@@ -7,14 +7,14 @@ there to every forward that needs them:
   `transformer.cached_kv`, by calling `language_model(text_ids, text_mask, text_pos_ids)`. We wrap that
   call (`TextPathway.hook`). Inside our own forwards it assembles the K/V of the forward's rows from
   the rows its running groups computed when they joined (keyed by content: ids, mask and positions);
-  anywhere else (sglang's own pipeline, the reference) it only runs each distinct text row once and
-  expands the result, exactly as before. On the CPU a row computed in a batch of U rows is bitwise the
-  row computed alone (notes §5b: the UND pathway is row independent), so K/V may be assembled from
-  rows of different calls. On CUDA that is not known to hold (batched candidates were not bitwise
-  there, cause not found yet), so there (`by_request_rows`) a row is keyed by the whole call sglang's
-  request computes it in and its place there (`call_row_keys`: [cond], or batched CFG's
-  [uncond; cond], one observation's), and a group computes such a call whole whenever a row of it is
-  missing: a row is only ever served where sglang's own request computes it beside the same rows.
+  anywhere else (sglang's own pipeline, the reference) it runs each distinct text row once and expands
+  the result (with `by_request_rows`, below: the call as given). On the CPU a row computed in a batch
+  of U rows is bitwise the row computed alone (notes §5b: the UND pathway is row independent), so K/V
+  may be assembled from rows of different calls. On CUDA that is not known to hold (batched candidates
+  were not bitwise there, cause not found yet), so there (`by_request_rows`) a row is keyed by the
+  whole call sglang's request computes it in and its place there (`call_row_keys`: [cond], or batched
+  CFG's [uncond; cond], one observation's), and a group computes such a call whole whenever a row of
+  it is missing: a row is only ever served where sglang's own request computes it beside the same rows.
 - VAE latents. sglang's latent stage encodes the observation for every candidate it prepares (we run
   it at batch 1 per candidate for the candidate's own noise). `VaeEncoder.observation()` scopes one
   observation of one group: the first candidate encodes it, the others reuse that latent.
@@ -82,9 +82,12 @@ class TextPathway:
         # starting on the conditioning thread while the compute thread's forward serves never takes
         # the serving path
         self._thread = threading.local()
-        # row key -> [K/V of that row at batch 1, number of running groups that hold it]; starts add
-        # holders on the conditioning thread while the compute thread's leaving groups drop theirs
-        self.live: dict[bytes, list] = {}
+        # (weights epoch, row key) -> [K/V of that row at batch 1, number of running groups that hold
+        # it]; starts add holders on the conditioning thread while the compute thread's leaving groups
+        # drop theirs. The epoch (the cache's, bumped by sglang before every in-place weight update)
+        # keeps a row computed with the old weights, still held by a group that runs on, from serving
+        # a group that starts after the update.
+        self.live: dict[tuple[int, bytes], list] = {}
         self._live_lock = threading.Lock()
         language_model.forward = self.hook
 
@@ -103,9 +106,10 @@ class TextPathway:
         self._thread.serving = True
 
     def _served_keys(self, ids, mask, pos) -> tuple[list[bytes], list[int]]:
-        """The live keys a forward's rows are served from, and each row's place among them. With
-        `by_request_rows` every row by its request call: a forward's rows are one row a call, or
-        [uncond rows; cond rows] whose i-th of each half made one call (batched CFG, `serve(2)`)."""
+        """The row keys a forward's rows are served from (live under this weights epoch), and each row's
+        place among them. With `by_request_rows` every row by its request call: a forward's rows are one
+        row a call, or [uncond rows; cond rows] whose i-th of each half made one call (batched CFG,
+        `serve(2)`)."""
         if not self.by_request_rows:
             unique, inverse = _unique_rows(torch.cat([ids, mask], dim=1))
             return [text_row_key(ids[u], mask[u], pos[:, u]) for u in unique], inverse
@@ -124,14 +128,20 @@ class TextPathway:
     def hook(self, text_ids, text_mask, text_pos_ids, *args, **kwargs):
         if self.serving and not args and not kwargs:
             keys, inverse = self._served_keys(text_ids, text_mask, text_pos_ids)
-            found = [self.live.get(key) for key in keys]
+            epoch = self.cache.epoch()
+            found = [self.live.get((epoch, key)) for key in keys]
             if all(entry is not None for entry in found):
                 return _gather([entry[0] for entry in found], inverse, text_ids.device)
+        self.counts["text"] += 1
+        if self.by_request_rows:
+            # a row's bits may depend on its call: run the call as given, equal rows and all (a
+            # batched-CFG call whose negative prompt tokenizes like its prompt is B=2 in sglang)
+            return self.original(text_ids, text_mask, text_pos_ids, *args, **kwargs)
         rows = torch.cat([text_ids, text_mask], dim=1)
         unique, inverse = _unique_rows(rows)
         # Rows of one group carry the same text; run each distinct row once, in first-seen order
-        # (so a CFG batch [uncond, cond] runs exactly as sglang's own B=2 call), then expand.
-        self.counts["text"] += 1
+        # (so a CFG batch [uncond, cond] runs exactly as sglang's own B=2 call), then expand: rows are
+        # row independent here (module docstring).
         if len(unique) == rows.shape[0]:
             return self.original(text_ids, text_mask, text_pos_ids, *args, **kwargs)
         idx = torch.as_tensor(unique, device=text_ids.device)
@@ -139,16 +149,18 @@ class TextPathway:
         gather = torch.as_tensor(inverse, device=text_ids.device)
         return [(k.index_select(0, gather), v.index_select(0, gather)) for k, v in kv]
 
-    def acquire(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, report) -> list[bytes]:
+    def acquire(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, report) -> list[tuple[int, bytes]]:
         """Make the K/V of these rows ([U, S], [U, S], [3, U, S]) live for a joining group: with
         `by_request_rows`, the rows of one call of sglang's request, else any. Rows no running group
         holds and the cache does not know are computed in ONE call, in order (with `by_request_rows`: the
-        whole call, when any of them is missing). Returns the row keys the group now holds (give them
-        back with `release`)."""
+        whole call, when any of them is missing). Returns the live keys (weights epoch, row key) the
+        group now holds (give them back with `release`)."""
         if self.by_request_rows:
-            keys = call_row_keys(ids, mask, pos)
+            rows_keys = call_row_keys(ids, mask, pos)
         else:
-            keys = [text_row_key(ids[u], mask[u], pos[:, u]) for u in range(ids.shape[0])]
+            rows_keys = [text_row_key(ids[u], mask[u], pos[:, u]) for u in range(ids.shape[0])]
+        epoch = self.cache.epoch()
+        keys = [(epoch, key) for key in rows_keys]
         missing, wanted, held = [], set(), []
         with self._live_lock:  # rows held now cannot leave before the group holds them too
             for u, key in enumerate(keys):
@@ -158,7 +170,7 @@ class TextPathway:
                     continue
                 if key in wanted:
                     continue
-                cached = self.cache.get("text", key)
+                cached = self.cache.get("text", key[1])
                 if cached is not None:
                     self.live[key] = [cached, 1]
                     held.append(key)
@@ -175,7 +187,7 @@ class TextPathway:
                 for j, u in enumerate(missing):
                     if keys[u] in wanted:  # (a row of the call that is live already keeps what it holds)
                         rows[keys[u]] = row = [(k[j : j + 1].clone(), v[j : j + 1].clone()) for k, v in kv]
-                        self.cache.put("text", keys[u], row, kv_nbytes(row))
+                        self.cache.put("text", keys[u][1], row, kv_nbytes(row))
             except BaseException:
                 self.release(held)
                 raise
@@ -186,7 +198,7 @@ class TextPathway:
                         self.live.setdefault(key, [rows[key], 0])[1] += 1
         return keys
 
-    def release(self, keys: list[bytes]) -> None:
+    def release(self, keys: list[tuple[int, bytes]]) -> None:
         with self._live_lock:
             for key in keys:
                 entry = self.live.get(key)

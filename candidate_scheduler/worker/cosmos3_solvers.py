@@ -39,10 +39,13 @@ def _state(scheduler) -> tuple:
 def step_together(schedulers: list, signatures: list, preds: list[torch.Tensor], timesteps: list,
                   samples: list[torch.Tensor]) -> list[torch.Tensor]:
     """`schedulers[i].step(preds[i], timesteps[i], samples[i])[0]` for every i, with the solvers in
-    lockstep (equal signature and state) stepped once over their stacked rows."""
+    lockstep (equal signature and state) and rows of one shape and dtype stepped once over their
+    stacked rows. Groups in lockstep may run other shapes (another resolution or horizon, in other
+    cohorts): their rows cannot be stacked, so they step apart."""
     sets: dict[tuple, list[int]] = {}
     for i, s in enumerate(schedulers):
-        sets.setdefault((signatures[i], _state(s)), []).append(i)
+        rows = (tuple(samples[i].shape[1:]), samples[i].dtype, tuple(preds[i].shape[1:]), preds[i].dtype)
+        sets.setdefault((signatures[i], _state(s), rows), []).append(i)
     out: list[torch.Tensor | None] = [None] * len(schedulers)
     for members in sets.values():
         if len(members) == 1:
