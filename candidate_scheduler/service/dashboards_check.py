@@ -4,8 +4,9 @@
 
 Exits non-zero, naming the dashboard, panel and expression, when a panel queries a series that
 SchedulerMetrics does not export, or names exported series but selects nothing from them or plots
-nonsense (a label or label value they never have, rate() of a gauge, buckets added up across `le`:
-expression_problems), when a dashboard has no panels, or when a panel is not wired to the
+nonsense (a label or label value they never have, rate() of a gauge, delta() of a counter, buckets
+added up across `le`: expression_problems; a legend naming a label the query drops: legend_problems),
+when a dashboard has no panels, or when a panel or one of its queries is not wired to the
 `${datasource}` variable. A renamed metric or label value then breaks `make dashboards-check` instead
 of leaving a silently empty (or silently wrong) panel.
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -93,6 +94,9 @@ _NAMED_MATCHERS = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{([^{}]*)\}")
 _MATCHER = re.compile(r"""([a-zA-Z_]\w*)\s*(=~|!~|!=|=)\s*("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')""")
 _LABEL_LIST = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\(([^()]*)\)", re.IGNORECASE)
 _COUNTER_FUNCTION = re.compile(r"\b(rate|irate|increase|resets)\s*\(\s*([a-zA-Z_:][a-zA-Z0-9_:]*)")
+_GAUGE_FUNCTION = re.compile(r"\b(delta|idelta|deriv|predict_linear)\s*\(\s*([a-zA-Z_:][a-zA-Z0-9_:]*)")
+# the series of counters and histograms: they only go up, save at a restart
+_COUNTER_SUFFIXES = ("_total", "_bucket", "_sum", "_count")
 _AGGREGATION = re.compile(
     r"\b(sum|avg|min|max|count|group|stddev|stdvar)\s*(?:(by|without)\s*\(([^()]*)\)\s*)?\(", re.IGNORECASE)
 _TRAILING_GROUPING = re.compile(r"\s*(by|without)\s*\(([^()]*)\)", re.IGNORECASE)
@@ -126,9 +130,10 @@ def _closing(text: str, opening: int) -> int:
 
 def expression_problems(expr: str, labels: dict[str, dict[str, set[str]]], gauges: set[str]) -> list[str]:
     """What in `expr` selects nothing or plots nonsense, though every name in it is exported: a label
-    (matched or grouped by) or an `=` / plain `=~` label value the series never has, rate() and the
-    like of a gauge, and a histogram's `_bucket` series added up across `le`. The reading is as small
-    as metric_names_in's: enough for the dashboards we write."""
+    (matched or grouped by) or an `=` / `!=` / plain `=~` / `!~` label value the series never has,
+    rate() and the like of a gauge, delta() and the like of a counter, and a histogram's `_bucket`
+    series added up across `le`. The reading is as small as metric_names_in's: enough for the
+    dashboards we write."""
     problems = []
     text = _VARIABLE.sub("$", expr)  # a variable's value is the site's: never checked
     names = metric_names_in(expr)
@@ -143,11 +148,12 @@ def expression_problems(expr: str, labels: dict[str, dict[str, set[str]]], gauge
                 problems.append(f"{name} has no label {label!r}")
                 continue
             value = quoted[1:-1]
-            if label in _OPEN_LABELS or "$" in value:
+            if label in _OPEN_LABELS or "$" in value or (op == "!=" and not value):  # != "": has the label
                 continue
-            if op == "=":
+            # a negative matcher on a value never exported excludes nothing: the panel plots everything
+            if op in ("=", "!="):
                 wanted = [value]
-            elif op == "=~" and re.fullmatch(r"[\w.+-]+(\|[\w.+-]+)*", value):
+            elif op in ("=~", "!~") and re.fullmatch(r"[\w.+-]+(\|[\w.+-]+)*", value):
                 wanted = value.split("|")  # a plain alternation: each must be a value
             else:
                 continue
@@ -162,23 +168,54 @@ def expression_problems(expr: str, labels: dict[str, dict[str, set[str]]], gauge
     for function, name in _COUNTER_FUNCTION.findall(text):
         if name in gauges:
             problems.append(f"{function}() of the gauge {name} (a gauge goes down; use delta() or the value)")
-    # A bucket counts the observations at or below its le: added across le it is no count at all.
-    buckets = {n for n in names if n.endswith("_bucket")}
-    if buckets and "histogram_quantile" not in text and not re.search(r"\ble\s*=", text):
-        problems.append(f"{sorted(buckets)} outside histogram_quantile with no le matcher (buckets added up)")
+    for function, name in _GAUGE_FUNCTION.findall(text):
+        if name in labels and name not in gauges and name.endswith(_COUNTER_SUFFIXES):
+            problems.append(f"{function}() of the counter {name} (a restart reads as a fall; use rate() or increase())")
+    # A bucket counts the observations at or below its le: added across le it is no count at all. Buckets
+    # kept apart by le (`sum by (le)`, or no aggregation: a heatmap, a histogram_quantile) are sound, and
+    # so is one bucket picked out by an le matcher; an aggregation that drops le over the rest is not.
+    for function, keeps, inside in _aggregations(text):
+        if not any(n.endswith("_bucket") for n in metric_names_in(inside)) or re.search(r"\ble\s*=", inside):
+            continue
+        if not keeps("le"):
+            quantile = "histogram_quantile needs le kept" if "histogram_quantile" in text else "buckets added up"
+            problems.append(f"{function}() over buckets without le: {quantile}")
+    return problems
+
+
+def _aggregations(text: str) -> Iterator[tuple[str, Callable[[str], bool], str]]:
+    """(function, whether a label survives it, the text it aggregates) for each aggregation in `text`."""
     for match in _AGGREGATION.finditer(text):
         end = _closing(text, match.end() - 1)
-        if "_bucket" not in text[match.end():end] or "histogram_quantile" not in text:
-            continue
         clause, listed = match.group(2), match.group(3)
         if clause is None:
             trailing = _TRAILING_GROUPING.match(text, end + 1)
-            clause, listed = (trailing.group(1), trailing.group(2)) if trailing else ("without", "")
-            if trailing is None:
-                listed = "le"  # a bare sum(...) drops every label, le included
-        kept = {x.strip() for x in listed.split(",")}
-        if (clause.lower() == "by") != ("le" in kept):
-            problems.append(f"{match.group(1)}() over buckets without le: histogram_quantile needs le kept")
+            clause, listed = (trailing.group(1), trailing.group(2)) if trailing else ("by", "")  # bare: drops all
+        named = {x.strip() for x in listed.split(",")} - {""}
+        by = clause.lower() == "by"
+        yield match.group(1), (lambda label, named=named, by=by: (label in named) == by), text[match.end():end]
+
+
+_LEGEND_LABEL = re.compile(r"\{\{\s*([a-zA-Z_]\w*)\s*\}\}")
+
+
+def legend_problems(expr: str, legend: str, labels: dict[str, dict[str, set[str]]]) -> list[str]:
+    """The labels `legend` names ({{label}}) that no series of `expr` carries or an aggregation in it
+    drops (a `sum` without `by`): Grafana draws those as an empty name, the lines it promised merged."""
+    wanted = dict.fromkeys(x for x in _LEGEND_LABEL.findall(legend or "") if not x.startswith("__"))
+    if not wanted or re.search(r"\blabel_(?:replace|join)\s*\(", expr):
+        return []  # labels made by the query itself: not read here
+    text = _VARIABLE.sub("$", expr)
+    carried = set(_TARGET_LABELS).union(*(labels.get(n, {}).keys() for n in metric_names_in(expr)))
+    problems = []
+    for label in wanted:
+        if label not in carried:
+            problems.append(f"legend {{{{{label}}}}}: no series it selects has label {label!r}")
+            continue
+        for function, keeps, _inside in _aggregations(text):
+            if not keeps(label):
+                problems.append(f"legend {{{{{label}}}}}: {function}() drops label {label!r} (keep it with by)")
+                break
     return problems
 
 
@@ -249,6 +286,9 @@ def check(path: str | Path, metrics: SchedulerMetrics | None = None) -> list[str
             if targets and not _uses_variable(panel.get("datasource")):
                 problems.append(f"{where}: datasource is not {DATASOURCE_VARIABLE}")
             for target in targets:
+                # Grafana runs a target that names a datasource against it, whatever the panel's says
+                if target.get("datasource") is not None and not _uses_variable(target["datasource"]):
+                    problems.append(f"{where} refId {target.get('refId')}: datasource is not {DATASOURCE_VARIABLE}")
                 expr = target.get("expr", "")
                 if not expr.strip():
                     problems.append(f"{where} refId {target.get('refId')}: empty expr")
@@ -259,6 +299,8 @@ def check(path: str | Path, metrics: SchedulerMetrics | None = None) -> list[str
                 for name in sorted(names - defined):
                     problems.append(f"{where}: undefined metric {name!r} in {expr!r}")
                 for problem in expression_problems(expr, labels, gauges):
+                    problems.append(f"{where}: {problem} in {expr!r}")
+                for problem in legend_problems(expr, target.get("legendFormat", ""), labels):
                     problems.append(f"{where}: {problem} in {expr!r}")
     return problems
 

@@ -147,7 +147,8 @@ METRICS = (
     _define(Histogram, "group_latency_seconds", "Receipt to answer, per group, by outcome.", SECONDS_BUCKETS,
             outcome=OUTCOMES),
     # Queue.
-    _define(Gauge, "queued_groups", "Groups admitted or waiting for a worker, not yet answered."),
+    _define(Gauge, "queued_groups", "Groups admitted or waiting for a worker, none of whose slices has started yet "
+            "(a group running on a worker is not queued)."),
     _define(Gauge, "queued_candidates", "Candidates in slices not yet dispatched."),
     _define(Histogram, "queue_wait_seconds", "Receipt to first dispatch, per group.", SECONDS_BUCKETS),
     # Physical batches: counted at dispatch; stage timings arrive with the worker's result.
@@ -164,7 +165,9 @@ METRICS = (
     _define(Counter, "staggered_starts_total",
             "Workers held past their batch boundary behind a deep backlog, so boundaries spread (core/stagger.py)."),
     _define(Counter, "transformer_forwards_total",
-            "Transformer forward passes reported by workers (one per denoise step per batch)."),
+            "Transformer forward passes in the workers' batch results, one per denoise step per assignment: a "
+            "forward shared by n assignments of a running batch counts n times (each forward run once: "
+            "forward_rows_count)."),
     _define(Histogram, "batch_rows", "Candidate rows per physical batch.", COUNT_BUCKETS),
     _define(Histogram, "batch_occupancy_ratio", "Candidate rows per physical batch over worker capacity.",
             OCCUPANCY_BUCKETS),
