@@ -15,7 +15,8 @@ receipt time plus a bounded offset, never a virtual clock that could drift from 
 traffic (their own backlog), too short would leave part of a flood ahead of a newcomer.
 
 With nothing waiting the virtual time and the tenants' finish tags reset: an idle queue owes nobody
-anything.
+anything. A group that leaves before any worker took it (cancelled, failed, shut down) gives its work
+back to its tenant's finish tag: it no longer waits ahead of the tenant's next group.
 """
 
 from __future__ import annotations
@@ -23,6 +24,22 @@ from __future__ import annotations
 # Seconds a work unit (one candidate for one denoise step) stands for: a fleet-wide rate well below
 # what one GPU worker does (~1-5 ms per candidate-step), so a flood's lead is not under-counted.
 UNIT_S = 0.01
+
+
+class Tag(float):
+    """A start tag that remembers whose group it stamped and what that group added to its tenant's finish
+    tag: the engine hands back only the tag when the group leaves (`FairClock.left`), and ties between
+    tenants are common (every newcomer starts at the virtual time), so the tag itself must say."""
+
+    __slots__ = ("tenant", "cost")
+
+    def __new__(cls, start: float, tenant: str, cost: float) -> Tag:
+        tag = super().__new__(cls, start)
+        tag.tenant, tag.cost = tenant, cost
+        return tag
+
+    def __reduce__(self):  # copies and pickles keep what it remembers (float's own would drop it)
+        return Tag, (float(self), self.tenant, self.cost)
 
 
 class FairClock:
@@ -42,7 +59,7 @@ class FairClock:
             return 0.0, 0.0
         start = max(self.virtual, self.finish.get(tenant, self.virtual))
         self.finish[tenant] = start + work / weight
-        return start, (start - self.virtual) * UNIT_S
+        return Tag(start, tenant, work / weight), (start - self.virtual) * UNIT_S
 
     def left(self, tag: float, started: bool) -> None:
         """A stamped group was taken by a worker (`started`) or ended before any was: once per group."""
@@ -50,4 +67,8 @@ class FairClock:
             raise RuntimeError("FairClock.left without a stamped group waiting")
         self.queued -= 1
         if started and self.fair:
-            self.virtual = max(self.virtual, tag)
+            self.virtual = max(self.virtual, float(tag))
+        elif not started and isinstance(tag, Tag) and tag.tenant in self.finish:
+            # its work no longer waits: the tenant's next group need not go behind it (groups of the tenant
+            # queued after it keep their places; only the backlog a newcomer of the tenant counts shrinks)
+            self.finish[tag.tenant] -= tag.cost

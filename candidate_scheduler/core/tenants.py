@@ -30,7 +30,8 @@ class TenantPolicy:
 
     def __post_init__(self) -> None:
         check_name("tenant", self.name)
-        if self.max_in_flight is not None and (not isinstance(self.max_in_flight, int) or self.max_in_flight < 1):
+        if self.max_in_flight is not None and (isinstance(self.max_in_flight, bool)
+                                               or not isinstance(self.max_in_flight, int) or self.max_in_flight < 1):
             raise ValueError(f"tenant {self.name}: max_in_flight must be a positive int, got {self.max_in_flight!r}")
         if isinstance(self.weight, bool) or not isinstance(self.weight, (int, float)) \
                 or not (math.isfinite(self.weight) and MIN_WEIGHT <= self.weight <= MAX_WEIGHT):
@@ -70,7 +71,9 @@ class Tenants:
         if in_flight >= 2 * capacity:
             return True
         tenants = len(self.in_flight) + (tenant not in self.in_flight)
-        return self.in_flight[tenant] >= capacity // tenants
+        # n >= capacity / tenants, exactly: rounded down, a share below one group was zero, and a tenant with
+        # nothing in flight was refused beside another's flood whenever more tenants than the limit had groups
+        return self.in_flight[tenant] * tenants >= capacity
 
     def kept(self, request_id: str, tenant: str, owners: tuple[str, ...]) -> None:
         self.in_flight[tenant] += 1
