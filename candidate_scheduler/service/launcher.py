@@ -104,6 +104,17 @@ class BridgeProcess(ChildProcess):
     port: int
 
 
+def _last_value(flags: list[str], name: str) -> str | None:
+    """The value of the last `name VALUE` or `name=VALUE` among `flags`, as argparse reads them."""
+    value = None
+    for i, flag in enumerate(flags):
+        if flag == name and i + 1 < len(flags):
+            value = flags[i + 1]
+        elif flag.startswith(name + "="):
+            value = flag[len(name) + 1:]
+    return value
+
+
 class Launcher:
     """Starts local services and stops them all at `close()`.
 
@@ -154,11 +165,11 @@ class Launcher:
             return None if value in (None, "off") else value
 
         keys = None
-        flags = [*self.serve_args, *extra]  # as on the command line: a later --curve-dir wins
-        if "--curve-dir" in flags:  # the key directory's admin pair (`keys DIR` writes one)
+        key_dir = _last_value([*self.serve_args, *extra], "--curve-dir")  # as on the command line: the last wins
+        if key_dir is not None:  # the key directory's admin pair (`keys DIR` writes one)
             from candidate_scheduler.service.keys import ClientKeys
 
-            keys = ClientKeys.load(flags[len(flags) - 1 - flags[::-1].index("--curve-dir") + 1])
+            keys = ClientKeys.load(key_dir)
         return SchedulerHandle(proc, found["request endpoint"], found["control endpoint"], found["worker link"],
                                endpoint("metrics"), endpoint("sglang compat"), keys=keys)
 

@@ -137,7 +137,8 @@ class ClientSpec:
 
     request: str
     control: str
-    keys: str | None = None  # ClientKeys.to_env() when the scheduler takes keys
+    # ClientKeys.to_env() when the scheduler takes keys: it holds a secret key, so never in a repr (logs, tracebacks)
+    keys: str | None = field(default=None, repr=False)
 
     def client(self, **kwargs):
         from candidate_scheduler.service.client import Client
@@ -162,7 +163,7 @@ class RayService:
     scheduler: Any  # the SchedulerActor handle
     workers: list[Any] = field(default_factory=list)  # WorkerActor handles
     group: Any = None  # the placement group (None when attached)
-    keys: str | None = None
+    keys: str | None = field(default=None, repr=False)  # ClientKeys.to_env(): a secret key, never in a repr
 
     def client_spec(self) -> ClientSpec:
         return ClientSpec(self.endpoints["request endpoint"], self.endpoints["control endpoint"], self.keys)
