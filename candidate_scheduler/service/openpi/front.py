@@ -51,7 +51,7 @@ from websockets.protocol import State
 
 from candidate_scheduler import convert, protocol
 from candidate_scheduler.core import reducers
-from candidate_scheduler.core.access import FORBIDDEN, Principal
+from candidate_scheduler.core.access import FORBIDDEN, Principal, Role
 from candidate_scheduler.service.async_client import AsyncClient
 from candidate_scheduler.service.client import ClientClosed, SchedulerUnavailable, ServiceError
 from candidate_scheduler.service.keys import ClientKeys, Directory, authenticate
@@ -382,6 +382,16 @@ class OpenpiFront:
                 response = connection.respond(http.HTTPStatus.UNAUTHORIZED, f"candidate_scheduler openpi: {why}\n")
                 response.headers["WWW-Authenticate"] = 'Bearer realm="candidate_scheduler openpi"'
                 return response
+            if self.config.keys is not None and principal.role is not Role.CLIENT:
+                # the front submits on behalf of the token's holder, and the scheduler acts only for clients:
+                # every observation would come back forbidden, so the robot hears it now, in one line
+                self.stats["forbidden"] += 1
+                log.warning("refused a connection from %s: a %s token (%s)", connection.remote_address,
+                            principal.role.value, principal.name)
+                return connection.respond(
+                    http.HTTPStatus.FORBIDDEN,
+                    f"candidate_scheduler openpi: {principal.name}'s token is a {principal.role.value}'s; robots "
+                    "submit with a client's token (`candidate-scheduler keys DIR --token NAME`)\n")
         if self.live >= self.config.max_connections:
             self._note_full(connection.remote_address)
             response = connection.respond(

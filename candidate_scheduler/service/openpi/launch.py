@@ -165,14 +165,24 @@ def openpi_bind(args: argparse.Namespace) -> tuple[str, str | None, bool]:
     """(host, tokens dir, insecure) of the front `serve` starts; StartupRefused (one line) when it may
     not bind there. `serve` asks before it binds anything, so a refusal leaves nothing half started."""
     host = getattr(args, "openpi_host", None) or getattr(args, "host", None) or "127.0.0.1"
-    tokens = getattr(args, "openpi_tokens", None) or getattr(args, "curve_dir", None)
+    curve_dir = getattr(args, "curve_dir", None)
+    tokens = getattr(args, "openpi_tokens", None) or curve_dir
     insecure = bool(getattr(args, "insecure", False) or getattr(args, "openpi_allow_nonlocal", False))
     why = bind_refusal(host, tokens, insecure, "--openpi-tokens DIR (or --curve-dir DIR)")
+    if why is None and curve_dir is not None and not _same_dir(tokens, curve_dir):
+        # the front submits on behalf of the token's holder, whom the scheduler looks up in ITS directory:
+        # names from another one are refused there, or land in that directory's tenant of the same name
+        why = (f"--openpi-tokens {tokens} is not --curve-dir {curve_dir}: with keys, the scheduler checks each "
+               "robot's token holder in its own key directory; give the front that one (leave --openpi-tokens out)")
     if why is not None and getattr(args, "openpi_port", None) is not None:
         from candidate_scheduler.service.server import StartupRefused
 
         raise StartupRefused(why)
     return host, tokens, insecure
+
+
+def _same_dir(a: str, b: str) -> bool:
+    return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))
 
 
 def spawn_openpi_front(args: argparse.Namespace, bound: dict[str, str], keys: ClientKeys | None = None,
