@@ -32,21 +32,26 @@ class Endings:
                 e.outbox.append(CancelRows(worker.identity, a.batch_id, (rid,)))
         reply = g.take_reply()
         result = None
-        if reply is not None:
-            try:
-                result = g.result(reply)
-            except Exception as exc:  # noqa: BLE001 - the reply could not be built: still one answer
-                e.counters["internal_errors"] += 1
-                result = refusal(rid, "failed", INTERNAL_ERROR,
-                                 f"the reply could not be built: {type(exc).__name__}: {exc}")
-            e.outbox.append(Reply(g.client, result))
-            e.outbox.extend(Reply(waiter, result) for waiter in g.waiters)  # resubmissions: the same answer
-            e.replies.put(rid, e.tenants.owners_of(rid) or (), g.fingerprint, result)
-        self.forget(g)
-        # STATUS must say what the reply said ("rejected" is a FAILED group to the state machine)
-        e.finished[rid] = g.status.name.lower() if result is None else result.status
-        while len(e.finished) > e.config.finished_memory:
-            e.finished.popitem(last=False)
+        try:
+            if reply is not None:
+                try:
+                    result = g.result(reply)
+                except Exception as exc:  # noqa: BLE001 - the reply could not be built: still one answer
+                    e.counters["internal_errors"] += 1
+                    result = refusal(rid, "failed", INTERNAL_ERROR,
+                                     f"the reply could not be built: {type(exc).__name__}: {exc}")
+                e.outbox.append(Reply(g.client, result))
+                e.outbox.extend(Reply(waiter, result) for waiter in g.waiters)  # resubmissions: the same answer
+                e.replies.put(rid, e.tenants.owners_of(rid) or (), g.fingerprint, result)
+        finally:
+            # Once its reply is taken the group is forgotten whatever raised above: the guard that reports
+            # the fault finds the reply taken and does nothing, so a group kept here stayed in flight for
+            # good (counted against the limits, holding a graceful stop, parking resubmissions unanswered).
+            self.forget(g)
+            # STATUS must say what the reply said ("rejected" is a FAILED group to the state machine)
+            e.finished[rid] = g.status.name.lower() if result is None else result.status
+            while len(e.finished) > e.config.finished_memory:
+                e.finished.popitem(last=False)
         if result is None:
             return
         e.metrics.group_completed(result.status, e.now - g.received_at)

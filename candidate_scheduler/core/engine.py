@@ -94,7 +94,9 @@ class Engine:
         self.stopping = False  # draining because the scheduler is going away: refusals say `stopping`
         self.counters: collections.Counter = collections.Counter()
         self.cost = CostModel(self.config.margin_quantile)
-        self._largest_fitted = 0  # the largest worker's rows when pending slices were last fitted to it
+        # No pending slice is larger: the largest worker's rows when pending slices were last fitted to it,
+        # raised by every slice queued since (Engine._fit_slices halves them when the largest shrinks below)
+        self._largest_fitted = 0
         self.cache_bytes: dict[str, int] = {}  # worker id -> its conditioning cache's bytes in use
         self.elastic = ElasticIndex()  # queued groups with a deadline whose count may still shrink
         self.unstarted: set[str] = set()  # admitted groups none of whose slices has started
@@ -175,7 +177,14 @@ class Engine:
         except Exception:  # noqa: BLE001 - the last resort: forget it and answer it plainly
             if not g.reply_taken:
                 g.take_reply()
-                self.outbox.append(Reply(g.client, refusal(rid, "failed", INTERNAL_ERROR, message)))
+                answer = refusal(rid, "failed", INTERNAL_ERROR, message)
+                self.outbox.append(Reply(g.client, answer))
+                self.outbox.extend(Reply(waiter, answer) for waiter in g.waiters)  # its resubmissions too
+            # its slices still out are the ended group's (Endings.end marks them as it tells their workers):
+            # else a late result of one is taken for a new group's slice under the same id
+            for batch_id in self.held.get(rid, ()):
+                if (a := self.assignments.get(batch_id)) is not None:
+                    a.cancelled.add(rid)
             self.endings.forget(g)
         return True
 
@@ -196,7 +205,7 @@ class Engine:
                 self._fault("submit", exc, (stored[0].request_id,))
             else:  # it raised before the group was kept: answer the submission itself
                 self._fault("submit", exc, ())
-                if not any(isinstance(m, Reply) and m.client is client for m in self.outbox):
+                if not self._answered(client, sub.request_id):
                     self.outbox.append(Reply(client, refusal(sub.request_id, "failed", INTERNAL_ERROR,
                                                            f"internal error while handling submit: {exc!r}")))
         if plan:
@@ -204,6 +213,15 @@ class Engine:
             self.wake_at = self._wake_at()
         out, self.outbox = self.outbox, []
         return out
+
+    def _answered(self, client: Any, request_id: Any) -> bool:
+        """Whether `client` has its answer to a submission already: in this event's messages, or to come
+        with the group in flight under that id (its sender, or a resubmission made one of its waiters
+        before the event raised) -- a refusal too would be a second answer, and a wrong one."""
+        if any(isinstance(m, Reply) and m.client is client for m in self.outbox):
+            return True
+        g = self.groups.get(request_id) if isinstance(request_id, str) else None
+        return g is not None and not g.reply_taken and (client == g.client or client in g.waiters)
 
     def refuse(self, client: Any, request_id: str, status: str, code: str, message: str,
                field: str | None = None, tenant: str | None = None) -> list:
@@ -263,6 +281,9 @@ class Engine:
         slices = g.pending_slices()
         for i, ids in slices:
             self.pending.add(self._unit(g, i, ids))
+            # sized for the fleet at admission: if the workers it fits go before a pass fits it, the next one
+            # must see it (a burst admits with no pass, and its worker may leave in it)
+            self._largest_fitted = max(self._largest_fitted, len(ids))
         if g.deadline is not None and g.spec.min_count < g.served_count and g.request_id in self.unstarted:
             extra = (g.served_count - g.spec.min_count) * g.request.observations * g.sampling.steps
             self.elastic.put(ElasticEntry(g.request_id, g.order, g.label, extra, len(slices), g.spec.min_count))
@@ -276,7 +297,7 @@ class Engine:
             self._split(g, self._largest())
             self._enqueue(g)
         else:  # with no live worker, the next one's pass splits it if it must (_fit_slices)
-            self._largest_fitted = self._largest_fitted if self.workers else max(self._largest_fitted, len(g.slices[slice_index]))
+            self._largest_fitted = max(self._largest_fitted, len(g.slices[slice_index]))
             self.pending.add(self._unit(g, slice_index, g.slices[slice_index]))
 
     def _largest(self) -> int:
@@ -393,8 +414,10 @@ class Engine:
         largest = self._largest()
         if largest < self._largest_fitted:
             for g in list(self.groups.values()):
-                if self._split(g, largest):
-                    self._enqueue(g)
+                # a fault here is this group's (its slices may be half re-indexed): it is answered, the rest fitted
+                with self.guard("schedule", g.request_id):
+                    if self._split(g, largest):
+                        self._enqueue(g)
         self._largest_fitted = largest
 
     def _resize(self, r: schedule.Resize) -> None:

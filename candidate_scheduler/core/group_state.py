@@ -114,12 +114,13 @@ class GroupReply:
 
 
 class _Slice:
-    __slots__ = ("candidate_ids", "status", "attempts", "worker_id", "started_at")
+    __slots__ = ("candidate_ids", "status", "attempts", "replans", "worker_id", "started_at")
 
     def __init__(self, candidate_ids: tuple[int, ...]) -> None:
         self.candidate_ids = candidate_ids
         self.status = WorkStatus.PENDING
         self.attempts = 0
+        self.replans = 0  # of its attempts, those that ended in no fault of the worker's (out of memory)
         self.worker_id: str | None = None
         self.started_at: float | None = None
 
@@ -312,20 +313,28 @@ class GroupState:
             self._transition(GroupStatus.REDUCING)
         return True
 
-    def fail_slice(self, slice_idx: int, reason: str, retry_limit: int, *, worker_id: str | None = None) -> bool:
+    def fail_slice(self, slice_idx: int, reason: str, retry_limit: int, *, worker_id: str | None = None,
+                   counted: bool = True) -> bool:
         """A running slice failed (worker died, timed out, sent garbage).
 
         `retry_limit` caps the attempts per slice: with attempts < retry_limit the slice goes back to
         pending (to be retried from its snapshots), otherwise the whole group FAILS. With `worker_id`,
-        a failure reported for a worker the slice is no longer on is ignored. Returns whether anything
-        changed.
+        a failure reported for a worker the slice is no longer on is ignored. `counted=False`: the attempt
+        failed through no fault of the worker's (it ran out of memory, and holds fewer rows now): the slice
+        goes back to pending, and the attempt never counts against `retry_limit` -- else a slice planned
+        again after out-of-memory incidents failed at the first worker fault after them. Returns whether
+        anything changed.
         """
         if is_finished(self.status):
             return False
         sl = self._slice(slice_idx)
         if sl.status is not WorkStatus.RUNNING or (worker_id is not None and sl.worker_id != worker_id):
             return False
-        if sl.attempts < retry_limit:
+        if not counted:
+            sl.replans += 1
+            self._back_to_pending(sl)
+            return True
+        if sl.attempts - sl.replans < retry_limit:
             self._back_to_pending(sl)
             return True
         self._transition(

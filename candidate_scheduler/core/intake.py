@@ -22,6 +22,18 @@ from candidate_scheduler.core.messages import Reply
 from candidate_scheduler.core.request import Submission, check_request_id, validate
 from candidate_scheduler.core.resubmission import same_request
 
+# A group answered before its deadline leaves its entry in the deadline heap until the deadline passes (up
+# to MAX_DEADLINE_S, an hour): past twice the groups in flight plus this many, those entries are dropped.
+_EXPIRIES_SLACK = 256
+
+
+def _trim_expiries(e) -> None:
+    """Keep the deadline heap's entries of groups in flight only (amortized O(1) a push: after a trim the
+    heap holds at most one entry per group, and the next trim waits for as many pushes again)."""
+    live = [x for x in e.expiries if (g := e.groups.get(x[2])) is not None and g.serial == x[1]]
+    heapq.heapify(live)
+    e.expiries = live
+
 
 class Intake:
     def __init__(self, engine):
@@ -87,6 +99,8 @@ class Intake:
         e.metrics.candidates_per_group(request.spec.count)
         if group.deadline is not None:
             heapq.heappush(e.expiries, (group.deadline, group.serial, rid))
+            if len(e.expiries) > 2 * len(e.groups) + _EXPIRIES_SLACK:
+                _trim_expiries(e)
         if not e.workers:
             e.waiting[rid] = None  # admitted as soon as a worker registers
             return None

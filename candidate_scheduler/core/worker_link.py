@@ -350,7 +350,8 @@ class WorkerLink:
             g.fail("out_of_memory", f"one candidate does not fit the worker's memory: {detail}", field="count")
             e.end(g)
             return
-        if g.fail_slice(entry.slice_index, f"out_of_memory: {detail}", 1 << 30, worker_id=worker.worker_id):
+        if g.fail_slice(entry.slice_index, f"out_of_memory: {detail}", e.config.retry_limit,
+                        worker_id=worker.worker_id, counted=False):
             e.metrics.retry("out_of_memory")  # the planning pass halves what no worker can hold now
             e.requeue(g, entry.slice_index)
 
