@@ -97,6 +97,7 @@ class Engine:
         # No pending slice is larger: the largest worker's rows when pending slices were last fitted to it,
         # raised by every slice queued since (Engine._fit_slices halves them when the largest shrinks below)
         self._largest_fitted = 0
+        self._held_in_pass: dict[str, float] = {}  # staggered starts the last planning pass decided
         self.cache_bytes: dict[str, int] = {}  # worker id -> its conditioning cache's bytes in use
         self.elastic = ElasticIndex()  # queued groups with a deadline whose count may still shrink
         self.unstarted: set[str] = set()  # admitted groups none of whose slices has started
@@ -348,7 +349,10 @@ class Engine:
     def schedule(self, now: float, *, elastic: bool = True,
                  trace: schedule.Trace | None = None) -> schedule.SchedulePlan:
         """The next planning pass as a value (core/schedule.py); nothing changes until `apply`."""
-        return schedule.plan(self.snapshot(now), elastic=elastic, trace=trace)
+        snap = self.snapshot(now)
+        plan = schedule.plan(snap, elastic=elastic, trace=trace)
+        self._held_in_pass = dict(snap.starts)  # the workers it kept idle for a staggered start (_wake_at)
+        return plan
 
     def apply(self, plan: schedule.SchedulePlan, now: float | None = None) -> list:
         """Carry out a plan: fix the counts it resizes, start the slices it places; the messages to send."""
@@ -398,7 +402,11 @@ class Engine:
                 if started_waiting := len(self.held_back.keys() - held.keys()):
                     self.counters["staggered_starts"] += started_waiting
                     self.metrics.staggered_starts(started_waiting)
-                return snap.wake_at()
+                # a worker the pass kept idle for a start this snapshot no longer staggers (the backlog fell
+                # below deep as the pass placed work) is due now: plan again now, not at the next event
+                released = self._held_in_pass.keys() - self.held_back.keys()
+                self._held_in_pass = {}
+                return self.now if released else snap.wake_at()
         self.held_back = {}
         return None
 
