@@ -206,7 +206,9 @@ class Engine:
                 self._fault("submit", exc, (stored[0].request_id,))
             else:  # it raised before the group was kept: answer the submission itself
                 self._fault("submit", exc, ())
-                if not self._answered(client, sub.request_id):
+                if not self._answered(client, sub.request_id):  # counted as any refusal is
+                    with contextlib.suppress(Exception):
+                        self.metrics.group_completed("failed", 0.0)
                     self.outbox.append(Reply(client, refusal(sub.request_id, "failed", INTERNAL_ERROR,
                                                            f"internal error while handling submit: {exc!r}")))
         if plan:
@@ -477,7 +479,7 @@ class Engine:
         self.outbox.append(SendWork(worker.identity, batch_id, tuple(slices), join, told))
         self.metrics.physical_batch(a.rows, worker.capacity)
         if join:
-            self.metrics.group_joined()
+            self.metrics.group_joined(len(p.units))
 
     def _pending_now(self, u) -> bool:
         # a plan's units are the index's own objects: one that was started, retried or re-sliced since is not
@@ -547,6 +549,7 @@ class Engine:
             if now - w.last_seen > self.config.heartbeat_timeout_s:
                 self.link.lost(w, "heartbeat_timeout", "tick")
         self.metrics.queue_depth(self.queued_groups(), self.queued_candidates())
+        self.link.publish_due_margins()
         self.metrics.live_workers(len(self.workers))
         self.metrics.leaving_workers(len(self.leaving))
         self.metrics.drain_state(self.draining)

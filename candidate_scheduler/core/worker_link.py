@@ -242,8 +242,7 @@ class WorkerLink:
             if a.predicted_s > 0:
                 e.metrics.prediction(a.predicted_s, e.now - a.sent_at)
                 self._margins_moved |= e.cost.observe_error(worker.worker_id, a.predicted_s, e.now - a.sent_at)
-            if self._margins_moved and e.now >= self._margins_due:
-                self._publish_margins()
+            self.publish_due_margins()
         if len(result.outputs) != len(a.entries):
             # A wrong-shaped answer is the worker's fault: retry every member elsewhere.
             for entry in a.entries:
@@ -361,10 +360,10 @@ class WorkerLink:
         if g is None or entry.request_id in a.cancelled:  # its group ended: the id may be a new group's now
             return
         if g.fail_slice(entry.slice_index, f"{reason}: {detail}", e.config.retry_limit, worker_id=worker.worker_id):
-            e.metrics.retry(reason)
-            if g.finished:
+            if g.finished:  # its retries are spent: the group failed, nothing is retried
                 e.end(g)
             else:
+                e.metrics.retry(reason)
                 e.requeue(g, entry.slice_index)
 
     # ---- workers and assignments that are gone ------------------------------------------------------------
@@ -381,6 +380,12 @@ class WorkerLink:
                 held.discard(a.batch_id)
                 if not held:
                     del e.held[entry.request_id]
+
+    def publish_due_margins(self) -> None:
+        """The margin gauges, when a margin moved since they were last set and a second has passed: a move
+        within the second after a publication waits for the next result or tick, never for good."""
+        if self._margins_moved and self.engine.now >= self._margins_due:
+            self._publish_margins()
 
     def _publish_margins(self) -> None:
         e = self.engine

@@ -81,7 +81,7 @@ PROTOCOL_ERROR_KINDS = (
 )
 # the engine's events (core/engine.py), plus the shell's own loop: where code raised
 EVENTS = ("submit", "register", "heartbeat", "result", "leaving", "left", "give_back", "tick", "cancel",
-          "worker_leave", "shutdown", "schedule", "shell", OTHER)
+          "worker_leave", "shutdown", "schedule", "reply", "shell", OTHER)
 # the tenants named in the key directory (core/access.py): set per instance, see SchedulerMetrics
 CONFIGURED_TENANTS = ("<configured tenants>",)
 RESUBMISSIONS = ("in_flight", "answered", OTHER)
@@ -136,7 +136,8 @@ def _define(kind: type, name: str, documentation: str, buckets: tuple[float, ...
 # closed set of values.
 METRICS = (
     # Groups through their life.
-    _define(Counter, "groups_received_total", "Candidate groups received, by client API.", api=APIS),
+    _define(Counter, "groups_received_total", "Submissions received, by client API: resubmissions of a group in flight "
+            "or answered included (resubmissions_total counts those; each group is completed once).", api=APIS),
     _define(Counter, "groups_admitted_total", "Candidate groups admitted, by admission mode.", mode=ADMITTED_MODES),
     _define(Counter, "groups_completed_total", "Candidate groups answered, by outcome.", outcome=OUTCOMES),
     _define(Counter, "admission_decisions_total", "Admission decisions, by mode and reason.",
@@ -429,8 +430,8 @@ class SchedulerMetrics:
     def conditioning_cache_bytes_in_use(self, n: int) -> None:
         self.conditioning_cache_bytes.set(n)
 
-    def group_joined(self) -> None:
-        self.groups_joined_total.inc()
+    def group_joined(self, slices: int = 1) -> None:
+        self.groups_joined_total.inc(slices)
 
     def first_step(self, seconds: float) -> None:
         self.first_step_seconds.observe(seconds)

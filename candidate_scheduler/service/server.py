@@ -419,6 +419,7 @@ class Scheduler:
             return self._refuse_submit(client, msg, principal.tenant, "invalid", exc.kind, str(exc))
         except Exception as exc:  # noqa: BLE001 - the shell's own fault: still one answer for the SUBMIT
             log.exception("could not read the SUBMIT of %r", msg.request_id)
+            self.engine.counters["handler_errors"] += 1  # as every fault of the shell's: STATS and the metric agree
             self.metrics.internal_error("shell")
             return self._refuse_submit(client, msg, principal.tenant, "failed", INTERNAL_ERROR,
                                        f"internal error while reading the request: {type(exc).__name__}: {exc}")
