@@ -15,6 +15,7 @@ carries it out.
 from __future__ import annotations
 
 import enum
+from collections.abc import Collection, Iterable
 
 from candidate_scheduler.core.values import value
 
@@ -44,3 +45,10 @@ class GracefulStop:
         if workers == 0:
             return Verdict.NO_WORKERS
         return Verdict.SERVE
+
+
+def serving_workers(live: Collection, leaving: Iterable) -> int:
+    """The workers that can still answer groups in flight: every live one, and each leaving one that holds
+    work. A leaving worker takes no new work, so one that holds nothing serves nobody, however long it
+    takes to say LEFT (one that never does kept a stop with a queue and no live worker for its grace)."""
+    return len(live) + sum(1 for w in leaving if w.assignments)

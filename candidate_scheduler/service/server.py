@@ -47,7 +47,7 @@ from candidate_scheduler.core.access import (
     denied,
 )
 from candidate_scheduler.core.engine import INTERNAL_ERROR, Engine, EngineConfig
-from candidate_scheduler.core.graceful_stop import GracefulStop, Verdict
+from candidate_scheduler.core.graceful_stop import GracefulStop, Verdict, serving_workers
 from candidate_scheduler.core.group import refusal
 from candidate_scheduler.service.endpoints import bind_socket, is_loopback_endpoint, is_loopback_host
 from candidate_scheduler.service.keys import CLIENTS_DOMAIN, WORKERS_DOMAIN, Authenticator, ClientKeys, Directory
@@ -280,7 +280,7 @@ class Scheduler:
             self.engine.draining = self.engine.stopping = True  # no new group from here on
             log.warning("stopping: serving the %d group(s) in flight for up to %.1f s, admitting no new ones "
                         "(a second SIGTERM or SIGINT stops at once)", len(self.engine.groups), grace_s)
-        workers = len(self.engine.workers) + len(self.engine.leaving)
+        workers = serving_workers(self.engine.workers, self.engine.leaving.values())
         verdict = self.graceful.verdict(time.monotonic(), len(self.engine.groups), workers)
         if verdict is Verdict.SERVE:
             return False

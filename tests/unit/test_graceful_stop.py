@@ -27,3 +27,19 @@ def test_verdicts(now, in_flight, workers, verdict):
 def test_until_is_the_end_of_the_grace():
     assert STOP.until == 125.0
     assert GracefulStop(7.0, 0.0).verdict(7.0, 1, 1) is Verdict.GRACE_EXPIRED
+
+
+class _Worker:
+    def __init__(self, holds: int):
+        self.assignments = {i: object() for i in range(holds)}
+
+
+def test_a_leaving_worker_that_holds_nothing_serves_nobody():
+    """It takes no new work: with queued groups and no live worker, the stop need not wait out its grace
+    for a leaving worker that never says LEFT."""
+    from candidate_scheduler.core.graceful_stop import serving_workers
+
+    assert serving_workers({}, [_Worker(0)]) == 0
+    assert serving_workers({}, [_Worker(2), _Worker(0)]) == 1
+    assert serving_workers({"w1": _Worker(0)}, [_Worker(1)]) == 2  # a live one serves, holding or not
+    assert STOP.verdict(101.0, 3, serving_workers({}, [_Worker(0)])) is Verdict.NO_WORKERS
