@@ -15,11 +15,13 @@ with every deadline group behind them watched, below). If even then it would fin
 deadline, it is refused at once (`rejected`, `deadline_unmeetable`, with the predicted completion),
 instead of being served late. A group that could not finish in time even alone on an idle worker is
 refused without a simulation. It is refused too when it could finish in time but only by making late a
-group admitted before it: one with a later deadline that it would go ahead of (the next `WATCH_WINDOW`
-slices behind it), or, under step batching, one running whose forwards its rows would slow -- a group
-that was forecast in time without it and is forecast late with it. The promise made first is kept; the
-newcomer hears at once, instead of the earlier group expiring at its deadline. (Only where the exact
-forecast answers: behind a queue the fluid forecast judges, the newcomer's own finish decides alone.)
+group admitted before it with a later deadline that it would go ahead of (the next `WATCH_WINDOW` slices
+behind it): a group that was forecast in time without it and is forecast late with it. The promise made
+first is kept; the newcomer hears at once, instead of the earlier group expiring at its deadline. (Only
+where the exact forecast answers: behind a queue the fluid forecast judges, the newcomer's own finish
+decides alone.) Running groups are not watched so: under step batching a joiner's rows slow them, but
+refusing such joiners cost more groups in time than it saved from expiring (bench/README.md, "Deadlines
+of mixed urgency"), each refusal a certain loss against a forecast one.
 
 Batches (dispatch). A batch takes no filler that would make a deadline group in it late
 (`batch_guard`, core/batch_deadlines.py); the exact forecast fills its simulated batches by that rule too.
@@ -134,19 +136,15 @@ def refuse_at_receipt(snap: PlanningSnapshot, view: GroupView) -> Refusal | None
 
 
 def _promised(snap: PlanningSnapshot, view: GroupView) -> list[GroupView]:
-    """The deadline groups admitted before `view` that it could make late: those queued behind it (the
-    next WATCH_WINDOW slices), and, under step batching, those running (its rows slow their forwards)."""
+    """The deadline groups admitted before `view` that it would go ahead of: those queued behind it (the
+    next WATCH_WINDOW slices)."""
     found: dict[str, GroupView] = {}
     for walked, unit in enumerate(snap.queue.ordered((*view.order, math.inf))):
         if walked >= WATCH_WINDOW:
             break
-        if unit.request_id not in found and (g := snap.group(unit.request_id)) is not None:
-            found[unit.request_id] = g
-    if snap.batching == "step":
-        for rid in {k[0] for w in snap.workers for a in w.running for k in a.keys}:
-            if rid not in found and (g := snap.group(rid)) is not None:
-                found[rid] = g
-    return [g for g in found.values() if g.deadline is not None and g.request_id != view.request_id]
+        if unit.request_id not in found and snap.deadline_of(unit.request_id) is not None:
+            found[unit.request_id] = snap.group(unit.request_id)
+    return [g for g in found.values() if g is not None and g.request_id != view.request_id]
 
 
 def choose_count(snap: PlanningSnapshot, view: GroupView) -> int:

@@ -1,7 +1,7 @@
 """Refusal at receipt keeps the promises made first (core/deadlines.refuse_at_receipt): a deadline group
 that could finish in time only by going ahead of a group admitted before it, and making that one late,
 is refused at once, instead of the earlier group expiring at its deadline. A newcomer that harms nobody
-that was in time, or nobody at all, is admitted as before."""
+that was in time, or nobody at all, is admitted as before; so is a joiner that only slows running groups."""
 
 from __future__ import annotations
 
@@ -60,15 +60,11 @@ def test_a_group_late_anyway_does_not_keep_a_newcomer_out():
     assert "admitted before it" in h.reply("m").error
 
 
-def test_under_step_batching_a_newcomer_that_slows_a_running_deadline_group_past_its_deadline_is_refused():
+def test_under_step_batching_a_joiner_that_slows_a_running_deadline_group_is_still_admitted():
+    """Running groups are not watched at receipt: refusing joiners that slow them cost more groups in time
+    than it saved from expiring in the step-mode simulations (bench/README.md)."""
     h = Harness(batching="step")
     calibrated(h, "w1")
     h.submit("running", count=4, steps=20, deadline_s=1.9)  # 4 rows: 20 x 0.09 s = 1.8 s alone
-    assert "running" not in h.replies and len(h.work) == 1
-    # 4 more rows would make every shared step 0.13 s: `running` would end past 1.9 s
-    h.submit("joiner", count=4, steps=5, deadline_s=1.0)
-    r = h.reply("joiner")
-    assert r.error_code == "deadline_unmeetable" and "admitted before it" in r.error
-    # one that leaves it room joins
-    h.submit("small", count=1, steps=2, deadline_s=1.0)
-    assert "small" not in h.replies
+    h.submit("joiner", count=4, steps=5, deadline_s=1.0)  # its 4 rows make every shared step 0.13 s
+    assert "joiner" not in h.replies
