@@ -15,14 +15,17 @@ from candidate_scheduler.service.metrics import PREFIX, SchedulerMetrics
 P = PREFIX
 
 
-def _check(tmp_path, expr: str) -> list[str]:
+def _check(tmp_path, expr: str, legend: str | None = None) -> list[str]:
+    """dashboards_check on one dashboard of one panel querying `expr` (with `legend`, its legendFormat)."""
     ds = {"type": "prometheus", "uid": "${datasource}"}
+    target = {"refId": "A", "expr": expr, "datasource": ds}
+    if legend is not None:
+        target["legendFormat"] = legend
     dashboard = {
         "title": "temp",
         "templating": {"list": [{"name": "datasource", "type": "datasource", "query": "prometheus"}]},
         "panels": [{"id": 1, "type": "timeseries", "title": "the panel", "datasource": ds,
-                    "gridPos": {"h": 8, "w": 12, "x": 0, "y": 0},
-                    "targets": [{"refId": "A", "expr": expr, "datasource": ds}]}],
+                    "gridPos": {"h": 8, "w": 12, "x": 0, "y": 0}, "targets": [target]}],
     }
     (tmp_path / "d.json").write_text(json.dumps(dashboard))
     return dc.check(tmp_path)

@@ -6,27 +6,12 @@ promises one line per outcome: the sum dropped the label (a `sum` without `by`).
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from candidate_scheduler.service import dashboards_check as dc
 from candidate_scheduler.service.metrics import PREFIX
+from tests.unit.test_dashboards_check_expressions import _check
 
 P = PREFIX
-
-
-def _check(tmp_path, expr: str, legend: str) -> list[str]:
-    ds = {"type": "prometheus", "uid": "${datasource}"}
-    dashboard = {
-        "title": "temp",
-        "templating": {"list": [{"name": "datasource", "type": "datasource", "query": "prometheus"}]},
-        "panels": [{"id": 1, "type": "timeseries", "title": "the panel", "datasource": ds,
-                    "gridPos": {"h": 8, "w": 12, "x": 0, "y": 0},
-                    "targets": [{"refId": "A", "expr": expr, "legendFormat": legend, "datasource": ds}]}],
-    }
-    (tmp_path / "d.json").write_text(json.dumps(dashboard))
-    return dc.check(tmp_path)
 
 
 @pytest.mark.parametrize(

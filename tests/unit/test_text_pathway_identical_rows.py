@@ -17,31 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from candidate_scheduler.worker.conditioning_cache import ConditioningCache  # noqa: E402
-from candidate_scheduler.worker.cosmos3_conditioning import TextPathway  # noqa: E402
-
-
-class CallDependentLM:
-    """K/V of a row = its tokens + 1000 x the rows of the call that computes it."""
-
-    def __init__(self):
-        self.calls: list[int] = []
-
-    def forward(self, ids, mask, pos, *args, **kwargs):
-        self.calls.append(int(ids.shape[0]))
-        kv = ids.float().unsqueeze(-1) + 1000.0 * ids.shape[0]
-        return [(kv, kv + 0.5)]
-
-
-def rows(*tokens: int, s: int = 4):
-    ids = torch.tensor([[t] * s for t in tokens])
-    return ids, torch.ones_like(ids), torch.zeros(3, len(tokens), s, dtype=torch.long)
-
-
-def pathway(keyed: bool):
-    lm = CallDependentLM()
-    cache = ConditioningCache(0).for_model(b"model")
-    return lm, TextPathway(lm, {"text": 0}, cache, by_request_rows=keyed)
+from tests.unit.test_text_pathway import CallDependentLM, pathway, rows  # noqa: E402 - K/V carry the call's rows
 
 
 def test_a_call_of_equal_rows_is_acquired_and_served_as_sglangs_call_computes_it():
