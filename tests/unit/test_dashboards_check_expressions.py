@@ -15,10 +15,16 @@ from candidate_scheduler.service.metrics import PREFIX, SchedulerMetrics
 P = PREFIX
 
 
-def _check(tmp_path, expr: str, legend: str | None = None) -> list[str]:
-    """dashboards_check on one dashboard of one panel querying `expr` (with `legend`, its legendFormat)."""
-    ds = {"type": "prometheus", "uid": "${datasource}"}
-    target = {"refId": "A", "expr": expr, "datasource": ds}
+VARIABLE = {"type": "prometheus", "uid": "${datasource}"}
+
+
+def _check(tmp_path, expr: str, legend: str | None = None, target_datasource=VARIABLE) -> list[str]:
+    """dashboards_check on one dashboard of one panel querying `expr` (with `legend`, its legendFormat;
+    `target_datasource`, the query's own datasource, None for none: the panel's)."""
+    ds = VARIABLE
+    target = {"refId": "A", "expr": expr}
+    if target_datasource is not None:
+        target["datasource"] = target_datasource
     if legend is not None:
         target["legendFormat"] = legend
     dashboard = {

@@ -8,28 +8,15 @@ The check looked at the panel's datasource only.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from candidate_scheduler.service import dashboards_check as dc
 from candidate_scheduler.service.metrics import PREFIX
-
-VARIABLE = {"type": "prometheus", "uid": "${datasource}"}
+from tests.unit.test_dashboards_check_expressions import VARIABLE
+from tests.unit.test_dashboards_check_expressions import _check as check_one_panel
 
 
 def _check(tmp_path, target_datasource) -> list[str]:
-    target = {"refId": "A", "expr": f"sum({PREFIX}workers_live)"}
-    if target_datasource is not None:
-        target["datasource"] = target_datasource
-    dashboard = {
-        "title": "temp",
-        "templating": {"list": [{"name": "datasource", "type": "datasource", "query": "prometheus"}]},
-        "panels": [{"id": 1, "type": "timeseries", "title": "the panel", "datasource": VARIABLE,
-                    "gridPos": {"h": 8, "w": 12, "x": 0, "y": 0}, "targets": [target]}],
-    }
-    (tmp_path / "d.json").write_text(json.dumps(dashboard))
-    return dc.check(tmp_path)
+    return check_one_panel(tmp_path, f"sum({PREFIX}workers_live)", target_datasource=target_datasource)
 
 
 @pytest.mark.parametrize("fixed", [{"type": "prometheus", "uid": "abc123"}, "Prometheus"])
