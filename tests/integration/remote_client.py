@@ -12,6 +12,7 @@ import time
 
 import zmq
 
+from candidate_scheduler import protocol
 from candidate_scheduler.service.client import Client, Forbidden, SchedulerUnavailable, make_request, synthetic_image
 from candidate_scheduler.service.keys import ClientKeys
 
@@ -113,15 +114,20 @@ class TamperingProxy:
 
 
 def tampered(job: dict) -> dict:
+    """A submission whose bytes are changed on the way: refused (its box does not authenticate), nothing
+    admitted. Sent on a raw DEALER with the client's keys, not a Client: a Client sees the dropped
+    connection and sends the group again, untampered, which then runs (what a client should do, but not
+    what this test is about)."""
     proxy = TamperingProxy(job["request"])
-    c = client(job, "robot-a", request=f"tcp://127.0.0.1:{proxy.port}")
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    ClientKeys.load(job["keys_dir"], "robot-a").apply(sock)
+    sock.connect(f"tcp://127.0.0.1:{proxy.port}")
     time.sleep(1.0)  # the handshake ends first (it would pass untouched anyway: its commands are small)
-    try:
-        r = c.submit(IMAGE, "pick", count=1, steps=4, request_id="tampered", timeout_s=4)
-        reply = r.status
-    except (TimeoutError, SchedulerUnavailable):
-        reply = "no reply"
-    c.close()
+    sock.send_multipart(protocol.encode(protocol.Kind.SUBMIT, make_request(IMAGE, "pick", count=1, steps=4,
+                                                                           request_id="tampered")))
+    reply = "no reply" if not sock.poll(4000) else "answered"
+    sock.close(0)
     with client(job, "admin") as admin:
         admitted = admin.status("tampered").state
     with client(job, "robot-a") as a:  # the same key, untampered, still served
