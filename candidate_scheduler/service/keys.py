@@ -216,12 +216,26 @@ _SHARED, _PRIVATE = 0o022, 0o077
 
 @contextlib.contextmanager
 def _umask(bits: int):
-    old = os.umask(0o777)  # the umask can only be read by setting it: the strictest one meanwhile
-    os.umask(old | bits)
+    old = os.umask(_current_umask() | bits)
     try:
         yield
     finally:
         os.umask(old)
+
+
+def _current_umask() -> int:
+    """The process's umask, read without changing it where Linux says it (/proc, since 4.7): setting it to
+    read it would give a file another thread creates meanwhile mode 000."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o077)  # elsewhere it can only be read by setting it: a strict one meanwhile
+    os.umask(old)
+    return old
 
 
 def _check_not_world_writable(path: Path) -> None:
