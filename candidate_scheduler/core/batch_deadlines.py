@@ -5,8 +5,9 @@ the same batch key while rows are free (core/planning.py). Every unit added make
 batch longer, so a group due soon at the head can be made late by a filler due much later: at 8 rows a
 forward costs more than at 4, and the head ran past its deadline where it would have finished in time
 alone. A unit may join a batch only if every deadline group already in it that would finish in time
-without it still finishes in time with it; one late anyway constrains nothing. A unit refused here waits
-for the next batch -- it came later in the queue, so its own deadline is no earlier.
+without it still finishes in time with it; one late anyway constrains nothing, and neither does the
+unit's own group (another slice of it in the batch: kept out, this one would end a batch later). A unit
+refused here waits for the next batch -- it came later in the queue, so its own deadline is no earlier.
 
 `BatchDeadlines` is that test for one batch; the planner asks it for each candidate (`allows`) and tells
 it what joined (`add`). The engine's planning pass and the forecast's replay of it (core/forecast.py)
@@ -30,7 +31,7 @@ class BatchDeadlines:
         self.run_s = run_s
         self.deadline_of = deadline_of
         self.units: list[Unit] = []
-        self.due: list[float] = []  # the deadlines of the groups in the batch that has one
+        self.due: dict[str, float] = {}  # request id -> deadline, of the groups in the batch that have one
         self._ends: float | None = None  # the batch's predicted end as it stands (None: not asked yet)
         self._verdicts: dict[tuple, bool] = {}  # per kind of unit, while the batch stands
         self._after: dict[tuple, float] = {}  # per kind of unit: the batch's end with one more of it
@@ -39,7 +40,7 @@ class BatchDeadlines:
         self.units.append(unit)
         deadline = self.deadline_of(unit.request_id)
         if deadline is not None:
-            self.due.append(deadline)
+            self.due[unit.request_id] = deadline
         if self._after:  # `allows` worked out the batch's end with it (or with one like it)
             self._ends = self._after.get(_kind(unit))
             self._verdicts.clear()
@@ -50,14 +51,16 @@ class BatchDeadlines:
     def allows(self, unit: Unit) -> bool:
         if not self.due:
             return True  # nothing in it is due: the common case without deadlines costs one check
-        # the units of one pending bucket are alike here (rows, steps, label): one verdict for them all
-        kind = _kind(unit)
-        verdict = self._verdicts.get(kind)
+        # the units of one pending bucket are alike here (rows, steps, label): one verdict for them all, but
+        # for a slice of a group in the batch, which that group's deadline does not hold back
+        own = unit.request_id if unit.request_id in self.due else None
+        verdict = self._verdicts.get((_kind(unit), own))
         if verdict is None:
             if self._ends is None:
                 self._ends = self.start + self.run_s(self.units)
-            ends = self._after[kind] = self.start + self.run_s([*self.units, unit])
-            verdict = self._verdicts[kind] = all(ends <= d or self._ends > d for d in self.due)
+            ends = self._after[_kind(unit)] = self.start + self.run_s([*self.units, unit])
+            verdict = self._verdicts[(_kind(unit), own)] = all(
+                ends <= d or self._ends > d for rid, d in self.due.items() if rid != own)
         return verdict
 
 

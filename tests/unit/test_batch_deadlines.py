@@ -90,3 +90,13 @@ def test_a_filler_still_joins_when_the_urgent_group_has_room_or_nothing_is_forec
     h.advance(1.3)
     h.answer(h.work[0])
     assert _batches(h) == [["busy"], ["urgent", "loose"]]
+
+
+def test_a_slice_of_a_group_in_the_batch_is_not_kept_out_by_that_groups_deadline():
+    # kept out, the second slice would end a batch later: its group would finish later still
+    batch = _batch({"g": 0.75, "other": 0.85})
+    batch.add(_unit("g", 4))  # 0.4 s
+    assert batch.allows(_unit("g", 4))  # 0.8 s: past g's deadline, but g needs this slice anyway
+    assert not batch.allows(_unit("x", 4))  # a filler of another group still may not
+    batch.add(_unit("other", 1))  # 0.5 s
+    assert not batch.allows(_unit("g", 4))  # 0.9 s: `other` would be late, and g's own sake does not outweigh it
