@@ -56,6 +56,7 @@ class Endings:
             self.forget(g)
             # STATUS must say what the reply said ("rejected" is a FAILED group to the state machine)
             e.finished[rid] = g.status.name.lower() if result is None else result.status
+            e.finished.move_to_end(rid)  # an id used again ends newest: it is forgotten last, not first
             while len(e.finished) > e.config.finished_memory:
                 e.finished.popitem(last=False)
         if result is None:

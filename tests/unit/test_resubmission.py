@@ -206,3 +206,15 @@ def test_the_shell_treats_two_submits_from_one_connection_as_one_destination():
     assert ClientRef(b"id", False, 1.0) == ClientRef(b"id", False, 2.0)
     assert ClientRef(b"id", False, 1.0) != ClientRef(b"other", False, 1.0)
     assert ClientRef(b"id", False) != ClientRef(b"id", True)
+
+
+def test_an_id_that_ends_again_is_remembered_as_the_newest():
+    """STATUS remembers the last `finished_memory` ends; an id that ended again (here its kept reply was not
+    kept, so its resubmission ran again) was updated in place and forgotten first, before older ends."""
+    h = Harness(finished_memory=2, replies_kept=0)
+    h.register("w1")
+    for rid in ("a", "b", "a", "c"):
+        h.submit(rid, count=1)
+        h.answer(h.work[-1])
+    assert h.engine.status("a").state == "done"  # "b" ended before "a" did the second time: "b" goes
+    assert h.engine.status("b").state == "unknown"
