@@ -208,7 +208,8 @@ METRICS = (
     # Not a retry: nothing of it ran, no attempt is counted, and its reply says retries 0.
     _define(Counter, "slices_given_back_total",
             "Slices a leaving worker gave back unstarted, sent to another worker at once."),
-    _define(Counter, "worker_failures_total", "Workers lost, by kind.", kind=WORKER_FAILURE_KINDS),
+    _define(Counter, "worker_failures_total", "Workers lost, by kind; worker_error: an assignment a live worker lost "
+            "(it no longer lists it, and its result never came).", kind=WORKER_FAILURE_KINDS),
     _define(Counter, "internal_errors_total",
             "Exceptions raised by code inside the scheduler, by event; the groups concerned were answered "
             "internal_error.", kind=EVENTS),
