@@ -10,11 +10,8 @@ the queue's side of it (the fair-queue clock, the unstarted set), which a group'
 
 from __future__ import annotations
 
-import contextlib
-import traceback
-
 from candidate_scheduler.core.group import Group, refusal
-from candidate_scheduler.core.messages import CancelRows, InternalFault, Reply
+from candidate_scheduler.core.messages import CancelRows, Reply
 
 INTERNAL_ERROR = "internal_error"  # the code of every answer to a fault inside the engine
 
@@ -40,12 +37,9 @@ class Endings:
                 try:
                     result = g.result(reply)
                 except Exception as exc:  # noqa: BLE001 - the reply could not be built: still one answer
-                    text = f"{type(exc).__name__}: {exc}"
-                    e.counters["internal_errors"] += 1  # counted, logged with its traceback, as every fault
-                    e.outbox.append(InternalFault("reply", text, "".join(traceback.format_exception(exc)), (rid,)))
-                    with contextlib.suppress(Exception):
-                        e.metrics.internal_error("reply")
-                    result = refusal(rid, "failed", INTERNAL_ERROR, f"the reply could not be built: {text}")
+                    e.report_fault("reply", exc, answered=(rid,))  # counted and logged as every fault
+                    result = refusal(rid, "failed", INTERNAL_ERROR,
+                                     f"the reply could not be built: {type(exc).__name__}: {exc}")
                 e.outbox.append(Reply(g.client, result))
                 e.outbox.extend(Reply(waiter, result) for waiter in g.waiters)  # resubmissions: the same answer
                 e.replies.put(rid, e.tenants.owners_of(rid) or (), g.fingerprint, result)

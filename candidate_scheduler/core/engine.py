@@ -156,13 +156,15 @@ class Engine:
     def guard(self, event: str, *request_ids: str) -> Guard:
         """Run a step of `event`; if it raises, answer `request_ids` (the groups it was working on) with
         an internal error, report the fault, and go on."""
-        return Guard(self._fault, event, request_ids)
+        return Guard(self.report_fault, event, request_ids)
 
-    def _fault(self, event: str, exc: BaseException, request_ids) -> None:
+    def report_fault(self, event: str, exc: BaseException, request_ids=(), answered=()) -> None:
+        """An exception inside an event: counted, logged with its traceback (InternalFault), and the groups
+        of `request_ids` answered internal_error; `answered`: groups already answered so (named in the log)."""
         text = f"{type(exc).__name__}: {exc}"
         self.counters["internal_errors"] += 1
         failed = tuple(rid for rid in dict.fromkeys(request_ids) if rid and self._fail_internal(rid, event, text))
-        self.outbox.append(InternalFault(event, text, "".join(traceback.format_exception(exc)), failed))
+        self.outbox.append(InternalFault(event, text, "".join(traceback.format_exception(exc)), (*answered, *failed)))
         with contextlib.suppress(Exception):
             self.metrics.internal_error(event)
 
@@ -203,9 +205,9 @@ class Engine:
             self.intake.submit(client, sub, principal, owners, stored, fingerprint)
         except Exception as exc:  # noqa: BLE001
             if stored:
-                self._fault("submit", exc, (stored[0].request_id,))
+                self.report_fault("submit", exc, (stored[0].request_id,))
             else:  # it raised before the group was kept: answer the submission itself
-                self._fault("submit", exc, ())
+                self.report_fault("submit", exc, ())
                 if not self._answered(client, sub.request_id):  # counted as any refusal is
                     with contextlib.suppress(Exception):
                         self.metrics.group_completed("failed", 0.0)
@@ -351,9 +353,13 @@ class Engine:
     def schedule(self, now: float, *, elastic: bool = True,
                  trace: schedule.Trace | None = None) -> schedule.SchedulePlan:
         """The next planning pass as a value (core/schedule.py); nothing changes until `apply`."""
-        snap = self.snapshot(now)
+        return schedule.plan(self.snapshot(now), elastic=elastic, trace=trace)
+
+    def _schedule_pass(self, *, elastic: bool, trace: schedule.Trace) -> schedule.SchedulePlan:
+        """`schedule` for the engine's own pass, which keeps the staggered starts it decided (`_wake_at`)."""
+        snap = self.snapshot(self.now)
         plan = schedule.plan(snap, elastic=elastic, trace=trace)
-        self._held_in_pass = dict(snap.starts)  # the workers it kept idle for a staggered start (_wake_at)
+        self._held_in_pass = dict(snap.starts)
         return plan
 
     def apply(self, plan: schedule.SchedulePlan, now: float | None = None) -> list:
@@ -380,14 +386,14 @@ class Engine:
             trace = schedule.Trace()
             try:
                 self._fit_slices()
-                plan = self.schedule(self.now, trace=trace)
+                plan = self._schedule_pass(elastic=True, trace=trace)
                 if plan.resizes:
                     self._apply(plan)
-                    plan = self.schedule(self.now, elastic=False, trace=trace)
+                    plan = self._schedule_pass(elastic=False, trace=trace)
                 self._apply(plan)
                 return
             except Exception as exc:  # noqa: BLE001 - blame the group the pass was deciding about
-                self._fault("schedule", exc, (trace.request_id,) if trace.request_id else ())
+                self.report_fault("schedule", exc, (trace.request_id,) if trace.request_id else ())
                 if trace.request_id is None:
                     return
 
