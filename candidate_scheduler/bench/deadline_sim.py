@@ -181,12 +181,15 @@ class _Stepping(_Sim):
 
 
 def simulate(arrivals: list[float], min_count: int, deadline_s: float, step_s: dict[int, float], sampling: dict,
-             overhead_s: float = 0.0, count: int = 8, tick_s: float = 0.05, worker: str = "fluid") -> dict:
-    """{"outcomes": one {"status", "error_code", "served_count", "latency_s"} per arrival,
+             overhead_s: float = 0.0, count: int = 8, tick_s: float = 0.05, worker: str = "fluid",
+             deadlines: tuple[float, ...] | None = None) -> dict:
+    """`deadlines`: the groups' deadlines taken in turn by arrival (default every one `deadline_s`).
+    {"outcomes": one {"status", "error_code", "served_count", "latency_s"} per arrival,
     "prediction_ratios": actual / predicted time of each answered assignment, "engine_event_s": the
     wall time of every engine call (submit, tick, a worker's result), measured in this process}."""
     if worker not in WORKERS:
         raise ValueError(f"worker must be one of {WORKERS}")
+    deadlines = tuple(deadlines or (deadline_s,))
     sim = (_Fluid if worker == "fluid" else _Stepping)(step_s, sampling, overhead_s, sampling["steps"])
     image = np.zeros((sampling["height"], sampling["width"], 3), dtype=np.uint8)
     outcomes: list[dict | None] = [None] * len(arrivals)
@@ -214,11 +217,11 @@ def simulate(arrivals: list[float], min_count: int, deadline_s: float, step_s: d
             next_tick += tick_s
         if kind == "submit":
             sub = Submission(str(payload), image, "pick", {"count": count, "reducer": "mean", "min_count": min_count},
-                             payload, dict(sampling), deadline_s=deadline_s)
+                             payload, dict(sampling), deadline_s=deadlines[payload % len(deadlines)])
             handle(sim.timed(sim.engine.submit, ("sim", payload), sub, t), t)
         else:
             handle(sim.worker_event(kind, payload, t), t)
-    for _ in range(int(deadline_s / tick_s) + 2):  # expiries of whatever is left
+    for _ in range(int(max(deadlines) / tick_s) + 2):  # expiries of whatever is left
         handle(sim.engine.tick(next_tick), next_tick)
         next_tick += tick_s
     done = [o if o is not None else {"status": "no_reply", "error_code": None, "served_count": None,

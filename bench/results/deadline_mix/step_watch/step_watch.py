@@ -33,20 +33,12 @@ def watching_running(snap, view):
 
 
 def simulate_mix(worker: str) -> collections.Counter:
-    # the harness with each group's deadline taken from the mix (simulate() gives every group one)
-    src = open(ds.__file__).read()
-    src = src.replace("payload, dict(sampling), deadline_s=deadline_s)",
-                      "payload, dict(sampling), deadline_s=DEADLINES[payload % len(DEADLINES)])")
-    src = src.replace("for _ in range(int(deadline_s / tick_s) + 2)", "for _ in range(int(max(DEADLINES) / tick_s) + 2)")
-    ns = {"__name__": "step_watch"}
-    exec(compile(src, ds.__file__, "exec"), ns)
     total = collections.Counter()
     for mix in MIXES:
-        ns["DEADLINES"] = mix
         for rate in (3.0, 4.0, 5.0):
             for seed in (1, 2):
                 arrivals = poisson_schedule(rate, 60.0, seed)
-                run = ns["simulate"](arrivals, 4, 1.0, STEP_S, SAMPLING, count=4, worker=worker)
+                run = ds.simulate(arrivals, 4, 1.0, STEP_S, SAMPLING, count=4, worker=worker, deadlines=mix)
                 for i, o in enumerate(run["outcomes"]):
                     total["groups"] += 1
                     if o["status"] == "done" and o["latency_s"] <= mix[i % len(mix)] + 1e-9:
