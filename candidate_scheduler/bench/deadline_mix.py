@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from candidate_scheduler.bench.margin_sim import DEFAULT, ROWS, SAMPLING, run_point
+from candidate_scheduler.bench.margin_sim import DEFAULT, ROWS, SAMPLING, outcome_counts, run_point
 
 MIXES = ((0.5, 2.0), (0.4, 1.0, 3.0))
 RATES = (6.0, 8.0, 10.0, 12.0)
@@ -42,9 +42,7 @@ def compare(baseline: str | None, mixes=MIXES, rates=RATES, seeds=SEEDS, **kw) -
 
 
 def _counts(run: dict) -> dict:
-    o = dict(run["outcomes"])
-    refused, expired = o.pop("deadline_unmeetable", 0), o.pop("deadline_exceeded", 0) + o.pop("expired", 0)
-    o.pop("done", None)
+    refused, expired, o = outcome_counts(run["outcomes"])
     return {"groups": run["groups"], "in_time": run["in_time"], "refused": refused, "expired": expired,
             "other": o, "batches": run["batches"]}
 

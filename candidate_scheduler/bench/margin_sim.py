@@ -113,6 +113,14 @@ def simulate(rate: float, seconds: float, count: int, deadline_s: float, seed: i
             "goodput_groups_per_s": in_time / seconds}
 
 
+def outcome_counts(outcomes: dict[str, int]) -> tuple[int, int, dict[str, int]]:
+    """(refused at receipt, expired, the other outcomes but done) of a run's outcomes."""
+    o = dict(outcomes)
+    refused, expired = o.pop("deadline_unmeetable", 0), o.pop("deadline_exceeded", 0) + o.pop("expired", 0)
+    o.pop("done", None)
+    return refused, expired, o
+
+
 def run_point(root: str | None, args: dict) -> dict:
     """One `simulate` in a child process, with the engine of the checkout at `root` (None: this one) and
     this harness."""
@@ -148,9 +156,7 @@ def report(rows: list[dict], baseline_rev: str | None) -> str:
              "| b's slowdown | engine | offered groups/s | groups | in time | refused at receipt | expired | other | "
              "goodput groups/s | margins (fleet / a / b) |", "|---:|---|---:|---:|---:|---:|---:|---|---:|---|"]
     for r in rows:
-        o = dict(r["outcomes"])
-        refused, expired = o.pop("deadline_unmeetable", 0), o.pop("deadline_exceeded", 0) + o.pop("expired", 0)
-        o.pop("done", None)
+        refused, expired, o = outcome_counts(r["outcomes"])
         wm = r["worker_margins"]
         margins = f"{r['fleet_margin']:.2f} / " + " / ".join("-" if wm.get(w) is None else f"{wm[w]:.2f}"
                                                              for w in ("a", "b"))
