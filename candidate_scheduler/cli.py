@@ -288,6 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
         _add_client_args(p)
         if needs_id:
             p.add_argument("request_id", help="the group's request id")
+            p.add_argument("--principal", default=None,
+                           help="whose request id it is, when not yours: with a key directory each principal's "
+                                "ids are its own, and an admin names the one it means (default: your own)")
     p = command("worker-leave", "control: ask one worker to leave: no new work, it finishes what it holds (within "
                 "its --leave-grace-s) and goes, as on SIGTERM (admin)", commands.cmd_control)
     _add_client_args(p)

@@ -340,9 +340,9 @@ def cmd_control(args) -> int:
 def _control(args) -> int:
     with _client(args) as client:
         if args.command == "cancel":
-            reply = client.cancel(args.request_id)
+            reply = client.cancel(args.request_id, args.principal)
         elif args.command == "status":
-            reply = client.status(args.request_id)
+            reply = client.status(args.request_id, args.principal)
         elif args.command == "drain":
             reply = client.drain()
         elif args.command == "shutdown":

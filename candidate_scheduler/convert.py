@@ -36,8 +36,9 @@ def sampling_from_wire(msg: protocol.SamplingMsg) -> SamplingSpec:
 # ---- client <-> scheduler --------------------------------------------------------------------------------
 
 
-def submission_from_wire(req: protocol.SubmitRequest) -> Submission:
-    """Decode the arrays (ProtocolError for a bad one); nothing else is checked here."""
+def submission_from_wire(req: protocol.SubmitRequest, scope: str | None = None) -> Submission:
+    """Decode the arrays (ProtocolError for a bad one); nothing else is checked here. `scope`: whose request
+    ids it names (core/request_scope.py)."""
     images = protocol.array_from_wire(req.images, max_bytes=protocol.MAX_OBSERVATION_BYTES)
     noise = None if req.initial_noise is None else protocol.array_from_wire(req.initial_noise)
     return Submission(
@@ -51,6 +52,7 @@ def submission_from_wire(req: protocol.SubmitRequest) -> Submission:
         deadline_s=req.deadline_s,
         initial_noise=noise,
         api=req.api,
+        scope=scope,
     )
 
 
@@ -58,13 +60,15 @@ def _wire_array(arr) -> protocol.Array | None:
     return None if arr is None else protocol.array_to_wire(np.asarray(arr, dtype=np.float32))
 
 
-def result_to_wire(r: messages.GroupResult) -> protocol.GroupResult:
+def result_to_wire(r: messages.GroupResult, request_id: str | None = None) -> protocol.GroupResult:
+    """`request_id`: the id its client sent, where the engine keys the group by a scoped one
+    (core/request_scope.py); None: the result's own."""
     rollout = None
     if r.rollout is not None:
         fields = {k: _wire_array(v) for k, v in r.rollout.items() if k != "step_indices"}
         rollout = protocol.RolloutResult(**fields, step_indices=list(r.rollout["step_indices"]))
     return protocol.GroupResult(
-        request_id=r.request_id,
+        request_id=r.request_id if request_id is None else request_id,
         status=r.status,
         action=_wire_array(r.action),
         candidates=_wire_array(r.candidates),

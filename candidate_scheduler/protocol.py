@@ -234,12 +234,16 @@ class ErrorReply(msgspec.Struct, frozen=True):
 # ---- control socket -----------------------------------------------------------------------------
 
 
-class CancelRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+class CancelRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
     request_id: str
+    # whose request id (core/request_scope.py): None, the sender's own; an admin names another principal.
+    # Without keys there is one namespace and this is not read. (omitted when None: the bytes stay as before)
+    principal: str | None = None
 
 
-class StatusRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+class StatusRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
     request_id: str
+    principal: str | None = None  # as CancelRequest's
 
 
 class WorkerLeaveRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

@@ -208,7 +208,7 @@ class Engine:
                 self.report_fault("submit", exc, (stored[0].request_id,))
             else:  # it raised before the group was kept: answer the submission itself
                 self.report_fault("submit", exc, ())
-                if not self._answered(client, sub.request_id):  # counted as any refusal is
+                if not self._answered(client, sub.scoped_id):  # counted as any refusal is
                     with contextlib.suppress(Exception):
                         self.metrics.group_completed("failed", 0.0)
                     self.outbox.append(Reply(client, refusal(sub.request_id, "failed", INTERNAL_ERROR,

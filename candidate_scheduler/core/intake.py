@@ -49,9 +49,10 @@ class Intake:
             e.outbox.extend(e.refuse(client, rid, status, code, message, field, tenant))
 
         try:
-            check_request_id(rid)
+            check_request_id(rid)  # the client's own: its limit does not depend on its principal's name
         except CandidateContractError as exc:
             return refuse("invalid", exc.code, exc.detail, "request_id")
+        rid = sub.scoped_id
         if rid in e.groups:  # core/resubmission.py: its owner waits for its one answer; anyone else is refused
             g = e.groups[rid]
             if principal.name in (e.tenants.owners_of(rid) or ()) and same_request(g.fingerprint, fingerprint):
@@ -61,12 +62,12 @@ class Intake:
                     g.waiters.append(client)
                 e.metrics.resubmission("in_flight")
                 return None
-            return refuse("invalid", "duplicate_request_id", f"request {rid!r} is already in flight", "request_id")
+            return refuse("invalid", "duplicate_request_id", f"request {sub.request_id!r} is already in flight", "request_id")
         kept = e.replies.get(rid, principal.name)
         if kept is not None:
             if not same_request(kept[0], fingerprint):
                 return refuse("invalid", "duplicate_request_id",
-                              f"request id {rid!r} was used for a different request; use a new id", "request_id")
+                              f"request id {sub.request_id!r} was used for a different request; use a new id", "request_id")
             e.outbox.append(Reply(client, kept[1]))
             e.metrics.resubmission("answered")
             return None

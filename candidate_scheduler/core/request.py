@@ -16,6 +16,7 @@ import numpy as np
 
 from candidate_scheduler.core import rng
 from candidate_scheduler.core.errors import CandidateContractError
+from candidate_scheduler.core.request_scope import scoped_id
 from candidate_scheduler.core.spec import MAX_REQUEST_ID_LEN, CandidateTrajectorySpec
 from candidate_scheduler.core.values import value
 from candidate_scheduler.core.work import MAX_PROMPT_CHARS, SamplingSpec
@@ -39,6 +40,12 @@ class Submission:
     deadline_s: float | None = None
     initial_noise: np.ndarray | None = None  # rollouts: caller-provided x_T [count, horizon, D]
     api: str = "native"  # the API it came in by (a front's, or native): a metric label, nothing more
+    scope: str | None = None  # whose request ids these are (core/request_scope.py): None, one namespace
+
+    @property
+    def scoped_id(self) -> str:
+        """The group's key in the engine."""
+        return scoped_id(self.scope, self.request_id)
 
 
 @value
@@ -95,7 +102,7 @@ def validate(sub: Submission) -> GroupRequest:
     if sampling.rollout and spec.reducer != "none":
         raise CandidateContractError("reducer", "invalid_value", "a rollout returns every candidate; set reducer 'none'",
                                      spec.reducer)
-    return GroupRequest(sub.request_id, spec, sub.seed, sampling, images, prompts, bool(sub.batched), sub.deadline_s,
+    return GroupRequest(sub.scoped_id, spec, sub.seed, sampling, images, prompts, bool(sub.batched), sub.deadline_s,
                         noise)
 
 

@@ -8,7 +8,9 @@ answer comes from `ReplyCache`, the last replies kept by request id, and the gro
 twice. Only the principal that submitted a group (or the client a proxy acted for) may wait on it or
 read its kept reply, and only with the same request: the shell fingerprints each SUBMIT's bytes, and a
 request id reused for a different request is refused `duplicate_request_id` (an idempotency key reused
-with other parameters), as is anyone else's submission under that id, which reveals nothing. After a
+with other parameters), as is anyone else's submission under that id, which reveals nothing (with keys
+the shell gives each principal ids of its own, core/request_scope.py: "anyone else" is then another
+client of the same proxy, in the proxy's namespace). After a
 scheduler restart nothing is remembered: the resubmitted group runs again, and its seeds being fixed,
 gives the same bits.
 """

@@ -391,11 +391,14 @@ class Client:
             self._ctl = self._dealer(self.control_endpoint)
         return self._ctl
 
-    def cancel(self, request_id: str) -> protocol.ControlReply:
-        return self.control(protocol.Kind.CANCEL, protocol.CancelRequest(request_id))
+    def cancel(self, request_id: str, principal: str | None = None) -> protocol.ControlReply:
+        """`principal`: whose request id it is, when not this client's own (an admin's reach; with keys, each
+        principal's ids are its own: core/request_scope.py)."""
+        return self.control(protocol.Kind.CANCEL, protocol.CancelRequest(request_id, principal))
 
-    def status(self, request_id: str) -> protocol.ControlReply:
-        return self.control(protocol.Kind.STATUS, protocol.StatusRequest(request_id))
+    def status(self, request_id: str, principal: str | None = None) -> protocol.ControlReply:
+        """`principal`: as `cancel`'s."""
+        return self.control(protocol.Kind.STATUS, protocol.StatusRequest(request_id, principal))
 
     def stats(self) -> dict:
         reply = self.control(protocol.Kind.STATS, protocol.Empty())

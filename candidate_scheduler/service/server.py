@@ -49,6 +49,7 @@ from candidate_scheduler.core.access import (
 from candidate_scheduler.core.engine import INTERNAL_ERROR, Engine, EngineConfig
 from candidate_scheduler.core.graceful_stop import GracefulStop, Verdict, serving_workers
 from candidate_scheduler.core.group import refusal
+from candidate_scheduler.core.request_scope import scoped_id
 from candidate_scheduler.service.endpoints import bind_socket, is_loopback_endpoint, is_loopback_host
 from candidate_scheduler.service.keys import CLIENTS_DOMAIN, WORKERS_DOMAIN, Authenticator, ClientKeys, Directory
 
@@ -97,6 +98,9 @@ class ClientRef:
     # perf_counter() when the shell read the SUBMIT. Not compared: two SUBMITs from one connection are one
     # destination, so a resubmission on it waits without a second copy of the reply (core/intake.py).
     received_at: float = field(default=0.0, compare=False)
+    # the request id the SUBMIT carried, which its reply carries back (the engine keys the group by a scoped
+    # id under keys: core/request_scope.py); not compared, as received_at
+    request_id: str | None = field(default=None, compare=False)
 
 
 class Scheduler:
@@ -360,7 +364,7 @@ class Scheduler:
     def _send(self, msg) -> None:
         if isinstance(msg, messages.Reply):
             ref = msg.client
-            result = convert.result_to_wire(msg.result)
+            result = convert.result_to_wire(msg.result, ref.request_id)
             # measured here, around the engine: what a client's round trip cannot separate from its own
             result.metrics["receipt_to_reply_s"] = time.perf_counter() - ref.received_at
             frames = protocol.reply_frames(ref.identity, ref.delimited, protocol.Kind.RESULT, result)
@@ -371,7 +375,7 @@ class Scheduler:
                               f"the reply is {size} bytes, over the {protocol.MAX_MESSAGE_BYTES}-byte message limit: "
                               "ask for fewer candidates, or for the reduced action only (return_candidates false)")
                 frames = protocol.reply_frames(ref.identity, ref.delimited, protocol.Kind.RESULT,
-                                               convert.result_to_wire(big))
+                                               convert.result_to_wire(big, ref.request_id))
             self.request_sock.send_multipart(frames)
         elif isinstance(msg, messages.SendWork):
             kind, payload = convert.work_to_wire(msg)
@@ -405,7 +409,7 @@ class Scheduler:
         if read is None:
             return
         identity, delimited, _kind, msg = read
-        client, now = ClientRef(identity, delimited, read_at), time.monotonic()
+        client, now = ClientRef(identity, delimited, read_at, msg.request_id), time.monotonic()
         lookup = self.directory.token_holder if self.directory is not None else (lambda _name: None)
         principal, why = acting_for(sender, msg.on_behalf, lookup)
         why = why or denied(principal, Action.SUBMIT)
@@ -414,7 +418,7 @@ class Scheduler:
             return self._refuse_submit(client, msg, principal.tenant, "rejected", FORBIDDEN, why)
         via = sender.name if principal is not sender else None
         try:
-            sub = convert.submission_from_wire(msg)
+            sub = convert.submission_from_wire(msg, self._scope(sender))
         except protocol.ProtocolError as exc:  # an array that cannot be decoded: the request is invalid
             return self._refuse_submit(client, msg, principal.tenant, "invalid", exc.kind, str(exc))
         except Exception as exc:  # noqa: BLE001 - the shell's own fault: still one answer for the SUBMIT
@@ -518,12 +522,19 @@ class Scheduler:
         if kind is protocol.Kind.SHUTDOWN and answer.ok:
             self.stop_now.set()
 
+    def _scope(self, sender: Principal) -> str | None:
+        """Whose request ids a message from `sender` names: its own, under keys (core/request_scope.py)."""
+        return sender.name if self.secure else None
+
     def _control(self, kind: protocol.Kind, msg, principal: Principal) -> tuple[messages.ControlAnswer, list]:
         engine = self.engine
-        if kind is protocol.Kind.CANCEL:
-            return engine.cancel(msg.request_id, time.monotonic(), principal)
-        if kind is protocol.Kind.STATUS:
-            return engine.status(msg.request_id, principal), []
+        if kind in (protocol.Kind.CANCEL, protocol.Kind.STATUS):
+            scope = self._scope(principal)
+            # another's namespace is named, and core/access.py's rule decides who may act there
+            rid = scoped_id(msg.principal if scope is not None and msg.principal else scope, msg.request_id)
+            if kind is protocol.Kind.CANCEL:
+                return engine.cancel(rid, time.monotonic(), principal)
+            return engine.status(rid, principal), []
         if kind is protocol.Kind.STATS:
             security = {"curve": self.secure, "insecure": bool(self.insecure_sockets),
                         "insecure_sockets": list(self.insecure_sockets), "unkeyed_local": list(self.unkeyed_local),

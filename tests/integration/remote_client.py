@@ -31,9 +31,11 @@ def keyed(job: dict) -> dict:
         deadline = time.monotonic() + 20
         while a.status(rid).state not in ("running", "done") and time.monotonic() < deadline:
             time.sleep(0.05)
-        cancel = b.cancel(rid)
+        # each principal's ids are its own: b's "group-of-a" is nobody's, and a's must be named to be reached
+        out["b_own_namespace"] = [b.status(rid).state, b.cancel(rid).state]
+        cancel = b.cancel(rid, principal="robot-a")
         out["b_cancels_a"] = [cancel.ok, cancel.error_code]
-        out["b_status_of_a"] = b.status(rid).error_code
+        out["b_status_of_a"] = b.status(rid, principal="robot-a").error_code
         out["b_shutdown"] = b.shutdown().error_code
         out["b_drain"] = b.drain().error_code
         out["b_worker_leave"] = b.worker_leave("any-worker").error_code
@@ -49,12 +51,14 @@ def keyed(job: dict) -> dict:
         stats = admin.stats()
         out["admin_stats_security"] = stats["security"]
         out["workers"] = len(stats["workers"])
-        out["admin_status_of_a"] = admin.status("group-of-a").state
+        out["admin_status_of_a"] = admin.status("group-of-a", principal="robot-a").state
+        out["admin_status_own_namespace"] = admin.status("group-of-a").state
     return out
 
 
 def refused(job: dict) -> dict:
-    """A keyless client and a client with a key nobody authorised: no reply, nothing admitted."""
+    """A keyless client and a client with a key nobody authorised: no reply, nothing admitted (their groups
+    would run 10 s: still in flight when asked, had either been taken)."""
     out = {}
     keyless = Client(job["request"], job["control"], timeout_s=3)
     rogue_public, rogue_secret = zmq.curve_keypair()
@@ -62,13 +66,13 @@ def refused(job: dict) -> dict:
     rogue = Client(job["request"], job["control"], timeout_s=3, keys=ClientKeys(server, rogue_public, rogue_secret))
     for name, c in (("keyless", keyless), ("wrong_key", rogue)):
         try:
-            r = c.submit(IMAGE, "pick", count=1, steps=4, request_id=f"from-{name}", timeout_s=3)
+            r = c.submit(IMAGE, "pick", count=1, steps=500, request_id=f"from-{name}", timeout_s=3)
             out[name] = r.status
         except (TimeoutError, SchedulerUnavailable):
             out[name] = "no reply"
         c.close()
     with client(job, "admin") as admin:
-        out["admitted"] = [admin.status(f"from-{n}").state for n in ("keyless", "wrong_key")]
+        out["in_flight_after"] = admin.stats()["groups_in_flight"]
     return out
 
 
@@ -129,7 +133,7 @@ def tampered(job: dict) -> dict:
     reply = "no reply" if not sock.poll(4000) else "answered"
     sock.close(0)
     with client(job, "admin") as admin:
-        admitted = admin.status("tampered").state
+        admitted = admin.status("tampered", principal="robot-a").state
     with client(job, "robot-a") as a:  # the same key, untampered, still served
         after = a.submit(IMAGE, "pick", count=1, steps=4, timeout_s=30).status
     return {"reply": reply, "tampered_chunks": proxy.tampered, "admitted": admitted, "untampered_after": after}

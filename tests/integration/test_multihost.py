@@ -92,10 +92,12 @@ def test_keyed_worker_and_clients_work_across_hosts_and_rights_hold(remote):
     seen = run("keyed")
     assert seen["workers"] == 1  # the worker on its own host registered with its key
     assert seen["a_group"] == "done" and seen["b_own_group"] == "done"
+    assert seen["b_own_namespace"] == ["unknown", "unknown"]
     assert seen["b_cancels_a"] == [False, "forbidden"] and seen["b_status_of_a"] == "forbidden"
     assert seen["b_shutdown"] == "forbidden" and seen["b_drain"] == "forbidden" and seen["b_stats"] == "forbidden"
     assert seen["b_worker_leave"] == "forbidden"
     assert seen["a_status_after"] == "done" and seen["admin_status_of_a"] == "done"
+    assert seen["admin_status_own_namespace"] == "unknown"
     assert seen["admin_stats_security"]["curve"] is True and not seen["admin_stats_security"]["insecure"]
 
 
@@ -103,7 +105,7 @@ def test_keyless_and_unauthorised_clients_are_refused_and_admit_nothing(remote):
     _sched, run = remote
     seen = run("refused")
     assert seen["keyless"] == "no reply" and seen["wrong_key"] == "no reply"
-    assert seen["admitted"] == ["unknown", "unknown"]
+    assert seen["in_flight_after"] == 0
 
 
 def test_a_tampered_frame_is_refused_and_admits_nothing(remote):

@@ -1,0 +1,25 @@
+"""Whose request ids these are: with keys, each principal's request ids are its own.
+
+A request id is the client's idempotency key (core/resubmission.py). With a key directory the
+scheduler serves many principals, and were ids one namespace, another tenant using the same id
+(`episode-3-step-17` is an obvious name) would be refused `duplicate_request_id` while the owner's
+group ran, and once it ended would replace the reply its owner gets by resubmitting. So the engine
+keys each group by its *scoped id*: the id the client chose, prefixed with the name of the principal
+on the socket it came by (`robot-a/episode-3-step-17`). A proxy's groups live in the proxy's own
+namespace, as its cancels do; it makes its ids unique among the clients it acts for (both fronts add a
+random part). Principal names hold no "/" (core/access.py), so two principals' ids never meet. Without
+keys every caller is one principal (`LOCAL`), and ids are not prefixed at all.
+
+Replies carry the id the client sent, never the scoped one (the shell writes it back). Cancel and
+status name the namespace they look in: the sender's own by default; naming another's is the way an
+admin reaches a principal's group, and who may do what there is core/access.py's rule as before.
+"""
+
+from __future__ import annotations
+
+SEPARATOR = "/"
+
+
+def scoped_id(scope: str | None, request_id: str) -> str:
+    """The engine's key of `request_id` sent by the principal named `scope` (None: ids are not scoped)."""
+    return request_id if scope is None else f"{scope}{SEPARATOR}{request_id}"
