@@ -35,7 +35,7 @@ from typing import Any
 
 from candidate_scheduler.core import deadlines, schedule
 from candidate_scheduler.core.access import LOCAL, Action, Principal
-from candidate_scheduler.core.admission import AdmissionPolicy, decide
+from candidate_scheduler.core.admission import AdmissionDecision, AdmissionPolicy, decide
 from candidate_scheduler.core.control import Control
 from candidate_scheduler.core.cost_model import CostModel
 from candidate_scheduler.core.elastic_index import ElasticEntry, ElasticIndex
@@ -106,7 +106,8 @@ class Engine:
         self._slicing: tuple[ModelCapability, int] | None = None  # (capability, smallest rows); None: stale
         self._rows_epoch = 0  # bumped when a worker comes or goes or its rows change (rows_changed)
         self.views = WorkerViews(self.config.batching)  # the workers' planning views, rebuilt as they go stale
-        self._largest_rows = 0  # the largest live worker's rows (kept with _slicing)
+        self._largest_rows = 0  # the largest live worker's rows (kept with _slicing, as the worker itself)
+        self._largest_worker: WorkerState | None = None
         self.fleet = FleetTerms((), self.cost)  # the fluid forecast's sums over the workers, mended as they change
         # When the shell should run a planning pass though nothing happened: a worker becomes due for the
         # work it will hold next (late prefetch), or for its staggered start. None: the next event is soon enough.
@@ -244,8 +245,18 @@ class Engine:
             for w in live:
                 w.rows = self.rows_of(w)
             self._slicing = (live[0].capability, min(w.rows for w in live))
-            self._largest_rows = max(w.rows for w in live)
+            self._largest_worker = max(live, key=lambda w: w.rows)
+            self._largest_rows = self._largest_worker.rows
         return self._slicing
+
+    def _decide(self, spec, action_mode: str) -> AdmissionDecision:
+        """How a group of `spec` runs on this fleet. Under `--policy reject` a group runs whole on one worker
+        or not at all, so it must fit the largest worker, not every one (the planner places a slice only
+        where it fits); the other policies size slices for the smallest, to run anywhere."""
+        capability, rows = self._capability()
+        if self.config.policy is AdmissionPolicy.REJECT:
+            capability, rows = self._largest_worker.capability, self._largest_rows
+        return decide(spec, capability, action_mode=action_mode, policy=self.config.policy, batch_capacity=rows)
 
     def rows_changed(self) -> None:
         """A worker came or went, or the rows one may hold changed (capacity, memory): sizes are stale."""
@@ -257,9 +268,7 @@ class Engine:
         return (deadlines.effective_deadline(g.deadline, since, self.config.best_effort_s), self._admitted)
 
     def admit(self, group: Group) -> None:
-        capability, capacity = self._capability()
-        decision = decide(group.spec, capability, action_mode=group.sampling.action_mode,
-                          policy=self.config.policy, batch_capacity=capacity)
+        decision = self._decide(group.spec, group.sampling.action_mode)
         self.metrics.admission(decision.mode.value, decision.reason)
         if group.admit(decision):
             if group.deadline is None:
@@ -299,7 +308,7 @@ class Engine:
         """A slice that went back to pending (a retry); halved first if no live worker can hold it any
         more (it was running when the largest one shrank)."""
         if self.workers and len(g.slices[slice_index]) > self._largest():
-            self._split(g, self._largest())
+            g.fit_pending(self._largest())
             self._enqueue(g)
         else:  # with no live worker, the next one's pass splits it if it must (_fit_slices)
             self._largest_fitted = max(self._largest_fitted, len(g.slices[slice_index]))
@@ -308,17 +317,6 @@ class Engine:
     def _largest(self) -> int:
         self._capability()  # brings every worker's rows up to date, and the largest with them
         return self._largest_rows
-
-    @staticmethod
-    def _split(g: Group, largest: int) -> bool:
-        """Halve the group's pending slices until each fits `largest` rows; whether any was split."""
-        todo = [i for i, ids in g.pending_slices() if len(ids) > largest]
-        split = bool(todo)
-        while todo:
-            i = todo.pop()
-            if len(g.slices[i]) > largest:
-                todo += [i, g.split_slice(i)]
-        return split
 
     # ---- planning ------------------------------------------------------------------------------------------
 
@@ -432,7 +430,7 @@ class Engine:
             for g in list(self.groups.values()):
                 # a fault here is this group's (its slices may be half re-indexed): it is answered, the rest fitted
                 with self.guard("schedule", g.request_id):
-                    if self._split(g, largest):
+                    if g.fit_pending(largest):
                         self._enqueue(g)
         self._largest_fitted = largest
 
@@ -440,9 +438,7 @@ class Engine:
         g = self.groups.get(r.request_id)
         if g is None or g.status is not GroupStatus.ADMITTED or r.request_id not in self.unstarted:
             return
-        capability, capacity = self._capability()
-        decision = decide(deadlines.served_spec(g.spec, r.count), capability, action_mode=g.sampling.action_mode,
-                          policy=self.config.policy, batch_capacity=capacity)
+        decision = self._decide(deadlines.served_spec(g.spec, r.count), g.sampling.action_mode)
         if not decision.admitted:
             return  # --policy reject after an out-of-memory shrink: keep the count it was admitted with
         g.serve_first(r.count, decision)

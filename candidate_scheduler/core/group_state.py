@@ -256,6 +256,17 @@ class GroupState:
         self.slices = tuple(s.candidate_ids for s in self._slices)
         return len(self._slices) - 1
 
+    def fit_pending(self, largest: int) -> bool:
+        """Halve the pending slices until each fits `largest` rows (no live worker holds more); whether any
+        was split."""
+        todo = [i for i, ids in self.pending_slices() if len(ids) > largest]
+        split = bool(todo)
+        while todo:
+            i = todo.pop()
+            if len(self.slices[i]) > largest:
+                todo += [i, self.split_slice(i)]
+        return split
+
     def start_slice(self, slice_idx: int, worker_id: str) -> SliceDispatch:
         """Assign a pending slice to a worker; returns what to send it."""
         if self.status not in (GroupStatus.ADMITTED, GroupStatus.RUNNING):

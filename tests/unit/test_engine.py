@@ -560,3 +560,17 @@ def test_engine_records_the_workers_conditioning_cache_from_heartbeats():
     assert value(lookups, kind="vae", result="hit") == 2
     assert value("candidate_scheduler_conditioning_cache_evictions_total") == 2
     assert value("candidate_scheduler_conditioning_cache_bytes") == 1024
+
+
+def test_engine_reject_policy_admits_what_the_largest_worker_holds_whole():
+    """Under `reject` a group runs whole on one worker: it must fit the largest, not every worker."""
+    h = Harness(policy="reject")
+    h.register("small", capacity=4)
+    h.register("large", capacity=8)
+    h.submit("g", count=6)
+    assert [(w.identity, [len(s.dispatch.candidate_ids) for s in w.slices]) for w in h.work] == [(b"large", [6])]
+    h.run_all()
+    assert h.reply("g").status == "done" and h.reply("g").metrics["admission_mode"] == "atomic"
+    h.submit("too-big", count=9)
+    r = h.reply("too-big")
+    assert (r.status, r.error_code) == ("rejected", "does_not_fit") and "of 8 candidates" in r.error
