@@ -44,8 +44,8 @@ class Submission:
 
     @property
     def scoped_id(self) -> str:
-        """The group's key in the engine."""
-        return scoped_id(self.scope, self.request_id)
+        """The group's key in the engine (read per submission: no call without keys)."""
+        return self.request_id if self.scope is None else scoped_id(self.scope, self.request_id)
 
 
 @value
