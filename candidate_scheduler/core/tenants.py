@@ -87,6 +87,9 @@ class Tenants:
         if self.in_flight[tenant] <= 0:
             del self.in_flight[tenant]
         self.finished_owners[request_id] = owners
+        # a reused id is the newest again, as Engine.finished keeps it: else its owners went first while its
+        # state stayed, and that state answered anyone's STATUS
+        self.finished_owners.move_to_end(request_id)
         while len(self.finished_owners) > self.remember:
             self.finished_owners.popitem(last=False)
 

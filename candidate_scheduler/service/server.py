@@ -44,6 +44,7 @@ from candidate_scheduler.core.access import (
     Principal,
     Role,
     acting_for,
+    check_name,
     denied,
 )
 from candidate_scheduler.core.engine import INTERNAL_ERROR, Engine, EngineConfig
@@ -530,8 +531,14 @@ class Scheduler:
         engine = self.engine
         if kind in (protocol.Kind.CANCEL, protocol.Kind.STATUS):
             scope = self._scope(principal)
+            if scope is not None and msg.principal is not None:
+                # a name, never a path: "robot-a/sub" would read as part of an id ("sub/<id>" of robot-a's)
+                try:
+                    scope = check_name("principal", msg.principal)
+                except ValueError as exc:
+                    return messages.ControlAnswer(ok=False, error=str(exc), error_code="invalid_value"), []
             # another's namespace is named, and core/access.py's rule decides who may act there
-            rid = scoped_id(msg.principal if scope is not None and msg.principal else scope, msg.request_id)
+            rid = scoped_id(scope, msg.request_id)
             if kind is protocol.Kind.CANCEL:
                 return engine.cancel(rid, time.monotonic(), principal)
             return engine.status(rid, principal), []

@@ -48,10 +48,10 @@ def test_a_reply_that_cannot_be_encoded_is_answered_internal_error_once(in_proce
     sched, c, failed = in_process
     encode = convert.result_to_wire
 
-    def poisoned(result):
+    def poisoned(result, *args):
         if result.request_id == "poisoned" and result.status == "done":
             raise OverflowError("int too big to convert")  # what msgspec raised for a count past 2**64
-        return encode(result)
+        return encode(result, *args)
 
     monkeypatch.setattr(convert, "result_to_wire", poisoned)
     r = c.submit(IMAGE, "pick", count=2, seed=1, request_id="poisoned")

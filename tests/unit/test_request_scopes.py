@@ -7,7 +7,7 @@ from __future__ import annotations
 from candidate_scheduler.core.access import FORBIDDEN, Principal, Role
 from candidate_scheduler.core.request_scope import scoped_id
 from candidate_scheduler.core.spec import MAX_REQUEST_ID_LEN
-from tests.unit.test_engine import submission
+from tests.unit.test_engine import Harness, submission
 from tests.unit.test_resubmission import _recording, _replies_to
 
 ALICE = Principal("alice", "robots", Role.CLIENT)
@@ -80,3 +80,15 @@ def test_a_proxys_groups_live_in_its_namespace_where_it_and_the_client_it_acted_
     answer, out = h.engine.cancel("front/call-1", h.now, FRONT)
     h.take(out)
     assert answer.changed and _replies_to(h, "front", "call-1")[0].status == "cancelled"
+
+
+def test_a_reused_ids_owners_are_remembered_as_long_as_its_state():
+    """STATUS of an ended group stays its owners' after the id is used again and older ones are forgotten."""
+    h = Harness(finished_memory=2, replies_kept=0)  # no kept reply: the same id runs again
+    h.register("w1")
+    for rid, seed in (("x", 1), ("y", 2), ("x", 3), ("z", 4)):
+        h.take(h.engine.submit((f"alice-{seed}", rid), submission(rid, seed=seed, scope="alice"), h.now,
+                               principal=ALICE))
+        h.run_all()
+    assert h.engine.status("alice/x", ALICE).state == "done"
+    assert h.engine.status("alice/x", BOB).error_code == FORBIDDEN
