@@ -110,7 +110,9 @@ class Control:
                               # the extra lead late prefetch has learned this worker needs (core/prefetch.py)
                               "prefetch_margin_s": e.prefetch_margin.get(w.worker_id, 0.0),
                               # what deadline forecasts multiply its durations by (core/margins.py)
-                              "forecast_margin": e.cost.margin(w.worker_id)}
+                              "forecast_margin": e.cost.margin(w.worker_id),
+                              # forward shapes one candidate of which ran it out of memory (core/fleet_rows.py)
+                              "refuses": sorted(w.refused_labels)}
                 for w in e.workers.values()
             },
             # going: no new work, finishing what they hold (core/worker_link.py, "Leaving")

@@ -35,12 +35,13 @@ from typing import Any
 
 from candidate_scheduler.core import deadlines, schedule
 from candidate_scheduler.core.access import LOCAL, Action, Principal
-from candidate_scheduler.core.admission import AdmissionDecision, AdmissionPolicy, decide
+from candidate_scheduler.core.admission import AdmissionPolicy
 from candidate_scheduler.core.control import Control
 from candidate_scheduler.core.cost_model import CostModel
 from candidate_scheduler.core.elastic_index import ElasticEntry, ElasticIndex
 from candidate_scheduler.core.endings import INTERNAL_ERROR, Endings  # noqa: F401 - INTERNAL_ERROR re-exported
 from candidate_scheduler.core.engine_config import EngineConfig  # noqa: F401 - re-exported (its users import it here)
+from candidate_scheduler.core.fleet_rows import FleetRows
 from candidate_scheduler.core.fleet_terms import FleetTerms
 from candidate_scheduler.core.group import Group, refusal
 from candidate_scheduler.core.group_state import GroupStatus
@@ -65,7 +66,6 @@ from candidate_scheduler.core.planning import Unit, dispatch_class, step_class
 from candidate_scheduler.core.request import Submission
 from candidate_scheduler.core.resubmission import ReplyCache
 from candidate_scheduler.core.snapshot import GroupView, PlanningSnapshot
-from candidate_scheduler.core.spec import ModelCapability
 from candidate_scheduler.core.tenants import Tenants
 from candidate_scheduler.core.worker_link import WorkerLink
 from candidate_scheduler.core.worker_views import WorkerViews
@@ -97,17 +97,15 @@ class Engine:
         # No pending slice is larger: the largest worker's rows when pending slices were last fitted to it,
         # raised by every slice queued since (Engine._fit_slices halves them when the largest shrinks below)
         self._largest_fitted = 0
+        self._refused_failed: frozenset[str] = frozenset()  # forward labels whose groups _fit_slices has failed
         self._held_in_pass: dict[str, float] = {}  # staggered starts the last planning pass decided
         self.cache_bytes: dict[str, int] = {}  # worker id -> its conditioning cache's bytes in use
         self.elastic = ElasticIndex()  # queued groups with a deadline whose count may still shrink
         self.unstarted: set[str] = set()  # admitted groups none of whose slices has started
         self._known_cost: set[str] = set()  # workers whose cost model is calibrated
         self._calibrated_in: int | None = None  # the rows epoch in which every live worker was known calibrated
-        self._slicing: tuple[ModelCapability, int] | None = None  # (capability, smallest rows); None: stale
-        self._rows_epoch = 0  # bumped when a worker comes or goes or its rows change (rows_changed)
+        self.fleet_rows = FleetRows(self.rows_of)  # what the live workers may hold, and admission by it
         self.views = WorkerViews(self.config.batching)  # the workers' planning views, rebuilt as they go stale
-        self._largest_rows = 0  # the largest live worker's rows (kept with _slicing, as the worker itself)
-        self._largest_worker: WorkerState | None = None
         self.fleet = FleetTerms((), self.cost)  # the fluid forecast's sums over the workers, mended as they change
         # When the shell should run a planning pass though nothing happened: a worker becomes due for the
         # work it will hold next (late prefetch), or for its staggered start. None: the next event is soon enough.
@@ -238,37 +236,17 @@ class Engine:
             self.metrics.tenant_group(tenant, status, 0)
         return [Reply(client, refusal(request_id, status, code, message, field))]
 
-    def _capability(self) -> tuple[ModelCapability, int]:
-        # Slices sized for the smallest live worker run anywhere; a larger worker co-batches them.
-        if self._slicing is None:
-            live = list(self.workers.values())
-            for w in live:
-                w.rows = self.rows_of(w)
-            self._slicing = (live[0].capability, min(w.rows for w in live))
-            self._largest_worker = max(live, key=lambda w: w.rows)
-            self._largest_rows = self._largest_worker.rows
-        return self._slicing
-
-    def _decide(self, spec, action_mode: str) -> AdmissionDecision:
-        """How a group of `spec` runs on this fleet. Under `--policy reject` a group runs whole on one worker
-        or not at all, so it must fit the largest worker, not every one (the planner places a slice only
-        where it fits); the other policies size slices for the smallest, to run anywhere."""
-        capability, rows = self._capability()
-        if self.config.policy is AdmissionPolicy.REJECT:
-            capability, rows = self._largest_worker.capability, self._largest_rows
-        return decide(spec, capability, action_mode=action_mode, policy=self.config.policy, batch_capacity=rows)
-
     def rows_changed(self) -> None:
         """A worker came or went, or the rows one may hold changed (capacity, memory): sizes are stale."""
-        self._slicing = None
-        self._rows_epoch += 1
+        self.fleet_rows.changed()
 
     def order_of(self, g: Group) -> tuple:
         since = g.received_at + g.fair_lead_s  # core/fair_queue.py: behind its own tenant's backlog
         return (deadlines.effective_deadline(g.deadline, since, self.config.best_effort_s), self._admitted)
 
     def admit(self, group: Group) -> None:
-        decision = self._decide(group.spec, group.sampling.action_mode)
+        rows = self.fleet_rows.current(self.workers)  # brings every worker's rows up to date
+        decision = rows.decide(group.spec, group.sampling.action_mode, group.label, self.config.policy)
         self.metrics.admission(decision.mode.value, decision.reason)
         if group.admit(decision):
             if group.deadline is None:
@@ -307,23 +285,19 @@ class Engine:
     def requeue(self, g: Group, slice_index: int) -> None:
         """A slice that went back to pending (a retry); halved first if no live worker can hold it any
         more (it was running when the largest one shrank)."""
-        if self.workers and len(g.slices[slice_index]) > self._largest():
-            g.fit_pending(self._largest())
+        largest = self.fleet_rows.current(self.workers).largest if self.workers else 0
+        if self.workers and len(g.slices[slice_index]) > largest:
+            g.fit_pending(largest)
             self._enqueue(g)
         else:  # with no live worker, the next one's pass splits it if it must (_fit_slices)
             self._largest_fitted = max(self._largest_fitted, len(g.slices[slice_index]))
             self.pending.add(self._unit(g, slice_index, g.slices[slice_index]))
 
-    def _largest(self) -> int:
-        self._capability()  # brings every worker's rows up to date, and the largest with them
-        return self._largest_rows
-
     # ---- planning ------------------------------------------------------------------------------------------
 
     def snapshot(self, now: float) -> PlanningSnapshot:
         """What a planning decision may read (core/snapshot.py), as the engine stands now."""
-        self._capability()  # brings every worker's rows up to date
-        views = self.views.current(self.workers, self._rows_epoch, self.config.prefetch)
+        views = self.views.current(self.workers, self.fleet_rows.current(self.workers).epoch, self.config.prefetch)
         self.fleet = self.fleet.follow(views, self.views.changes, self.views.positions)
         return PlanningSnapshot(now, self.config.batching, self.config.best_effort_s, views, self.cost,
                                 self._calibrated(), self.pending, self._group_view,
@@ -338,14 +312,14 @@ class Engine:
     def _calibrated(self) -> bool:
         """Every live worker has a cost model (once it has one, it keeps it until it is forgotten; the live
         workers change only with the rows epoch, so the answer holds until then: every snapshot asks)."""
-        if self._calibrated_in == self._rows_epoch:
+        if self._calibrated_in == self.fleet_rows.epoch:
             return True
         for wid in self.workers:
             if wid not in self._known_cost:
                 if not self.cost.calibrated(wid):
                     return False
                 self._known_cost.add(wid)
-        self._calibrated_in = self._rows_epoch
+        self._calibrated_in = self.fleet_rows.epoch
         return True
 
     def schedule(self, now: float, *, elastic: bool = True,
@@ -418,27 +392,34 @@ class Engine:
 
     def _can_place(self) -> bool:
         """Some worker may be sent work, now or when it is due for it (core/worker_views.py keeps which)."""
-        self._capability()  # brings every worker's rows up to date
-        return self.views.any_open(self.workers, self._rows_epoch, self.config.prefetch)
+        return self.views.any_open(self.workers, self.fleet_rows.current(self.workers).epoch, self.config.prefetch)
 
     def _fit_slices(self) -> None:
         """Halve pending slices no live worker can hold (the largest shrank after running out of memory,
         or the workers big enough left), so nothing waits forever for rows that will not come. Admission
-        sizes new slices for the smallest worker, so only a shrink of the largest calls for a pass."""
-        largest = self._largest()
-        if largest < self._largest_fitted:
+        sizes new slices for the smallest worker, so only a shrink of the largest calls for a pass. A group
+        of a forward shape every live worker refuses now (core/fleet_rows.py) fails for the same reason."""
+        rows = self.fleet_rows.current(self.workers)
+        refused = rows.refused_everywhere - self._refused_failed
+        if rows.largest < self._largest_fitted or refused:
             for g in list(self.groups.values()):
                 # a fault here is this group's (its slices may be half re-indexed): it is answered, the rest fitted
                 with self.guard("schedule", g.request_id):
-                    if g.fit_pending(largest):
+                    if g.label in refused and g.pending_slices():
+                        g.fail("out_of_memory", f"one candidate of forward {g.label} ran every live worker out of "
+                                                "memory", field="count")
+                        self.end(g)
+                    elif g.fit_pending(rows.largest):
                         self._enqueue(g)
-        self._largest_fitted = largest
+        self._largest_fitted, self._refused_failed = rows.largest, rows.refused_everywhere
 
     def _resize(self, r: schedule.Resize) -> None:
         g = self.groups.get(r.request_id)
         if g is None or g.status is not GroupStatus.ADMITTED or r.request_id not in self.unstarted:
             return
-        decision = self._decide(deadlines.served_spec(g.spec, r.count), g.sampling.action_mode)
+        rows = self.fleet_rows.current(self.workers)
+        decision = rows.decide(deadlines.served_spec(g.spec, r.count), g.sampling.action_mode, g.label,
+                               self.config.policy)
         if not decision.admitted:
             return  # --policy reject after an out-of-memory shrink: keep the count it was admitted with
         g.serve_first(r.count, decision)

@@ -94,10 +94,11 @@ class WorkerSlot:
     free_rows: int
     forward_key: tuple | None  # of its running rows; None when idle
     spare: int = 0  # rows it may hold beyond its capacity, waiting there for rows to free (prefetch)
+    refuses: frozenset[str] = frozenset()  # forward labels one candidate of which ran it out of memory
 
     def accepts(self, unit: Unit) -> bool:
         return (unit.size <= self.capacity and self.free_rows + self.spare >= unit.size
-                and self.forward_key in (None, unit.forward_key))
+                and self.forward_key in (None, unit.forward_key) and unit.label not in self.refuses)
 
     def fit(self, unit: Unit) -> tuple:
         """Best fit first: a unit that runs now (in free rows) before one that would wait there (spare
@@ -131,8 +132,9 @@ def plan_dispatch(queue: PendingIndex, idle: list[WorkerSlot], on_unit: Callable
     walk = queue.walk()
     # idle workers first (a busy one that may hold its next batch runs it only after the current one)
     for worker in sorted(idle, key=lambda w: (w.forward_key is not None, -w.capacity)):
-        capacity = worker.capacity
-        found = walk.first(lambda b, cap=capacity: b.size <= cap)
+        capacity, refuses = worker.capacity, worker.refuses
+        found = walk.first((lambda b, cap=capacity: b.size <= cap) if not refuses else
+                           (lambda b, cap=capacity, no=refuses: b.size <= cap and b.label not in no))
         if found is None:
             continue  # a larger worker further on (a busy one that may hold its next batch) may take some
         bucket, head = found
@@ -187,6 +189,8 @@ def plan_step(queue: PendingIndex, workers: list[WorkerSlot],
         def allowed(w: WorkerSlot, bucket=bucket, unit=unit) -> bool:
             # a backfill must start now, in free rows: in spare rows it would wait on the worker and join
             # when rows free, ahead of the head it was judged against as if it had started at once
+            if unit.label in w.refuses:
+                return False
             return w.worker_id not in reserved or (backfill is not None and unit.size <= w.free_rows
                                                    and may_backfill(w, bucket, unit))
 
@@ -203,7 +207,8 @@ def plan_step(queue: PendingIndex, workers: list[WorkerSlot],
             placements.append((best.worker_id, unit))
             walk.take(bucket)
             continue
-        holders = [w for w in workers if w.worker_id not in reserved and w.capacity >= unit.size]
+        holders = [w for w in workers if w.worker_id not in reserved and w.capacity >= unit.size
+                   and unit.label not in w.refuses]
         if not holders:
             walk.drop(bucket)  # blocked and reserving nobody: so is every later unit of its bucket
             continue

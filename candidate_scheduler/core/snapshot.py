@@ -63,6 +63,7 @@ class WorkerView:
     conditions_aside: bool
     running: tuple[RunningWork, ...]  # in the order they were sent (the worker admits them so)
     prefetch: int = 0  # batches' worth it may hold beyond what it runs (they wait on the worker)
+    refuses: frozenset[str] = frozenset()  # forward labels it is sent none of (WorkerState.refused_labels)
     free_rows: int = field(init=False)  # rows free to run now
     spare: int = field(init=False)  # rows it may still be sent to hold, beyond free_rows
     forward_key: tuple | None = field(init=False)  # of its running rows; None when idle
@@ -97,12 +98,12 @@ class WorkerView:
         for a in w.assignments.values():
             view = a.view
             running.append(view if view is not None and view.ends_at == a.ends_at else _running_work(a))
-        return cls(w.worker_id, rows, w.conditions_aside, tuple(running), prefetch)
+        return cls(w.worker_id, rows, w.conditions_aside, tuple(running), prefetch, w.refused_labels)
 
     def slot(self, spare: int | None = None) -> WorkerSlot:
         """For step batching: its free rows, and the spare rows it may hold for later (`spare` of them)."""
         return WorkerSlot(self.worker_id, self.rows, self.free_rows, self.forward_key,
-                          self.spare if spare is None else spare)
+                          self.spare if spare is None else spare, self.refuses)
 
     @property
     def takes_a_batch(self) -> bool:
@@ -115,7 +116,7 @@ class WorkerView:
 
     def batch_slot(self) -> WorkerSlot:
         """For dispatch batching: a whole batch, run after what it runs now (forward_key: None when idle)."""
-        return WorkerSlot(self.worker_id, self.rows, self.rows, self.forward_key)
+        return WorkerSlot(self.worker_id, self.rows, self.rows, self.forward_key, refuses=self.refuses)
 
 
 @value

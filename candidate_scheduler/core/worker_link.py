@@ -333,10 +333,25 @@ class WorkerLink:
         """The rows the worker ran when it ran out of memory did not fit. The worker says which: the rows
         of the forward that failed and the step it failed at (`oom_rows`, `oom_step`); every assignment
         that shared that step answers out_of_memory with the same step, so the incident lowers the
-        worker's rows once, below them. Each slice is planned again (split when no worker can hold it)
-        and fails only when it was one row running alone."""
+        worker's rows once, below them. Each slice is planned again (split when no worker can hold it).
+        One row running alone is one candidate of that forward shape too many for this worker, whatever
+        its capacity for others: the shape goes to the other workers (core/fleet_rows.py), and the group
+        fails only when none is left to take it."""
         e = self.engine
         rows = int(report.get("oom_rows") or 0) or rows_in_use
+        if rows <= 1:
+            worker.refused_labels = worker.refused_labels | {g.label}
+            if worker.worker_id in e.workers:
+                e.rows_changed()  # the views carry what it refuses; admission reads whether anyone takes it
+            if any(g.label not in w.refused_labels for w in e.workers.values() if w is not worker):
+                if g.fail_slice(entry.slice_index, f"out_of_memory on {worker.worker_id}: {detail}",
+                                e.config.retry_limit, worker_id=worker.worker_id, counted=False):
+                    e.metrics.retry("out_of_memory")
+                    e.requeue(g, entry.slice_index)
+                return
+            g.fail("out_of_memory", f"one candidate does not fit any live worker's memory: {detail}", field="count")
+            e.end(g)
+            return
         key = ("step", report["oom_step"]) if "oom_step" in report else ("batch", a.batch_id)
         # the same incident only for work sent before it was counted: a worker that numbers its incidents by
         # the steps it ran (before 2026-12-05) gives two failures in a row, no step between, one number
@@ -345,10 +360,6 @@ class WorkerLink:
             worker.capacity = max(1, min(worker.capacity, rows - 1))
             if worker.worker_id in e.workers:  # a leaving worker's rows are out of the fleet already
                 e.rows_changed()
-        if worker.oom_rows <= 1:
-            g.fail("out_of_memory", f"one candidate does not fit the worker's memory: {detail}", field="count")
-            e.end(g)
-            return
         if g.fail_slice(entry.slice_index, f"out_of_memory: {detail}", e.config.retry_limit,
                         worker_id=worker.worker_id, counted=False):
             e.metrics.retry("out_of_memory")  # the planning pass halves what no worker can hold now

@@ -63,6 +63,9 @@ class WorkerState:
     registered_rows: int = 0  # the rows it registered with: it runs that many unless told fewer
     oom_key: Any = None  # the last out-of-memory incident (see worker_link._out_of_memory)
     oom_since: int = 0  # the first assignment id sent after it: those are not part of it
+    # forward labels one candidate of which ran it out of memory: none is sent to it again while it lives
+    # (core/fleet_rows.py), where other workers may hold them; its capacity stays for every other shape
+    refused_labels: frozenset[str] = frozenset()
     said_leaving: bool = False  # it said LEAVING (an operator's leave is asked again until it does)
     # told the worker's id when its view goes stale: the engine rebuilds only those views (Engine.snapshot)
     on_stale: Any = field(default=None, repr=False, compare=False)

@@ -371,7 +371,7 @@ def test_a_workers_view_reuses_each_assignments_view_until_its_predicted_end_mov
     from candidate_scheduler.core.workers import Assignment
 
     a = Assignment(7, "w1", (BatchEntry("g", 0, (0, 1)),), ("k",), sent_at=10.0, label="L", predicted_s=0.5, steps=4)
-    worker = type("W", (), {"worker_id": "w1", "conditions_aside": False, "assignments": {7: a}})()
+    worker = type("W", (), {"worker_id": "w1", "conditions_aside": False, "assignments": {7: a}, "refused_labels": frozenset()})()
     first = WorkerView.of(worker, 8, 1).running[0]
     assert first.ends_at == 10.5 and first.keys == (("g", 0),) and first.rows == 2
     assert WorkerView.of(worker, 8, 1).running[0] is first  # nothing moved: the same view

@@ -14,7 +14,7 @@ from candidate_scheduler.core.snapshot import WorkerView
 
 
 def _fresh(engine) -> tuple[WorkerView, ...]:
-    engine._capability()
+    engine.fleet_rows.current(engine.workers)  # every worker's rows up to date
     return tuple(WorkerView.of(w, w.rows, engine.config.prefetch) for w in engine.workers.values())
 
 
