@@ -54,11 +54,12 @@ class SimWorker:
     stall: float = 0.0  # fixed work (conditioning of groups that joined) before its next step
     conditions_aside: bool = False  # joiners are conditioned on their own thread; nothing stalls
     preparing: float = 0.0  # seconds of conditioning queued on that thread
+    refuses: frozenset[str] = frozenset()  # forward labels it is sent none of (WorkerState.refused_labels)
 
     def slot(self) -> WorkerSlot:
         used = sum(i.rows for i in self.items)  # may pass its capacity: work it holds waits there (prefetch)
         return WorkerSlot(self.worker_id, self.capacity, max(0, self.capacity - used),
-                          self.items[0].key if self.items else None)
+                          self.items[0].key if self.items else None, refuses=self.refuses)
 
     def stepping(self) -> list[SimItem]:
         return [i for i in self.items if i.delay <= 0.0]

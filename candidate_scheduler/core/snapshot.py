@@ -421,7 +421,7 @@ class PlanningSnapshot:
         cost = self.planned_cost
         sims = []
         for w in self.workers if only is None else (self.worker(only),):
-            sim = SimWorker(w.worker_id, w.rows, conditions_aside=w.conditions_aside)
+            sim = SimWorker(w.worker_id, w.rows, conditions_aside=w.conditions_aside, refuses=w.refuses)
             # what runs: the assignments that fit its rows, in the order sent (under dispatch batching the
             # first one alone: a batch runs on its own); the rest waits on the worker
             rows, running, held = 0, [], []

@@ -135,3 +135,18 @@ def test_a_forecast_ends_when_steps_are_shorter_than_the_clocks_resolution(mode)
     for per_row in (1e-7, 3e-8, 1.3e-9):
         f = forecast(now, [SimWorker("w", 8)], jobs, cost(per_row), mode)
         assert set(f) == {"a", "b", "c"} and all(now <= v < now + 1e-3 for v in f.values()), f
+
+
+@pytest.mark.parametrize("mode", ["dispatch", "step"])
+def test_forecast_sends_a_shape_only_where_it_is_not_refused(mode):
+    """A worker one candidate of a shape ran out of memory is sent none of it (core/fleet_rows.py): the
+    forecast's queue waits for the other worker, as the engine's does, and never ends if every worker refuses."""
+    c = cost()
+    for rows in (1, 8):
+        c.observe_forward("v", LABEL, rows, 0.01 * rows)
+    workers = [SimWorker("w", 8, refuses=frozenset({LABEL})), SimWorker("v", 8)]
+    f = forecast(0.0, workers, [job("a", 4, 10), job("b", 4, 10)], c, mode)
+    # both on v, eight rows a step (on both workers, 0.4 each)
+    assert f["a"] == pytest.approx(0.8) and f["b"] == pytest.approx(0.8)
+    nobody = forecast(0.0, [SimWorker("w", 8, refuses=frozenset({LABEL}))], [job("a", 4, 10)], c, mode)
+    assert math.isinf(nobody["a"])
