@@ -83,6 +83,9 @@ class ProtocolError(ValueError):
         super().__init__(message)
         self.kind = kind
 
+    def __reduce__(self):  # pickled (out of a worker process) with both arguments, not its message alone
+        return type(self), (self.kind, str(self))
+
 
 class Array(msgspec.Struct, frozen=True):
     """A tensor on the wire: dtype name, shape, raw little-endian bytes."""

@@ -35,6 +35,13 @@ from candidate_scheduler.service.requests import make_request, submit_frames
 log = logging.getLogger("candidate_scheduler.client")
 
 
+def _retrieved(fut: asyncio.Future) -> None:
+    """Mark `fut`'s exception seen: `close` fails every future it finds, the one of a call that was not
+    awaiting it (still sending, say) too, and asyncio would log each as "never retrieved"."""
+    if fut.done() and not fut.cancelled():
+        fut.exception()
+
+
 class AsyncClient:
     """asyncio client: `await client.submit(...)`; many groups in flight on one socket. With `control`
     (the scheduler's control endpoint), a group whose scheduler seems to have restarted is asked for
@@ -188,9 +195,13 @@ class AsyncClient:
             await self._send(frames, rid)
             self._ensure_reader()
             return Result.from_wire(await self._answer(fut, rid, sent_to, drops))
+        except asyncio.CancelledError:
+            self._raise_if_closed()
+            raise
         finally:  # answered, given up or cancelled (asyncio.wait_for): a reply that comes later has no taker
             if self._futures.get(rid) is fut:
                 del self._futures[rid]
+            _retrieved(fut)
 
     async def _send(self, frames: list[bytes], rid: str) -> None:
         """Send a SUBMIT. With the scheduler away ZMQ queues it, and once the queue is full (1,000
@@ -280,12 +291,24 @@ class AsyncClient:
             return True
         except TimeoutError:
             return False
+        except asyncio.CancelledError:
+            self._raise_if_closed()
+            raise
         finally:  # answered, timed out or cancelled: a PONG that comes later has nobody to wake
             self._pongs.pop(nonce, None)
+            _retrieved(fut)
 
     def _check_open(self) -> None:
         if self._closed:
             raise ClientClosed(f"the client of {self.endpoint} is closed")
+
+    def _raise_if_closed(self) -> None:
+        """Called with a CancelledError in hand: ClientClosed when `close` caused it, not the caller. Closing
+        a pyzmq socket cancels the futures of its pending sends and receives (a send waiting for room in the
+        queue, a STATUS waiting for its reply), and that cancellation reached the caller as its own."""
+        task = asyncio.current_task()
+        if self._closed and (task is None or not task.cancelling()):
+            raise ClientClosed(f"the client of {self.endpoint} was closed") from None
 
     def close(self) -> None:
         """Close the sockets; every call waiting on this client raises ClientClosed."""

@@ -28,9 +28,9 @@ from candidate_scheduler.service.replies import (  # noqa: F401 - the names call
 from candidate_scheduler.service.requests import make_request, submit_frames, synthetic_image  # noqa: F401
 
 
-def _reply(sock: zmq.Socket, allowed) -> Any:
-    """The reply waiting on `sock`; an ERROR reply raises ServiceError."""
-    kind, msg = protocol.decode_frames(sock.recv_multipart(), allowed)
+def _reply(frames: list[bytes], allowed) -> Any:
+    """The reply `frames` hold; an ERROR reply raises ServiceError."""
+    kind, msg = protocol.decode_frames(frames, allowed)
     if kind is protocol.Kind.ERROR:
         raise ServiceError(msg)
     return msg
@@ -115,7 +115,8 @@ class Client:
 
     def send(self, request: protocol.SubmitRequest, timeout_s: float | None = None) -> str:
         """Send one group; `timeout_s` bounds the PING of a client's first send (`submit` passes what is left
-        of its own timeout, which that PING, `liveness_s` long, would otherwise overrun)."""
+        of its own timeout, which that PING, `liveness_s` long, would otherwise overrun), and the wait for
+        room in a full send queue (TimeoutError; SchedulerUnavailable past SEND_TIMEOUT_MS)."""
         self._check_open()
         frames = submit_frames(request)  # one the scheduler could not take fails first, not after a PING
         if self.liveness_s is not None and self._incarnation is None:
@@ -124,9 +125,15 @@ class Client:
             if probe_s > 0 and not self._answers_ping(probe_s) and probe_s >= self.liveness_s:
                 self._incarnation = ""  # cut short by the timeout instead: no verdict, the next send asks again
         self._count_drops()  # one before this send is not this group's
+        # a send waits for room in the queue (a full one: the scheduler away), within the caller's timeout
+        send_ms = SEND_TIMEOUT_MS if timeout_s is None else max(0, min(SEND_TIMEOUT_MS, int(timeout_s * 1000)))
+        self._sock.setsockopt(zmq.SNDTIMEO, send_ms)
         try:
             self._sock.send_multipart(frames)
         except zmq.Again:  # SNDTIMEO: no scheduler to queue for (a refused handshake), or a full queue
+            if send_ms < SEND_TIMEOUT_MS:  # cut short by the caller's timeout: not a verdict on the scheduler
+                raise TimeoutError(f"could not send {request.request_id!r} to {self.endpoint} within its timeout: "
+                                   "no room to queue it for the scheduler") from None
             raise SchedulerUnavailable(f"could not send {request.request_id!r} to {self.endpoint} within "
                                        f"{SEND_TIMEOUT_MS / 1000:.0f} s") from None
         self._sent_to.pop(request.request_id, None)  # sent again: the newest, last to be forgotten
@@ -245,15 +252,18 @@ class Client:
                 if time.monotonic() >= deadline:  # not answered
                     return False
                 time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))  # a restarted one is found at once
-        while (remaining := deadline - time.monotonic()) > 0 and ctl.poll(int(remaining * 1000)):
-            kind, msg = protocol.decode_frames(ctl.recv_multipart(),
-                                               {protocol.Kind.PONG, protocol.Kind.CONTROL_REPLY, protocol.Kind.ERROR})
-            if kind is protocol.Kind.PONG and msg.nonce == nonce:
-                self._incarnation = msg.incarnation
-                return True
+        try:
+            while (remaining := deadline - time.monotonic()) > 0 and ctl.poll(int(remaining * 1000)):
+                kind, msg = protocol.decode_frames(ctl.recv_multipart(),
+                                                   {protocol.Kind.PONG, protocol.Kind.CONTROL_REPLY, protocol.Kind.ERROR})
+                if kind is protocol.Kind.PONG and msg.nonce == nonce:
+                    self._incarnation = msg.incarnation
+                    return True
+        except BaseException:  # interrupted (Ctrl-C, a signal), or unreadable: its PONG may still come
+            self._drop_control()
+            raise
         # unanswered: drop the socket, so a late PONG never reads as the answer to a later request
-        ctl.close(0)
-        self._ctl = None
+        self._drop_control()
         return False
 
     def submit(self, image: np.ndarray, prompt: str | list[str] = "", timeout_s: float | None = None,
@@ -376,20 +386,31 @@ class Client:
         if self.control_endpoint is None:
             raise ValueError("this client has no control endpoint")
         self._check_open()
+        ctl = self._control_socket()
         try:
-            self._control_socket().send_multipart(protocol.encode(kind, payload))
+            ctl.send_multipart(protocol.encode(kind, payload))
         except zmq.Again:
             raise TimeoutError(f"could not send {kind.name}: no scheduler to send it to") from None
-        if not self._ctl.poll(int(timeout_s * 1000)):
-            self._ctl.close(0)  # a late reply must not read as the answer to the next request
-            self._ctl = None
-            raise TimeoutError(f"no control reply to {kind.name}")
-        return _reply(self._ctl, {protocol.Kind.CONTROL_REPLY, protocol.Kind.ERROR})
+        try:
+            if not ctl.poll(int(timeout_s * 1000)):
+                raise TimeoutError(f"no control reply to {kind.name}")
+            frames = ctl.recv_multipart()
+        except BaseException:
+            # timed out, or interrupted (Ctrl-C, a signal) with its reply still to come: that reply must not
+            # read as the answer to the next request, so the socket goes
+            self._drop_control()
+            raise
+        return _reply(frames, {protocol.Kind.CONTROL_REPLY, protocol.Kind.ERROR})
 
     def _control_socket(self) -> zmq.Socket:
         if self._ctl is None:
             self._ctl = self._dealer(self.control_endpoint)
         return self._ctl
+
+    def _drop_control(self) -> None:
+        if self._ctl is not None:
+            self._ctl.close(0)
+            self._ctl = None
 
     def cancel(self, request_id: str, principal: str | None = None) -> protocol.ControlReply:
         """`principal`: whose request id it is, when not this client's own (an admin's reach; with keys, each

@@ -11,6 +11,7 @@ import zmq.asyncio
 
 from candidate_scheduler import protocol
 from candidate_scheduler.service.keys import ClientKeys
+from candidate_scheduler.service.replies import ClientClosed
 
 
 class ControlLink:
@@ -20,16 +21,19 @@ class ControlLink:
         self.ctx, self.endpoint, self.keys = ctx, endpoint, keys
         self._sock: zmq.asyncio.Socket | None = None
         self._lock = asyncio.Lock()
+        self._closed = False
 
     async def ask(self, kind: protocol.Kind, payload, timeout_s: float) -> protocol.ControlReply | None:
         """The reply to one request, or None when none came within `timeout_s`. The wait for the link is
         part of it: with the scheduler away each ask waits out its timeout, and the Nth caller queued
-        behind the others waited N of them."""
+        behind the others waited N of them. ClientClosed when the link is closed first."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         if not await self._turn(timeout_s):
             return None
         try:
+            if self._closed:  # closed while this ask waited its turn: no socket is opened again
+                raise ClientClosed(f"the control link to {self.endpoint} is closed")
             if self._sock is None:
                 self._sock = self.ctx.socket(zmq.DEALER)
                 self._sock.setsockopt(zmq.LINGER, 0)
@@ -41,16 +45,20 @@ class ControlLink:
                 await asyncio.wait_for(self._sock.send_multipart(protocol.encode(kind, payload)),
                                        max(deadline - loop.time(), 0.001))
                 if not await self._sock.poll(max(int((deadline - loop.time()) * 1000), 0)):
-                    self.close()
+                    self._drop()
                     return None
                 frames = await self._sock.recv_multipart()
             except TimeoutError:
-                self.close()
+                self._drop()
                 return None
-            except BaseException:
+            except BaseException as exc:
                 # cancelled (or failed) with its reply still to come: that reply must never be read as the
                 # answer to the next request, so the socket goes with it
-                self.close()
+                self._drop()
+                task = asyncio.current_task()
+                if isinstance(exc, asyncio.CancelledError) and self._closed and not (task and task.cancelling()):
+                    # closing the socket cancelled its wait, not the caller: said as what it is
+                    raise ClientClosed(f"the control link to {self.endpoint} was closed") from None
                 raise
         finally:
             self._lock.release()
@@ -82,7 +90,13 @@ class ControlLink:
         acquire.add_done_callback(hand_back)
         acquire.cancel()
 
-    def close(self) -> None:
+    def _drop(self) -> None:
+        """Close the socket; the next ask opens another."""
         if self._sock is not None:
             self._sock.close(0)
             self._sock = None
+
+    def close(self) -> None:
+        """Close the link for good: an ask still waiting its turn raises ClientClosed, as does a later one."""
+        self._closed = True
+        self._drop()

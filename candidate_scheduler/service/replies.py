@@ -81,6 +81,9 @@ class ServiceError(RuntimeError):
         super().__init__(f"{reply.error_code}: {reply.error}")
         self.reply = reply
 
+    def __reduce__(self):  # pickled (out of a worker process) with the reply it is built from, not its message
+        return type(self), (self.reply,)
+
 
 class Forbidden(PermissionError):
     """The scheduler refused a control request: not this key's right (core/access.py)."""
