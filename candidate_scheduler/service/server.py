@@ -505,7 +505,14 @@ class Scheduler:
             self.metrics.forbidden(action.value if action is not None else "other")
             answer, out = messages.ControlAnswer(ok=False, error=why, error_code=FORBIDDEN), []
         else:
-            answer, out = self._control(kind, msg, principal)
+            try:
+                answer, out = self._control(kind, msg, principal)
+            except Exception as exc:  # noqa: BLE001 - the caller is answered, not left to its timeout
+                log.exception("a %s control request failed; the service keeps serving", kind.name)
+                self.engine.counters["handler_errors"] += 1
+                self.metrics.internal_error("shell")
+                answer, out = messages.ControlAnswer(ok=False, error=f"internal error: {type(exc).__name__}: {exc}",
+                                                     error_code=INTERNAL_ERROR), []
         reply = protocol.ControlReply(ok=answer.ok, changed=answer.changed, state=answer.state,
                                       detail=dict(answer.detail), error=answer.error, error_code=answer.error_code)
         frames = protocol.reply_frames(identity, delimited, protocol.Kind.CONTROL_REPLY, reply)

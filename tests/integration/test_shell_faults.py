@@ -121,3 +121,19 @@ def test_a_submission_the_shell_refuses_is_counted_for_its_tenant(services):
         client.close()
         sched.stop_now.set()
         thread.join(10)
+
+
+def test_a_control_request_that_raises_is_answered_internal_error_and_the_loop_serves_on(in_process, monkeypatch):
+    """A control request whose handling raises (here the engine's STATUS) was answered nothing: the shell's
+    loop logged it and the caller waited out its timeout. Now it is answered, typed, and counted."""
+    sched, c, failed = in_process
+
+    def broken(*_args, **_kwargs):
+        raise KeyError("owners")
+
+    monkeypatch.setattr(sched.engine, "status", broken)
+    reply = c.control(protocol.Kind.STATUS, protocol.StatusRequest("g"), timeout_s=5)
+    assert (reply.ok, reply.error_code) == (False, "internal_error") and "KeyError" in reply.error
+    monkeypatch.undo()
+    assert c.submit(IMAGE, "pick", count=1, seed=6).ok
+    assert c.stats()["handler_errors"] == 1 and not failed
