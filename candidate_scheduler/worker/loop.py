@@ -5,7 +5,8 @@ Two threads, so heartbeats and cancels keep flowing while the model computes:
 - the I/O thread owns the ZMQ DEALER: it registers, sends heartbeats (listing every assignment it holds
   and the forwards run since the last one), receives BATCH and JOIN (decoded there and handed to the
   compute thread, which admits them as its rows allow: running.py) and
-  CANCEL_ROWS (recorded in a lock-guarded map the compute thread reads at each step boundary), and
+  CANCEL_ROWS (recorded in a lock-guarded map the compute thread reads at each step boundary, and woken
+  for when it waits for the conditioning thread with nothing to step), and
   forwards results that the compute thread pushes through an inproc PAIR (so a result leaves at once,
   not at the next poll tick);
 - the compute thread owns the running batch (running.py): at every step boundary it admits the
@@ -57,6 +58,7 @@ from candidate_scheduler.worker.leaving import Departure
 from candidate_scheduler.worker.preparing import Prepared, Preparer, supports_concurrent_start
 from candidate_scheduler.worker.running import (
     Arrival,
+    Assignment,
     RunningBatch,
     abandoned_outputs,
     arrival_from_wire,
@@ -73,6 +75,14 @@ COMPUTE_FAILED = "compute_failed"  # LEFT's reason when the compute thread died
 
 class WorkerFailed(RuntimeError):
     """The compute thread died: the worker left (LEFT) and cannot serve any more."""
+
+
+class _Poke:
+    """For the compute thread: a cancel or a give-back to act on, should it be waiting for the
+    conditioning thread with nothing to step (it reads them only between turns)."""
+
+
+_POKE = _Poke()
 
 
 @dataclass(frozen=True)
@@ -132,6 +142,7 @@ class Worker:
         self._epoch = 0  # REREGISTERs so far: answers of an earlier epoch are dropped (I/O thread only)
         self._answer_epoch = 0  # the epoch of the last Reset the compute thread took (compute thread only)
         self._arriving: Arrival | None = None  # an assignment being admitted (compute thread only)
+        self._answering: list[Assignment] = []  # done, taken off the batch, not answered yet (compute thread only)
         self._cache_seen: dict[str, int] = {}  # the counters the last heartbeat sent carried (I/O thread only)
         self._cache_failed = False  # reading them raised (logged once)
         self._stop = threading.Event()
@@ -189,20 +200,33 @@ class Worker:
                 with self._lock:
                     self._forwards.extend([record] * forwards)
                     del self._forwards[:-_MAX_FORWARD_RECORDS]
-        for a in batch.take_done():
-            outputs = [a.outputs[i] for i in range(len(a.items))]
-            if self._mangle is not None:
-                outputs = self._mangle([it for it in a.items if it is not None], outputs)
-            self._answer(out, a.batch_id, outputs, a.wire_report)
+        # off the batch now: should answering one raise, `_abandon` answers it and those after it
+        self._answering = batch.take_done()
+        while self._answering:
+            a = self._answering[0]
+            self._answer(out, a.batch_id, self._outputs(a), a.wire_report)
+            self._answering.pop(0)
         if batch.idle:
             with self._lock:
                 self._step = None
         return True
 
+    def _outputs(self, a: Assignment) -> list:
+        """A done assignment's outputs, in its groups' order, as the fault-injection hook leaves them."""
+        outputs = [a.outputs[i] for i in range(len(a.items))]
+        if self._mangle is None:
+            return outputs
+        try:
+            return self._mangle([it for it in a.items if it is not None], outputs)
+        except Exception:  # noqa: BLE001 - a drill's hook must not cost the assignment, nor the running batch
+            log.exception("the fault-injection hook failed on assignment %d: answered as computed", a.batch_id)
+            return outputs
+
     def _abandon(self, batch: RunningBatch, out, exc: BaseException) -> None:
         """After a failed turn: answer every assignment held (and one caught half-way into the batch), and
         go on with nothing."""
-        gone = batch.abandon()
+        gone = self._answering + batch.abandon()
+        self._answering = []
         arriving, self._arriving = self._arriving, None
         if arriving is not None and all(a.batch_id != arriving.batch_id for a in gone):
             gone.append(assignment_of(arriving))
@@ -230,6 +254,7 @@ class Worker:
     def _take_new(self, batch: RunningBatch, block: bool) -> bool:
         """Admit every assignment and every prepared group that arrived; wait for one when there is
         nothing to run. False: stop."""
+        poked = False
         while True:
             try:
                 item = self._inbox.get(timeout=0.2) if block else self._inbox.get_nowait()
@@ -239,7 +264,9 @@ class Worker:
                 return not self._stop.is_set()
             if item is None:
                 return False
-            if isinstance(item, Prepared):
+            if item is _POKE:
+                poked = True  # the rest that arrived is taken, then the turn reads what it is told
+            elif isinstance(item, Prepared):
                 batch.prepared(item)
             elif isinstance(item, Arrival):
                 self._arriving = item
@@ -253,7 +280,7 @@ class Worker:
                 with self._lock:
                     self._step = None
             # an assignment joins only once all its groups are ready: until then there may be nothing to do
-            block = batch.waiting
+            block = batch.waiting and not poked
 
     # ---- I/O side --------------------------------------------------------------------------------------
     def _register_msg(self) -> list[bytes]:
@@ -371,6 +398,7 @@ class Worker:
                 self._departure.acknowledged(msg.batch_ids, self._held)
                 with self._lock:  # the scheduler knows we go: hand back what we have not started, if it can take it
                     self._giving_back = msg.give_back
+                self._inbox.put(_POKE)
                 if self._departure.lost_on_link:
                     log.warning("%d assignment(s) the scheduler sent never arrived; it retries them",
                                 self._departure.lost_on_link)
@@ -378,6 +406,7 @@ class Worker:
             if msg.batch_id in self._held:  # a cancel that crossed the answer would be kept forever
                 with self._lock:
                     self._cancelled.setdefault(msg.batch_id, set()).update(msg.request_ids)
+                self._inbox.put(_POKE)
         elif kind is protocol.Kind.WORKER_STOP:
             if msg.reason == LEAVE:  # an operator asked the scheduler (`candidate-scheduler worker-leave ID`)
                 self._ask_leave()

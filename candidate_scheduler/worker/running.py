@@ -87,6 +87,9 @@ class Slot:
     state: SlotState
     group: Any = None  # the adapter's running group once started (stepping.RunningGroup)
     output: GroupOutput | None = None
+    # its start was submitted before its assignment was admitted (beside others' rows): what it runs into
+    # says nothing about its own rows, even when they free while the start is under way
+    early: bool = False
 
     @property
     def rows(self) -> int:
@@ -257,23 +260,26 @@ class RunningBatch:
         for s in a.slots:
             if s.state is SlotState.QUEUED:
                 s.to(SlotState.PREPARING)
+                s.early = True
                 self.preparer.submit(a.batch_id, s.index, s.item, a.token)
 
     def _admit(self, a: Assignment) -> None:
         a.admitted = True
         self.rows_admitted += a.rows
-        aside = self.preparer is not None and not self.idle
         for s in a.slots:
-            if s.state is not SlotState.QUEUED:
-                continue
-            if aside:
-                s.to(SlotState.PREPARING)
-                self.preparer.submit(a.batch_id, s.index, s.item, a.token)
-                continue
-            try:
-                s.to(SlotState.READY, group=self.adapter.start(s.item))
-            except Exception as exc:  # noqa: BLE001 - one bad group never fails the others
-                self._failed(a, s, exc)
+            if s.state is SlotState.QUEUED:
+                self._start(a, s)
+
+    def _start(self, a: Assignment, s: Slot) -> None:
+        """Start an admitted group: aside while others run, else here."""
+        if self.preparer is not None and not self.idle:
+            s.to(SlotState.PREPARING)
+            self.preparer.submit(a.batch_id, s.index, s.item, a.token)
+            return
+        try:
+            s.to(SlotState.READY, group=self.adapter.start(s.item))
+        except Exception as exc:  # noqa: BLE001 - one bad group never fails the others
+            self._failed(a, s, exc)
 
     def prepared(self, done: Prepared) -> None:
         """A group the preparer started (or failed to start); its assignment joins once all are back."""
@@ -287,12 +293,16 @@ class RunningBatch:
                 if a is not None:
                     self._account(a, done.group)
             return
-        if done.error is not None and not a.admitted and stepping.is_out_of_memory(done.error):
+        if done.error is not None and s.early and stepping.is_out_of_memory(done.error):
             # Conditioned early, beside the rows that run: not its own rows that did not fit, and no
-            # reason to make the scheduler shrink the worker. It starts again once admitted.
+            # reason to make the scheduler shrink the worker. It starts again once admitted (now, if its
+            # rows freed while this start was under way).
             log.warning("group %s ran out of memory conditioned early; it starts once admitted", s.request_id)
             a.early = False
+            s.early = False
             s.to(SlotState.QUEUED)
+            if a.admitted:
+                self._start(a, s)
         elif done.error is not None:
             self._failed(a, s, done.error)
         else:
@@ -397,6 +407,8 @@ class RunningBatch:
                 continue
             try:
                 output = self.adapter.finish(group)
+                if not isinstance(output, GroupOutput):  # it could not even be answered as an error
+                    raise TypeError(f"the adapter's finish returned {type(output).__name__}, not a GroupOutput")
             except Exception as exc:  # noqa: BLE001
                 log.exception("group %s could not finish", s.request_id)
                 output = stepping.error_output(s.request_id, exc)
