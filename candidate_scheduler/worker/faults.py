@@ -143,14 +143,15 @@ class FaultyAdapter:
         if self.spec.oom_rows is not None and rows > self.spec.oom_rows:
             self._note("oom", items, f"{rows} rows > {self.spec.oom_rows}")
             fault = OutOfMemory(f"injected: {rows} rows do not fit (oom_rows={self.spec.oom_rows})")
-            return [error_output(it.request_id, fault) for it in items]
+            # one per output, not per readable item: an undecodable group has an output and no item
+            return [error_output(o.request_id, fault) for o in outputs]
         kind = self._draw()
         if kind is None:
             return outputs
         if kind == "raise":
             self._note(kind, items, "")
             fault = InjectedFault("injected fault: the adapter raised")
-            return [error_output(it.request_id, fault) for it in items]
+            return [error_output(o.request_id, fault) for o in outputs]
         if kind == "malformed":
             kind = self._rng.choice(MALFORMED_KINDS)
         outputs = list(outputs)
