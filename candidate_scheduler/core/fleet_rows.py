@@ -32,7 +32,7 @@ class FleetRows:
         self.rows_of = rows_of  # the rows a worker may hold now: its capacity, capped by predicted memory
         self.epoch = 0  # bumped at every change: views and forecasts built in another epoch are stale
         self._stale = True
-        self.smallest = self.largest = 0
+        self.largest = 0  # the largest live worker's rows: no pending slice may be larger (Engine._fit_slices)
         self.smallest_worker: WorkerState | None = None
         self.largest_worker: WorkerState | None = None
         self.refused_everywhere: frozenset[str] = frozenset()  # forward labels no live worker takes
@@ -50,7 +50,7 @@ class FleetRows:
                 w.rows = self.rows_of(w)
             self.smallest_worker = min(live, key=lambda w: w.rows)
             self.largest_worker = max(live, key=lambda w: w.rows)
-            self.smallest, self.largest = self.smallest_worker.rows, self.largest_worker.rows
+            self.largest = self.largest_worker.rows
             self.refused_everywhere = frozenset.intersection(*(w.refused_labels for w in live))
             self._stale = False
         return self
