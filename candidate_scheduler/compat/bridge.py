@@ -46,7 +46,7 @@ import zmq
 import zmq.asyncio
 
 from candidate_scheduler import arg_types, protocol
-from candidate_scheduler.compat.classify import Answer, Generation, Ping, Shutdown, Warmup, classify
+from candidate_scheduler.compat.classify import Answer, Ping, Shutdown, Warmup, classify
 from candidate_scheduler.compat.errors import CompatError, RefusedPickle
 from candidate_scheduler.compat.foreign import dumps_output_batch, error_reply
 from candidate_scheduler.compat.mapping import plan_generation
@@ -362,7 +362,11 @@ class Bridge:
                 await self._answer(request, error_reply(msg.error))
             else:
                 self._count("req" if len(msg.reqs) == 1 else "req_list")
-                await self._generate(request, msg)
+                # handed over in a holder, no reference kept here: the decoded Reqs (their pickled images, as
+                # many bytes again as the observations counted while the group waits) go once planned
+                holder = [msg.reqs]
+                del obj, msg
+                await self._generate(request, holder)
         except asyncio.CancelledError:  # the bridge is stopping (`_finish_requests`)
             await asyncio.shield(self._answer(request, error_reply(
                 "candidate_scheduler: the compat bridge is shutting down")))
@@ -372,14 +376,18 @@ class Bridge:
             await self._answer(request, error_reply(f"candidate_scheduler compat bridge: internal error: "
                                                     f"{type(exc).__name__}: {exc}"))
 
-    async def _generate(self, request: _Request, msg: Generation) -> None:
+    async def _generate(self, request: _Request, holder: list) -> None:
+        """`holder`: [the Generation's reqs], taken out here so that nothing holds them once planned."""
+        reqs = holder.pop()
         try:
             async with self._decodes:
-                plan = await asyncio.to_thread(plan_generation, msg.reqs)
+                plan = await asyncio.to_thread(plan_generation, reqs)
         except CompatError as exc:
             self.stats["answered_locally"] += 1
             await self._answer(request, error_reply(str(exc)))
             return
+        finally:
+            del reqs
         rid = plan.submit.request_id
         # the payload is gone; the observations stay until the scheduler answers (a resend needs them)
         self._hold(request, len(plan.submit.images.data))

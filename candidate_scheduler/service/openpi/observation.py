@@ -15,9 +15,10 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from candidate_scheduler import protocol
-from candidate_scheduler.core import rng
+from candidate_scheduler import convert, protocol
+from candidate_scheduler.core import reducers, rng
 from candidate_scheduler.core.errors import CandidateContractError
+from candidate_scheduler.core.spec import CandidateTrajectorySpec
 
 IMAGE_KEYS = ("observation/image", "image")  # tried in this order, then LeRobot-style keys
 LEROBOT_IMAGE_PREFIX = "observation.images."
@@ -61,8 +62,14 @@ class FrontDefaults:
         if self.deadline_s is not None:
             _check_deadline(self.deadline_s)
         # The same checks a call gets, once at start-up: a bad default is a start-up error.
-        candidate_spec(self.candidates, {})
-        sampling_msg(self.sampling, {})
+        _check_as_the_scheduler(candidate_spec(self.candidates, {}))
+        sampling = sampling_msg(self.sampling, {})
+        # and resolved as the scheduler (and every connection's metadata) does: an unknown domain name or a
+        # horizon it cannot run would otherwise fail every call, and close every connection before its metadata
+        try:
+            convert.sampling_from_wire(sampling)
+        except ValueError as exc:
+            raise ObservationError(f"sampling: {exc}") from None
 
     def full_candidates(self) -> dict[str, Any]:
         return msgspec.structs.asdict(candidate_spec(self.candidates, {}))
@@ -112,6 +119,22 @@ def candidate_spec(defaults: dict, given: dict) -> protocol.CandidateSpecMsg:
         return msgspec.convert({**defaults, **given}, protocol.CandidateSpecMsg)
     except msgspec.ValidationError as exc:
         raise ObservationError(f"candidates: {_where(exc, 'candidates')}") from None
+
+
+def _check_as_the_scheduler(spec: protocol.CandidateSpecMsg) -> None:
+    """ObservationError for a default spec the scheduler would refuse in every call (count, seeds, min_count).
+    The reducer name is left to the scheduler: it may have registered reducers this process does not know."""
+    fields = msgspec.structs.asdict(spec)
+    if not reducers.is_registered(fields["reducer"]):
+        fields["reducer"] = "mean"
+    if isinstance(fields.get("seeds"), list):
+        fields["seeds"] = tuple(fields["seeds"])
+    try:
+        CandidateTrajectorySpec(**fields)
+    except CandidateContractError as exc:
+        raise ObservationError(f"candidates: {exc}") from None
+    if spec.count > protocol.MAX_CANDIDATES:
+        raise ObservationError(f"candidates: count must be at most {protocol.MAX_CANDIDATES}, got {spec.count}")
 
 
 def sampling_msg(defaults: dict, given: dict) -> protocol.SamplingMsg:
