@@ -74,7 +74,7 @@ def _spawn_bridge(args, bound: dict[str, str], keys) -> tuple[subprocess.Popen |
     endpoint = tcp_endpoint(args.compat_host or server.DEFAULT_HOST, args.compat_port)
     cmd = [sys.executable, "-m", "candidate_scheduler.compat.bridge", "--bind", endpoint,
            "--scheduler", bound["request"], "--control", bound["control"]]
-    if args.compat_allow_nonlocal:
+    if args.compat_allow_nonlocal or args.insecure:  # what _serve let through: else the bridge refused its bind
         cmd.append("--allow-nonlocal")
     env = None if keys is None else {ENV_KEYS: keys.to_env()}
     proc, address = spawn_listening(cmd, r"listening on (\S+)", "bridge-log", 60, env=env)

@@ -15,12 +15,12 @@ _TCP = re.compile(r"tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(\d+|\*)")
 
 
 def bind_socket(sock: zmq.Socket, endpoint: str) -> str:
-    """Bind; port 0 (tcp://host:0) picks a free port. Returns the endpoint actually bound."""
+    """Bind; port 0 (tcp://host:0) picks a free port. Returns the endpoint actually bound, as ZMQ says it:
+    one that can be dialled (a wildcard ``*`` comes back as 0.0.0.0, as it does for a fixed port)."""
     if endpoint.startswith("tcp://") and endpoint.endswith(":0"):
-        host = endpoint[len("tcp://"):-2]
-        port = sock.bind_to_random_port(f"tcp://{host}")
-        return f"tcp://{host}:{port}"
-    sock.bind(endpoint)
+        sock.bind_to_random_port(endpoint[:-2])
+    else:
+        sock.bind(endpoint)
     return sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,9 +140,15 @@ class Launcher:
         self._n = 0
 
     def start(self, cmd: list[str], name: str, cls=ChildProcess) -> ChildProcess:
-        """Any other local child (stopped at close() like the rest); its log is `NN-name.log`."""
+        """Any other local child (stopped at close() like the rest); its log is `NN-name.log`.
+
+        Started from the main thread, it dies with this process (die_with_parent): a driver killed
+        outright, which never reaches close(), left its workers holding the GPU and its scheduler the
+        ports of every later run. Not from another thread (a test restarting a scheduler from one): the
+        kill signal comes when the forking thread ends, which would take the child with it."""
         self._n += 1
-        proc = cls(cmd, self.log_dir / f"{self._n:02d}-{name}.log", env=self.env, cwd=self.cwd)
+        tied = threading.current_thread() is threading.main_thread()
+        proc = cls(cmd, self.log_dir / f"{self._n:02d}-{name}.log", env=self.env, cwd=self.cwd, tied=tied)
         self.procs.append(proc)
         return proc
 
@@ -204,10 +212,20 @@ class Launcher:
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Every worker at once, then the other processes one by one, the latest started first (a
-        scheduler outlives its workers, as it did when each was stopped in turn)."""
-        stop_together(self._workers, timeout_s)
+        scheduler outlives its workers, as it did when each was stopped in turn). A child that SIGKILL
+        does not end (stuck in a GPU driver) is said after every other one is stopped, not before."""
+        stuck: list[subprocess.TimeoutExpired] = []
+        try:
+            stop_together(self._workers, timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            stuck.append(exc)
         for proc in reversed(self.procs):
-            proc.stop(timeout_s=timeout_s)
+            try:
+                proc.stop(timeout_s=timeout_s)
+            except subprocess.TimeoutExpired as exc:
+                stuck.append(exc)
+        if stuck:
+            raise stuck[0]
 
     def __enter__(self) -> Launcher:
         return self

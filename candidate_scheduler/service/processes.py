@@ -38,6 +38,25 @@ def die_with_parent(parent: int | None = None, prctl=None) -> None:
         os._exit(1)
 
 
+# A child's output is read as text; bytes that are not UTF-8 (a native library's log) are escaped, not
+# raised on: the exception ended the thread that drained the pipe, and the child blocked on a full pipe.
+UNDECODABLE = "backslashreplace"
+
+
+def _open_log(path: Path):
+    try:
+        return open(path, "a", errors=UNDECODABLE)
+    except OSError:
+        return None
+
+
+def _close_quietly(log) -> None:
+    try:
+        log.close()
+    except OSError:
+        pass
+
+
 def tied_to_this_process():
     """A preexec_fn that ties the child to the calling process (die_with_parent)."""
     return functools.partial(die_with_parent, os.getpid(), _prctl())
@@ -51,21 +70,35 @@ class ChildProcess:
         self.log_path = Path(log_path)
         self.lines: list[str] = []
         self._cond = threading.Condition()
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd,
+        # made here, not by whoever picked the path: a Ray actor's node may not be the driver's that did
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     errors=UNDECODABLE, env=env, cwd=cwd,
                                      preexec_fn=tied_to_this_process() if tied else None)
         self._thread = threading.Thread(target=self._drain, daemon=True, name=f"drain-{self.proc.pid}")
         self._thread.start()
 
     def _drain(self) -> None:
-        with open(self.log_path, "a") as log:
+        # the pipe is read to its end whatever becomes of the log (a full disk, a directory gone): a drain
+        # that stopped left the child blocked on its next write once the pipe was full
+        log = _open_log(self.log_path)
+        try:
             for line in self.proc.stdout:
-                log.write(line)
-                log.flush()
+                if log is not None:
+                    try:
+                        log.write(line)
+                        log.flush()
+                    except OSError:
+                        _close_quietly(log)
+                        log = None
                 with self._cond:
                     self.lines.append(line)
                     self._cond.notify_all()
-        with self._cond:
-            self._cond.notify_all()
+        finally:
+            if log is not None:
+                _close_quietly(log)
+            with self._cond:
+                self._cond.notify_all()
 
     def wait_line(self, pattern: re.Pattern, timeout_s: float) -> re.Match:
         """The first output line matching `pattern` (already printed or still to come)."""
@@ -107,12 +140,23 @@ def stop_together(procs: list[ChildProcess], timeout_s: float = 10.0) -> None:
     for p in running:
         p.proc.terminate()
     deadline = time.monotonic() + timeout_s
+    killed = []
     for p in running:
         try:
             p.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             p.proc.kill()
+            killed.append(p)
+    # every straggler has its SIGKILL, and is reaped, before one stuck in the kernel (a GPU driver) is
+    # said: raising at the first spared the rest
+    stuck: subprocess.TimeoutExpired | None = None
+    for p in killed:
+        try:
             p.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired as exc:
+            stuck = stuck or exc
+    if stuck is not None:
+        raise stuck
 
 
 def spawn_listening(cmd: list[str], pattern: str, name: str, timeout_s: float,
@@ -125,8 +169,8 @@ def spawn_listening(cmd: list[str], pattern: str, name: str, timeout_s: float,
     The child dies with this process: a scheduler killed outright (SIGKILL, the OOM killer, Ray
     killing its actor) left its compat bridge or openpi front holding their ports, and the next run
     on the same ports (what a supervisor restarts) could not start its own."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=None if env is None else {**os.environ, **env},
-                            preexec_fn=tied_to_this_process())
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, errors=UNDECODABLE,
+                            env=None if env is None else {**os.environ, **env}, preexec_fn=tied_to_this_process())
     listening = threading.Event()
     found: list[str] = []
 
@@ -138,8 +182,11 @@ def spawn_listening(cmd: list[str], pattern: str, name: str, timeout_s: float,
                     found.append(m.group(1))
                     listening.set()
                     continue
-            sys.stdout.write(line)
-            sys.stdout.flush()
+            try:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+            except (OSError, ValueError):  # our stdout gone (closed, a broken pipe): keep draining the child's
+                pass
         listening.set()
 
     threading.Thread(target=relay, daemon=True, name=name).start()

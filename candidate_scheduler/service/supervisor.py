@@ -1,9 +1,11 @@
 """`up`'s local workers, kept running: a worker that dies is started again, as Ray does for `up --ray`.
 
 A worker process ends for one of three reasons, and only one of them calls for a new one:
-- it left on purpose and exited 0 (an operator's `worker-leave`, a SIGTERM from outside `up`): starting
-  it again would undo the operator; under `up` nothing else would ever take it away;
-- it was stopped by SIGINT (130: a terminal's Ctrl-C reaches `up`'s workers too, and `up` stops with them);
+- it left on purpose and exited 0 (an operator's `worker-leave`, a SIGTERM from outside `up`; killed by
+  that SIGTERM while it starts, before its handler is in place): starting it again would undo the
+  operator; under `up` nothing else would ever take it away;
+- it was stopped by SIGINT (130, or killed by it while it starts: a terminal's Ctrl-C reaches `up`'s
+  workers too, and `up` stops with them);
 - anything else (a crash, `WorkerFailed`, the OOM killer's SIGKILL, a device error): started again after
   a growing pause, at most `max_restarts` times per worker (negative: no limit), under the same worker
   id, so the scheduler takes the new process for a restart of the old one and retries what it held at
@@ -17,6 +19,7 @@ thread ends), so it lives until `stop` has seen every worker exit.
 from __future__ import annotations
 
 import logging
+import signal
 import subprocess
 import threading
 import time
@@ -44,9 +47,18 @@ def after_exit(returncode: int, restarts: int, max_restarts: int,
     """What to do about a worker that exited with `returncode` after `restarts` restarts (module docstring)."""
     if returncode == 0:
         return ExitVerdict("left", why="it left (exit 0): an operator's worker-leave or a SIGTERM; not started again")
-    if returncode == SIGINT_EXIT:
+    # the same signals before the worker's handlers are in place (it imports sglang, loads the model): it
+    # exits by the signal itself, which an operator meant as much as the handled one
+    if returncode == -signal.SIGTERM:
+        return ExitVerdict("left", why="it was stopped by SIGTERM while it started; not started again")
+    if returncode in (SIGINT_EXIT, -signal.SIGINT):
         return ExitVerdict("stopped", why="it was stopped by SIGINT; not started again")
     cause = f"killed by signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
+    return _again(cause, restarts, max_restarts, delays_s)
+
+
+def _again(cause: str, restarts: int, max_restarts: int, delays_s: Sequence[float]) -> ExitVerdict:
+    """A worker that failed (`cause`) after `restarts` restarts: started again after its pause, or given up."""
     if 0 <= max_restarts <= restarts:
         return ExitVerdict("give_up", why=f"{cause}; not started again: its {max_restarts} restart(s) (--max-restarts) "
                                           "are spent")
@@ -117,7 +129,18 @@ class WorkerSupervisor:
                     if now >= slot.due:
                         slot.due = None
                         slot.restarts += 1
-                        self._spawn(slot)
+                        try:
+                            self._spawn(slot)
+                        except (OSError, subprocess.SubprocessError) as exc:
+                            # (fork under memory pressure, the interpreter replaced) a failed restart: left
+                            # undecided, the worker was never started again and nothing said so
+                            slot.proc = None
+                            verdict = _again(f"could not be started ({exc})", slot.restarts, self.max_restarts,
+                                             self.delays_s)
+                            self.say(f"candidate-scheduler: worker {slot.index} {verdict.why}")
+                            if verdict.action == "restart":
+                                slot.due = now + verdict.delay_s
+                            continue
                         self.say(f"candidate-scheduler: worker {slot.index} started again, pid {slot.proc.pid}")
                     continue
                 if slot.proc is None or (code := slot.proc.poll()) is None:
@@ -136,12 +159,20 @@ class WorkerSupervisor:
         for p in procs:
             p.terminate()
         deadline = time.monotonic() + timeout_s
+        killed = []
         for p in procs:
             try:
                 p.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 p.kill()
-                p.wait()
+                killed.append(p)
+        # bounded: a worker SIGKILL does not end (stuck in a GPU driver) held `up`, and the kills of the
+        # workers after it, for good
+        for p in killed:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.say(f"candidate-scheduler: worker pid {p.pid} did not end 10 s after SIGKILL; not waiting for it")
         self._done.set()
         if self._thread is not None:
             self._thread.join(timeout=5)

@@ -5,15 +5,17 @@ once, and one request alone is always taken."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import pickle
 import threading
+import weakref
 
 import pytest
 import zmq
 
 from candidate_scheduler.compat import bridge as bridge_mod
 from candidate_scheduler.compat.foreign import dumps_foreign
-from candidate_scheduler.compat.unpickle import safe_loads
+from candidate_scheduler.compat.unpickle import PILImageStub, safe_loads
 from tests.conftest import free_port
 from tests.unit.test_sglang_compat import req
 
@@ -25,13 +27,7 @@ def _run(config_kwargs: dict, payloads: list[bytes], monkeypatch) -> tuple[list,
     monkeypatch.setattr(bridge_mod, "plan_generation", lambda reqs: release.wait(20) and None)
 
     async def main():
-        dead = f"tcp://127.0.0.1:{free_port()}"
-        b = bridge_mod.Bridge(bridge_mod.BridgeConfig(bind="tcp://127.0.0.1:0", scheduler=dead, **config_kwargs))
-        endpoint = b.bind()
-        serving = asyncio.create_task(b.serve())
-        c = zmq.Context.instance().socket(zmq.DEALER)
-        c.setsockopt(zmq.LINGER, 0)
-        c.connect(endpoint)
+        b, serving, c = _serving_bridge(**config_kwargs)
         errors = []
         try:
             for p in payloads:
@@ -92,14 +88,7 @@ def test_a_forwarded_request_counts_its_observations_until_it_is_answered():
     payload = dumps_foreign(req())  # a 64x64 RGB observation: 12288 bytes once decoded
 
     async def main():
-        dead = f"tcp://127.0.0.1:{free_port()}"
-        b = bridge_mod.Bridge(bridge_mod.BridgeConfig(bind="tcp://127.0.0.1:0", scheduler=dead,
-                                                      request_timeout_s=1.5))
-        endpoint = b.bind()
-        serving = asyncio.create_task(b.serve())
-        c = zmq.Context.instance().socket(zmq.DEALER)
-        c.setsockopt(zmq.LINGER, 0)
-        c.connect(endpoint)
+        b, serving, c = _serving_bridge(request_timeout_s=1.5)
         try:
             c.send_multipart([b"", payload])
             c.send_multipart([b"", payload])
@@ -120,3 +109,59 @@ def test_a_forwarded_request_counts_its_observations_until_it_is_answered():
     assert waiting == 2 * 64 * 64 * 3
     assert after == 0
     assert all("no result within" in (e or "") for e in errors), errors
+
+
+def _serving_bridge(**config) -> tuple[bridge_mod.Bridge, asyncio.Task, zmq.Socket]:
+    """A bridge serving (in the running loop) for a scheduler that never answers (nobody listens there),
+    and a DEALER connected to it, as sglang's client is."""
+    dead = f"tcp://127.0.0.1:{free_port()}"
+    b = bridge_mod.Bridge(bridge_mod.BridgeConfig(bind="tcp://127.0.0.1:0", scheduler=dead, **config))
+    endpoint = b.bind()
+    serving = asyncio.create_task(b.serve())
+    c = zmq.Context.instance().socket(zmq.DEALER)
+    c.setsockopt(zmq.LINGER, 0)
+    c.connect(endpoint)
+    return b, serving, c
+
+
+def test_a_forwarded_request_does_not_keep_its_decoded_req(monkeypatch):
+    """While a request waits on the scheduler, the bridge holds its observations (counted against
+    `max_held_bytes`) and nothing else of it: the decoded Req (its pickled image: as many bytes again) is
+    dropped once planned. It stayed referenced by the request's task until the answer came, so a bridge at
+    its byte budget held about twice what it counted."""
+    decoded: list[weakref.ref] = []
+    real_plan = bridge_mod.plan_generation
+
+    def spy(reqs):
+        assert isinstance(reqs[0].image_path, PILImageStub)  # the observation's pixels, as pickled
+        decoded.append(weakref.ref(reqs[0]))
+        return real_plan(reqs)
+
+    monkeypatch.setattr(bridge_mod, "plan_generation", spy)
+
+    async def main():
+        b, serving, c = _serving_bridge()  # no scheduler: the request waits there until the bridge stops
+        try:
+            c.send_multipart([b"", dumps_foreign(req())])
+            for _ in range(500):
+                if b.stats["forwarded"]:
+                    break
+                await asyncio.sleep(0.02)
+            assert b.stats["forwarded"] == 1 and len(b._tasks) == 1
+            gc.collect()
+            alive = decoded[0]() is not None
+            held = b._held_bytes
+        finally:
+            b.stop()
+            await serving
+            b.close()
+        # the request is still answered (by the shutdown), exactly once
+        assert c.poll(5000)
+        error = safe_loads(c.recv_multipart()[-1]).__dict__.get("error")
+        c.close()
+        return alive, held, error
+
+    alive, held, error = asyncio.run(asyncio.wait_for(main(), 60))
+    assert held == 64 * 64 * 3  # what is counted: the observation the group is sent (and resent) with
+    assert not alive, "the decoded Req is still held while its group waits on the scheduler"
+    assert "shutting down" in (error or "")
