@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -85,8 +86,7 @@ class SchedulerActor:
         self.proc.wait_line(LAST_SERVE_LINE, _READY_S)
         found = {m.group(1): m.group(2) for line in self.proc.lines if (m := ENDPOINT_LINE.search(line))}
         ip = ray.util.get_node_ip_address()
-        # a wildcard bind is reached at this node's address
-        self._endpoints = {k: v.replace("0.0.0.0", ip) for k, v in found.items() if v != "off"}
+        self._endpoints = {k: reachable_at(v, ip) for k, v in found.items() if v != "off"}
         # watched once it serves: a `serve` that cannot start fails the actor's creation with its log's path,
         # instead of being restarted into the same failure
         self._stopping = threading.Event()
@@ -196,6 +196,15 @@ class RayService:
             except Exception:  # noqa: BLE001 - removed already (a second shutdown)
                 pass
             self.group = None
+
+
+_WILDCARD = re.compile(r"^(tcp://)(?:0\.0\.0\.0|\*)(?=:\d+$)")
+
+
+def reachable_at(endpoint: str, ip: str) -> str:
+    """`endpoint` as the rest of the cluster reaches it: a wildcard bind at this node's address (only the
+    host: 10.0.0.0 is not a wildcard)."""
+    return _WILDCARD.sub(lambda m: m.group(1) + ip, endpoint)
 
 
 def _free_ports(n: int) -> list[int]:

@@ -85,3 +85,13 @@ def test_up_ray_without_ray_installed_says_how_to_install_it(tmp_path):
     out = _up_ray(tmp_path, "import sys; sys.modules['ray'] = None  # as if Ray were not installed")
     assert out.returncode == 2, out.stderr[-2000:]
     assert "Traceback" not in out.stderr and "candidate-scheduler[ray]" in out.stderr
+
+
+def test_a_wildcard_endpoint_is_reached_at_the_nodes_address_and_nothing_else_is_rewritten():
+    from candidate_scheduler.service.ray_placement import reachable_at
+
+    assert reachable_at("tcp://0.0.0.0:5555", "10.1.2.3") == "tcp://10.1.2.3:5555"
+    assert reachable_at("tcp://*:5555", "10.1.2.3") == "tcp://10.1.2.3:5555"
+    # a host that merely contains the wildcard's text stays as it is (str.replace made it tcp://110.1.2.3:5555)
+    assert reachable_at("tcp://10.0.0.0:5555", "10.1.2.3") == "tcp://10.0.0.0:5555"
+    assert reachable_at("tcp://127.0.0.1:5555", "10.1.2.3") == "tcp://127.0.0.1:5555"
