@@ -65,3 +65,11 @@ def test_the_count_limit_is_the_schedulers():
                                         {"count": 4, "reducer": "my_plugin_reducer"}])
 def test_good_candidate_defaults_still_start(candidates):
     observation.FrontDefaults(candidates=candidates)
+
+
+def test_an_empty_image_key_is_refused_at_startup():
+    """`--openpi-image-key ""` (an unset shell variable) failed every call "no image", while the metadata
+    advertised the default keys."""
+    with pytest.raises(ValueError, match="image_key"):
+        observation.FrontDefaults(image_key="")
+    assert observation.FrontDefaults(image_key="observation/wrist_image").image_key == "observation/wrist_image"

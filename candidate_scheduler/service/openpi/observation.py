@@ -57,6 +57,9 @@ class FrontDefaults:
     def __post_init__(self) -> None:
         if self.float_range not in FLOAT_RANGES:
             raise ValueError(f"float_range must be one of {FLOAT_RANGES}, got {self.float_range!r}")
+        if self.image_key is not None and not (isinstance(self.image_key, str) and self.image_key):
+            # "" (an unset shell variable) failed every call "no image" while the metadata named the default keys
+            raise ObservationError(f"image_key must be a non-empty key, got {self.image_key!r}")
         if self.seed is not None:
             _check_seed(self.seed, "seed")
         if self.deadline_s is not None:
