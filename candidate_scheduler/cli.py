@@ -245,8 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="candidate-scheduler", description=__doc__, formatter_class=_Help)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def command(name: str, help_text: str, fn) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=_Help)
+    def command(name: str, help_text: str, fn, **kwargs) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=_Help, **kwargs)
         p.set_defaults(fn=fn)
         return p
 
@@ -254,7 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_worker_args(command("worker", "run a worker process", commands.cmd_worker), True)
 
-    p = command("up", "a scheduler and N local workers", commands.cmd_up)
+    # no abbreviated flags: `up --ray` hands its own command line on to `serve` and the workers
+    # (service/ray_placement.serve_argv), where `--call` for `--call-rows` is an unknown flag
+    p = command("up", "a scheduler and N local workers", commands.cmd_up, allow_abbrev=False)
     _add_scheduler_args(p)
     _add_worker_args(p, False)
     p.add_argument("--workers", type=_not_negative_int, default=1, help="local workers to start")

@@ -95,3 +95,12 @@ def test_a_wildcard_endpoint_is_reached_at_the_nodes_address_and_nothing_else_is
     # a host that merely contains the wildcard's text stays as it is (str.replace made it tcp://110.1.2.3:5555)
     assert reachable_at("tcp://10.0.0.0:5555", "10.1.2.3") == "tcp://10.0.0.0:5555"
     assert reachable_at("tcp://127.0.0.1:5555", "10.1.2.3") == "tcp://127.0.0.1:5555"
+
+
+def test_up_takes_no_abbreviated_flag_that_serve_would_then_refuse():
+    from candidate_scheduler.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["up", "--call-rows", "all"]).call_rows == "all"
+    with pytest.raises(SystemExit):  # `--call` would reach `serve` under --ray, which has no such flag
+        parser.parse_args(["up", "--call", "all"])
