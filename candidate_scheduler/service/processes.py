@@ -64,11 +64,14 @@ def tied_to_this_process():
 
 class ChildProcess:
     def __init__(self, cmd: list[str], log_path: Path, *, env: dict | None = None, cwd: str | Path | None = None,
-                 tied: bool = False):
-        """`tied`: killed when this process dies (die_with_parent)."""
+                 tied: bool = False, keep_lines: int | None = None):
+        """`tied`: killed when this process dies (die_with_parent). `keep_lines`: how many of its latest output
+        lines `lines` keeps (the log has every one); None, all: a test reads them all, while a process that
+        serves for weeks (a Ray actor's) would hold every line it ever printed."""
         self.cmd = cmd
         self.log_path = Path(log_path)
         self.lines: list[str] = []
+        self.keep_lines = keep_lines
         self._cond = threading.Condition()
         # made here, not by whoever picked the path: a Ray actor's node may not be the driver's that did
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -93,6 +96,8 @@ class ChildProcess:
                         log = None
                 with self._cond:
                     self.lines.append(line)
+                    if self.keep_lines is not None and len(self.lines) >= 2 * self.keep_lines:  # amortised
+                        del self.lines[:-self.keep_lines]
                     self._cond.notify_all()
         finally:
             if log is not None:

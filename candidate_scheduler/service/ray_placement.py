@@ -44,6 +44,7 @@ from candidate_scheduler.service.processes import ChildProcess
 NAMESPACE = "candidate_scheduler"
 DEFAULT_NAME = "candidate-scheduler"
 _READY_S = 300.0
+_KEEP_LINES = 10_000  # of an actor's child's output in memory (its log keeps all): its start-up lines, and more
 # How long `RayService.shutdown` lets the scheduler answer its groups in flight: serve's own
 # --stop-grace-s (25 s by default) and a few seconds to say so and exit
 STOP_GRACE_S = 30.0
@@ -82,7 +83,7 @@ class SchedulerActor:
 
     def __init__(self, serve_args: list[str], log_dir: str):
         self.proc = ChildProcess(_cli("serve", *serve_args), Path(log_dir) / f"scheduler-{os.getpid()}.log",
-                                 env=child_env(), tied=True)
+                                 env=child_env(), tied=True, keep_lines=_KEEP_LINES)
         self.proc.wait_line(LAST_SERVE_LINE, _READY_S)
         found = {m.group(1): m.group(2) for line in self.proc.lines if (m := ENDPOINT_LINE.search(line))}
         ip = ray.util.get_node_ip_address()
@@ -118,7 +119,7 @@ class WorkerActor:
 
     def __init__(self, worker_args: list[str], log_dir: str):
         self.proc = ChildProcess(_cli("worker", *worker_args), Path(log_dir) / f"worker-{os.getpid()}.log",
-                                 env=child_env(), tied=True)
+                                 env=child_env(), tied=True, keep_lines=_KEEP_LINES)
         _go_with(self.proc, "worker")
 
     def pid(self) -> int:

@@ -83,3 +83,12 @@ def _listens_then_exits_cleanly(after: str) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_long_lived_child_keeps_its_latest_lines_in_memory_and_every_line_in_its_log(tmp_path):
+    """A Ray actor's `serve` or worker runs for weeks: `lines` held every line it ever printed."""
+    child = ChildProcess([sys.executable, "-c", "for i in range(1000): print(i)"], tmp_path / "c.log", keep_lines=10)
+    assert child.proc.wait(timeout=10) == 0
+    child._thread.join(10)
+    assert 10 <= len(child.lines) < 20 and child.lines[-1] == "999\n"
+    assert (tmp_path / "c.log").read_text().splitlines() == [str(i) for i in range(1000)]
