@@ -23,8 +23,9 @@ decides alone.) Running groups are not watched so: under step batching a joiner'
 refusing such joiners cost more groups in time than it saved from expiring (bench/README.md, "Deadlines
 of mixed urgency"), each refusal a certain loss against a forecast one.
 
-Batches (dispatch). A batch takes no filler that would make a deadline group in it late
-(`batch_guard`, core/batch_deadlines.py); the exact forecast fills its simulated batches by that rule too.
+Batches (dispatch). A batch takes no filler that would make a deadline group in it late, nor one that
+lengthens it from behind a deadline group left out of it (`batch_guard`, core/batch_deadlines.py); the
+exact forecast fills its simulated batches by that rule too.
 
 Elastic count before start. For a group with a deadline and min_count < count that is about to start,
 or waits near the head of the queue, the largest n in [min_count, count] is chosen such that it and
@@ -266,6 +267,6 @@ def batch_guard(snap: PlanningSnapshot) -> Callable[[str], BatchDeadlines] | Non
     def guard(worker_id: str) -> BatchDeadlines:
         # a busy worker's next batch (prefetch) starts when its current one is predicted to end
         start = max(snap.now, snap.worker(worker_id).busy_until)
-        return BatchDeadlines(start, lambda units: duration(cost, worker_id, units), snap.deadline_of)
+        return BatchDeadlines(start, lambda units: duration(cost, worker_id, units), snap.deadline_of, snap.queue)
 
     return guard

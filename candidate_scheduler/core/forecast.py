@@ -213,7 +213,7 @@ def forecast(now: float, workers: list[SimWorker], units: Iterable[Unit], cost, 
                         ended[rid] = t
 
     def batch_deadlines(worker_id: str) -> BatchDeadlines:
-        return BatchDeadlines(t, lambda units: duration(cost, worker_id, units), deadline_of)
+        return BatchDeadlines(t, lambda units: duration(cost, worker_id, units), deadline_of, queue)
 
     def open_groups() -> bool:
         """Some group asked about has slices that have not ended, or may still have some not read."""
