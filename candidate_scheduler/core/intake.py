@@ -62,12 +62,14 @@ class Intake:
                     g.waiters.append(client)
                 e.metrics.resubmission("in_flight")
                 return None
-            return refuse("invalid", "duplicate_request_id", f"request {sub.request_id!r} is already in flight", "request_id")
+            return refuse("invalid", "duplicate_request_id", f"request {sub.request_id!r} is already in flight",
+                          "request_id")
         kept = e.replies.get(rid, principal.name)
         if kept is not None:
             if not same_request(kept[0], fingerprint):
                 return refuse("invalid", "duplicate_request_id",
-                              f"request id {sub.request_id!r} was used for a different request; use a new id", "request_id")
+                              f"request id {sub.request_id!r} was used for a different request; use a new id",
+                              "request_id")
             e.outbox.append(Reply(client, kept[1]))
             e.metrics.resubmission("answered")
             return None

@@ -254,8 +254,8 @@ class Client:
                 time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))  # a restarted one is found at once
         try:
             while (remaining := deadline - time.monotonic()) > 0 and ctl.poll(int(remaining * 1000)):
-                kind, msg = protocol.decode_frames(ctl.recv_multipart(),
-                                                   {protocol.Kind.PONG, protocol.Kind.CONTROL_REPLY, protocol.Kind.ERROR})
+                kinds = {protocol.Kind.PONG, protocol.Kind.CONTROL_REPLY, protocol.Kind.ERROR}
+                kind, msg = protocol.decode_frames(ctl.recv_multipart(), kinds)
                 if kind is protocol.Kind.PONG and msg.nonce == nonce:
                     self._incarnation = msg.incarnation
                     return True
