@@ -140,28 +140,34 @@ class ChildProcess:
 
 def stop_together(procs: list[ChildProcess], timeout_s: float = 10.0) -> None:
     """SIGTERM to every one at once, then SIGKILL to any still running `timeout_s` later: a fleet of
-    workers winds down together (one after another, 32 null workers took 6.7 s)."""
-    running = [p for p in procs if p.alive()]
-    for p in running:
-        p.proc.terminate()
+    workers winds down together (one after another, 32 null workers took 6.7 s). TimeoutExpired for one
+    that SIGKILL does not end, once every other is stopped."""
+    stuck = terminate_then_kill([p.proc for p in procs if p.alive()], timeout_s)
+    if stuck:
+        raise stuck[0][1]
+
+
+def terminate_then_kill(popens: list, timeout_s: float) -> list[tuple]:
+    """SIGTERM to each at once, SIGKILL to any still running `timeout_s` later, each reaped. Returns
+    (popen, TimeoutExpired) of those SIGKILL did not end within 10 s (stuck in the kernel, a GPU driver):
+    said after every straggler has its SIGKILL, where waiting on the first for good spared the rest."""
+    for p in popens:
+        p.terminate()
     deadline = time.monotonic() + timeout_s
     killed = []
-    for p in running:
+    for p in popens:
         try:
-            p.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            p.proc.kill()
+            p.kill()
             killed.append(p)
-    # every straggler has its SIGKILL, and is reaped, before one stuck in the kernel (a GPU driver) is
-    # said: raising at the first spared the rest
-    stuck: subprocess.TimeoutExpired | None = None
+    stuck = []
     for p in killed:
         try:
-            p.proc.wait(timeout=10)
+            p.wait(timeout=10)
         except subprocess.TimeoutExpired as exc:
-            stuck = stuck or exc
-    if stuck is not None:
-        raise stuck
+            stuck.append((p, exc))
+    return stuck
 
 
 def spawn_listening(cmd: list[str], pattern: str, name: str, timeout_s: float,

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from candidate_scheduler.service.processes import tied_to_this_process
+from candidate_scheduler.service.processes import terminate_then_kill, tied_to_this_process
 
 log = logging.getLogger(__name__)
 
@@ -155,24 +155,10 @@ class WorkerSupervisor:
         """No more starts; SIGTERM every worker (they leave gracefully), SIGKILL what is left after `timeout_s`."""
         with self._lock:
             self._stopping.set()
-        procs = [s.proc for s in self.slots if s.proc is not None]
-        for p in procs:
-            p.terminate()
-        deadline = time.monotonic() + timeout_s
-        killed = []
-        for p in procs:
-            try:
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                killed.append(p)
         # bounded: a worker SIGKILL does not end (stuck in a GPU driver) held `up`, and the kills of the
         # workers after it, for good
-        for p in killed:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.say(f"candidate-scheduler: worker pid {p.pid} did not end 10 s after SIGKILL; not waiting for it")
+        for p, _ in terminate_then_kill([s.proc for s in self.slots if s.proc is not None], timeout_s):
+            self.say(f"candidate-scheduler: worker pid {p.pid} did not end 10 s after SIGKILL; not waiting for it")
         self._done.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
