@@ -13,7 +13,9 @@ Nor may a unit lengthen the batch past a deadline group queued AHEAD of it that 
 did not fit the rows left): that group waits for this batch to end, and a filler from behind it -- a group
 admitted after it, a best-effort one even -- would push it past the deadline it was admitted for (on one
 2-row worker: `soon` heads the batch, `tight` needs both rows, a later 1-row filler joined `soon`, and
-`tight` expired). The queue (`queued`) is read for that only as far as `SKIP_WINDOW` units.
+`tight` expired). That holds in a batch with no deadline group in it too (a best-effort group that has
+waited heads it). The queue (`queued`) is read for that only as far as `SKIP_WINDOW` units; with no live
+deadline group at all there is no guard (core/deadlines.batch_guard).
 
 `BatchDeadlines` is that test for one batch; the planner asks it for each candidate (`allows`) and tells
 it what joined (`add`). The engine's planning pass and the forecast's replay of it (core/forecast.py)
@@ -67,8 +69,8 @@ class BatchDeadlines:
             self._ends = None
 
     def allows(self, unit: Unit) -> bool:
-        if not self.due:
-            return True  # nothing in it is due: the common case without deadlines costs one check
+        if not self.due and self.queued is None:
+            return True  # nothing in it is due, nothing ahead is read
         # the units of one pending bucket are alike here (rows, steps, label): one verdict for them all, but
         # for a slice of a group in the batch, which that group's deadline does not hold back
         own = unit.request_id if unit.request_id in self.due else None

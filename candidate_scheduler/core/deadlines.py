@@ -259,8 +259,9 @@ def backfiller(snap: PlanningSnapshot) -> Callable[[str, Unit, Unit], bool] | No
 
 def batch_guard(snap: PlanningSnapshot) -> Callable[[str], BatchDeadlines] | None:
     """The dispatch planner's test for each batch it fills (core/batch_deadlines.py): no unit joins a batch
-    that it would make a deadline group in it miss. None (no test) while the cost model is not calibrated."""
-    if not snap.calibrated:
+    that it would make a deadline group in it or queued ahead of it miss. None (no test) while the cost model is
+    not calibrated, or no live group has a deadline."""
+    if not snap.calibrated or not snap.any_deadline:
         return None
     cost = snap.planned_cost
 

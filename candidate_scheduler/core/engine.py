@@ -303,7 +303,8 @@ class Engine:
                                 self._calibrated(), self.pending, self._group_view,
                                 self.elastic, self.config.prefetch, self.config.prefetch_lead_s, self.prefetch_margin,
                                 self.config.stagger, self.held_back, fleet=self.fleet, open_of=self.views.open,
-                                positions=self.views.positions, deadlines=self._deadline_of)
+                                positions=self.views.positions, deadlines=self._deadline_of,
+                                any_deadline=bool(self.expiries))
 
     def forget_cost(self, worker_id: str) -> None:
         self._known_cost.discard(worker_id)

@@ -11,9 +11,9 @@ running one batch gets the next, which it starts when the current one ends; trul
 first. Each of them, largest first, gets one physical batch: the earliest unit it can hold (the head
 of line always goes into the next batch), then, first-fit in queue order, later units of the same
 batch key that still fit (core/microbatch.py states the rule and its consequences) and that `guard`
-lets in: none that would make a deadline group in the batch late (core/batch_deadlines.py). The batch
-runs from its first step to its last before that worker gets more. A pass stops when no idle worker is
-left.
+lets in: none that would make a deadline group in the batch, or queued ahead of the unit, late
+(core/batch_deadlines.py). The batch runs from its first step to its last before that worker gets more.
+A pass stops when no idle worker is left.
 
 Step-level batching (`plan_step`): a worker takes units while it has free rows; a unit joins the
 worker's running batch at its next step boundary. The rule:
@@ -148,7 +148,7 @@ def plan_dispatch(queue: PendingIndex, idle: list[WorkerSlot], on_unit: Callable
         while used < capacity:
             room = capacity - used
             found = walk.first(lambda b, room=room, kind=kind, batch=batch: b.size <= room and b.class_key == kind
-                               and (batch is None or not batch.due or batch.allows(walk.head(b))))
+                               and (batch is None or batch.allows(walk.head(b))))
             if found is None:
                 break
             if on_unit is not None:

@@ -188,6 +188,8 @@ class PlanningSnapshot:
     positions: Mapping[str, int] | None = None  # worker id -> its place in `workers` (None: found by a scan)
     # a group's own deadline by request id, read through (None: derived from `group`, which builds a view)
     deadlines: Callable[[str], float | None] | None = None
+    # whether any live group may have a deadline (False: no batch can make one late, so none is guarded)
+    any_deadline: bool = True
 
     def deadline_of(self, request_id: str) -> float | None:
         """The group's own deadline (None: it has none, or is not known here): what a batch may not break."""

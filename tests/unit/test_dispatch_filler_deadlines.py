@@ -36,10 +36,11 @@ SAMPLING = {"height": 64, "width": 64, "steps": 10}
 A_S, B_S = 0.01, 0.0025
 
 
-def _serve(arrivals: list[tuple], rows: int = 2) -> dict[str, tuple[float, object]]:
+def _serve(arrivals: list[tuple], rows: int = 2, best_effort_s: float = 30.0) -> dict[str, tuple[float, object]]:
     """(time, request id, count, deadline_s[, min_count]) arrivals against one exact dispatch worker; request
     id -> (time answered, result)."""
-    engine = Engine(EngineConfig(batching="dispatch", prefetch=0, heartbeat_timeout_s=1e12))
+    engine = Engine(EngineConfig(batching="dispatch", prefetch=0, heartbeat_timeout_s=1e12,
+                                 best_effort_s=best_effort_s))
     spec = SamplingSpec(**SAMPLING)
     capability = ModelCapability("sim", reducers=("mean",), max_candidates_per_batch=rows,
                                  max_candidates_per_group=64).to_dict()
@@ -97,6 +98,19 @@ def test_a_later_filler_does_not_make_an_admitted_deadline_group_late():
     at, result = replies["tight"]
     assert result.status == "done" and at - 0.02 <= 0.41 + 1e-9, (at, result.status, result.error_code)
     assert replies["filler"][1].status == "done"
+
+
+def test_a_later_filler_does_not_jump_a_deadline_group_into_a_batch_headed_by_a_best_effort_group():
+    # best effort groups are ordered as if due 0.3 s after receipt: `head` (best effort, at 0.01: as if due
+    # 0.31) heads the batch at 0.15, `tight` (due 0.43) does not fit its row left, `filler` (best effort, at
+    # 0.14: as if due 0.44) does, queued behind `tight`. With `filler` in it the batch ends at 0.30, not
+    # 0.275, and `tight` at 0.45: late. A batch with no deadline group in it asked nothing of its fillers.
+    arrivals = [(0.00, "busy", 2, None), (0.01, "head", 1, None), (0.02, "tight", 2, 0.41),
+                (0.14, "filler", 1, None)]
+    replies = _serve(arrivals, best_effort_s=0.3)
+    at, result = replies["tight"]
+    assert result.status == "done" and at - 0.02 <= 0.41 + 1e-9, (at, result.status, result.error_code)
+    assert replies["filler"][1].status == "done" and replies["head"][1].status == "done"
 
 
 @pytest.mark.xfail(strict=True, reason="the forecast packs queued elastic groups at their minimum counts into one "
