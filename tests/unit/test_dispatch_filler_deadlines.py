@@ -24,7 +24,6 @@ import heapq
 import itertools
 
 import numpy as np
-import pytest
 
 from candidate_scheduler.core.engine import Engine, EngineConfig
 from candidate_scheduler.core.messages import Registration, Reply, SendWork, SliceOutcome, WorkerResult
@@ -113,14 +112,13 @@ def test_a_later_filler_does_not_jump_a_deadline_group_into_a_batch_headed_by_a_
     assert replies["filler"][1].status == "done" and replies["head"][1].status == "done"
 
 
-@pytest.mark.xfail(strict=True, reason="the forecast packs queued elastic groups at their minimum counts into one "
-                   "batch, but the engine shrinks a group only when it is about to start (core/engine.py, "
-                   "core/schedule.py: out of this fix's scope)")
 def test_an_admitted_group_is_not_made_late_by_packing_the_forecast_assumed_but_the_engine_never_does():
     # `first` (8 candidates, min 1) and `second` (16, min 1) are forecast at 1 candidate each, packed into
     # one 0.15 s batch of 2 rows; `big` (16 candidates, due 1.896) is admitted at 1.81 and kept at 1.835
-    # when `second` is admitted. But `first` starts alone at 0.185 (second is still sliced 2 a slice, it
-    # does not fit the row left), then `second` alone: 0.1 s lost, `big` ends past its deadline.
+    # when `second` is admitted. `first` starts at 0.185 at its minimum; `second`, behind `first`'s four
+    # slices, was past the planner's elastic look-ahead when it counted slices: it kept its count, did not
+    # fit the row left, and started alone after `first` (0.1 s lost; `big` ended past its deadline). Now
+    # the look-ahead counts groups: both shrink in the pass `first` starts in and share its batch.
     replies = _serve([(0.035, "head", 6, 0.858), (0.121, "first", 8, 0.557, 1), (0.145, "big", 16, 1.751),
                       (0.16, "second", 16, 0.62, 1)])
     at, result = replies["big"]
