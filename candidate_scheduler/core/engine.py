@@ -64,6 +64,7 @@ from candidate_scheduler.core.no_metrics import NoMetrics
 from candidate_scheduler.core.pending import PendingIndex
 from candidate_scheduler.core.planning import Unit, dispatch_class, step_class
 from candidate_scheduler.core.request import Submission
+from candidate_scheduler.core.request_scope import redacted
 from candidate_scheduler.core.resubmission import ReplyCache
 from candidate_scheduler.core.snapshot import GroupView, PlanningSnapshot
 from candidate_scheduler.core.tenants import Tenants
@@ -83,6 +84,7 @@ class Engine:
         self.waiting: collections.OrderedDict[str, None] = collections.OrderedDict()  # no worker yet
         self.pending = PendingIndex(dispatch_class if self.config.batching == "dispatch" else step_class)
         self.finished: collections.OrderedDict[str, str] = collections.OrderedDict()  # id -> final status
+        self.scoped_ids = False  # whether ids carry principals' names: error texts are then redacted per group
         self.workers: dict[str, WorkerState] = {}
         # workers that said they are going: no new work, their assignments still answered (worker_link.py)
         self.leaving: dict[str, WorkerState] = {}
@@ -162,7 +164,10 @@ class Engine:
         of `request_ids` answered internal_error; `answered`: groups already answered so (named in the log)."""
         text = f"{type(exc).__name__}: {exc}"
         self.counters["internal_errors"] += 1
-        failed = tuple(rid for rid in dict.fromkeys(request_ids) if rid and self._fail_internal(rid, event, text))
+        ids = tuple(dict.fromkeys(request_ids))
+        # the text may name any group, not only those it fails; a fault is rare, so every live id is looked for
+        named = (*ids, *self.groups) if self.scoped_ids and "/" in text else ()
+        failed = tuple(rid for rid in ids if rid and self._fail_internal(rid, event, redacted(text, rid, named)))
         self.outbox.append(InternalFault(event, text, "".join(traceback.format_exception(exc)), (*answered, *failed)))
         with contextlib.suppress(Exception):
             self.metrics.internal_error(event)

@@ -53,6 +53,7 @@ class Intake:
         except CandidateContractError as exc:
             return refuse("invalid", exc.code, exc.detail, "request_id")
         rid = sub.scoped_id
+        e.scoped_ids = e.scoped_ids or sub.scope is not None
         if rid in e.groups:  # core/resubmission.py: its owner waits for its one answer; anyone else is refused
             g = e.groups[rid]
             if principal.name in (e.tenants.owners_of(rid) or ()) and same_request(g.fingerprint, fingerprint):

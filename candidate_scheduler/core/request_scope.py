@@ -13,9 +13,17 @@ keys every caller is one principal (`LOCAL`), and ids are not prefixed at all.
 Replies carry the id the client sent, never the scoped one (the shell writes it back). Cancel and
 status name the namespace they look in: the sender's own by default; naming another's is the way an
 admin reaches a principal's group, and who may do what there is core/access.py's rule as before.
+
+Nor does an error text name another principal's group: a worker's error for a whole batch, or an
+exception inside an engine event, goes to every group it concerns, and may name one of them by its scoped
+id (`group 'alice/x' ...`). Each group's copy has the other principals' ids taken out (`redacted`): those of
+the live groups for an engine fault (rare: every id is looked for), those of the worker's assignments for
+a worker's error. A group that has ended by then is not looked for; the log keeps the whole text.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 SEPARATOR = "/"
 
@@ -23,3 +31,19 @@ SEPARATOR = "/"
 def scoped_id(scope: str | None, request_id: str) -> str:
     """The engine's key of `request_id` sent by the principal named `scope` (None: ids are not scoped)."""
     return request_id if scope is None else f"{scope}{SEPARATOR}{request_id}"
+
+
+OTHERS = "<another principal's group>"
+
+
+def redacted(text: str, own: str, others: Iterable[str]) -> str:
+    """`text` as the group `own` may read it: each id among `others` of another principal's replaced by
+    OTHERS. Unscoped ids (no keys: one principal) are left alone, as is every id when `text` names none."""
+    if SEPARATOR not in text:
+        return text  # the common case: no scoped id in it
+    mine = own.partition(SEPARATOR)[0] if SEPARATOR in own else None
+    # longest first: "a/x" must not be replaced inside "a/x2" before "a/x2" is
+    for rid in sorted({r for r in others if SEPARATOR in r and r.partition(SEPARATOR)[0] != mine}, key=len,
+                      reverse=True):
+        text = text.replace(rid, OTHERS)
+    return text

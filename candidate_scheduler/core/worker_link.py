@@ -47,6 +47,7 @@ from candidate_scheduler.core.messages import (
 )
 from candidate_scheduler.core.outcomes import Verdict, classify
 from candidate_scheduler.core.prefetch import next_margin
+from candidate_scheduler.core.request_scope import redacted
 from candidate_scheduler.core.spec import ModelCapability
 from candidate_scheduler.core.workers import Assignment, WorkerState
 
@@ -310,6 +311,10 @@ class WorkerLink:
                 g.first_step_s = max(0.0, (a.sent_at - g.received_at) + float(report["wait_s"]))
                 e.metrics.first_step(g.first_step_s)
         judged = classify(live, entry.request_id, outcome, cancelled_here)
+        detail = judged.detail
+        if e.scoped_ids and detail:  # a worker's error for its batch may name another principal's group
+            detail = redacted(detail, entry.request_id,
+                              (x.request_id for b in (a, *worker.assignments.values()) for x in b.entries))
         if judged.verdict is Verdict.FOLD:
             try:
                 g.fold(entry.slice_index, worker.worker_id, outcome)
@@ -321,12 +326,12 @@ class WorkerLink:
                 e.metrics.reducer_time(g.reducer_s or 0.0)
                 e.end(g)
         elif judged.verdict is Verdict.RETRY:
-            self.slice_failed(a, entry, worker, "worker_error", judged.detail)
+            self.slice_failed(a, entry, worker, "worker_error", detail)
         elif judged.verdict is Verdict.FAIL:
-            g.fail(judged.code, judged.detail)
+            g.fail(judged.code, detail)
             e.end(g)
         elif judged.verdict is Verdict.OUT_OF_MEMORY:
-            self._out_of_memory(g, entry, worker, a, judged.detail, report, rows_in_use)
+            self._out_of_memory(g, entry, worker, a, detail, report, rows_in_use)
 
     def _out_of_memory(self, g, entry, worker: WorkerState, a: Assignment, detail: str, report: dict,
                        rows_in_use: int) -> None:
