@@ -47,6 +47,18 @@ def model_identity(model_dir: str | os.PathLike) -> bytes:
     return h.digest()
 
 
+def device_name(device: str, current_cuda_index: int | None) -> str:
+    """One name per device, for a cache identity: "cuda" is the CUDA device current when the model was
+    placed (`current_cuda_index`; None: no CUDA to ask, left as named), any "cpu:N" is "cpu". `device` is
+    torch's spelling of it (`str(torch.device(...))`), so this needs no torch."""
+    kind, _, index = device.partition(":")
+    if kind == "cpu":
+        return "cpu"
+    if kind == "cuda" and not index and current_cuda_index is not None:
+        return f"cuda:{int(current_cuda_index)}"
+    return device
+
+
 class ConditioningCache:
     def __init__(self, max_bytes: int):
         if max_bytes < 0:

@@ -44,7 +44,7 @@ from candidate_scheduler.core.spec import EquivalenceRule, ModelCapability
 from candidate_scheduler.core.work import BatchReport, GroupOutput, GroupWork, SamplingSpec
 from candidate_scheduler.worker import stepping
 from candidate_scheduler.worker.call_rows import resolve as call_rows_of
-from candidate_scheduler.worker.conditioning_cache import ConditioningCache, model_identity
+from candidate_scheduler.worker.conditioning_cache import ConditioningCache, device_name, model_identity
 from candidate_scheduler.worker.cosmos3_conditioning import TextPathway, VaeEncoder
 from candidate_scheduler.worker.cosmos3_outputs import finish_group
 from candidate_scheduler.worker.cosmos3_rows import Cosmos3Group, start_group
@@ -93,8 +93,11 @@ class Cosmos3CandidateAdapter:
         self.action_dim = int(self.transformer.action_dim)
         self.stats_path = self.server_args.pipeline_config.action_stats_path
         self.stats_dim = _stats_dim(self.stats_path)
-        # the device is part of what a cached tensor is: a CPU and a CUDA adapter may share one cache
-        self.identity = model_identity(self.model_dir) + str(torch.device(device)).encode()
+        # the device is part of what a cached tensor is: a CPU and a CUDA adapter may share one cache;
+        # one name per device, so "cuda" and "cuda:0" share entries and "cuda" on device 1 does not
+        placed = torch.device(device)
+        current = torch.cuda.current_device() if placed.type == "cuda" and torch.cuda.is_available() else None
+        self.identity = model_identity(self.model_dir) + device_name(str(placed), current).encode()
         if conditioning_cache is None:
             conditioning_cache = ConditioningCache(int(float(conditioning_cache_mb) * 2**20))
         self.conditioning_cache = conditioning_cache

@@ -26,17 +26,21 @@ from candidate_scheduler import protocol
 def connect(ctx: zmq.Context, endpoint: str, identity: str, curve_dir: str | None) -> zmq.Socket:
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.IDENTITY, identity.encode())
-    sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
-    sock.setsockopt(zmq.RECONNECT_IVL, 100)
-    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-    if curve_dir is not None:
-        from zmq.auth import load_certificate
+    try:  # closed if it cannot connect: the raised error's traceback keeps it open, and `ctx.term()` waits for it
+        sock.setsockopt(zmq.IDENTITY, identity.encode())
+        sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
+        sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        if curve_dir is not None:
+            from zmq.auth import load_certificate
 
-        pub, sec = load_certificate(os.path.join(curve_dir, "client.key_secret"))
-        server_pub, _ = load_certificate(os.path.join(curve_dir, "server.key"))
-        sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = pub, sec, server_pub
-    sock.connect(endpoint)
+            pub, sec = load_certificate(os.path.join(curve_dir, "client.key_secret"))
+            server_pub, _ = load_certificate(os.path.join(curve_dir, "server.key"))
+            sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = pub, sec, server_pub
+        sock.connect(endpoint)
+    except BaseException:
+        sock.close()
+        raise
     return sock
 
 

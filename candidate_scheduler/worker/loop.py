@@ -39,6 +39,7 @@ gracefully: LEAVING, finish what the scheduler says we owe, LEFT (leaving.py). A
 from __future__ import annotations
 
 import logging
+import math
 import os
 import queue
 import socket
@@ -68,6 +69,9 @@ from candidate_scheduler.worker.stepping import StepAdapter
 
 log = logging.getLogger("candidate_scheduler.worker")
 
+DEFAULT_HEARTBEAT_INTERVAL_S = 0.5  # until the scheduler's REGISTERED says otherwise
+MIN_HEARTBEAT_INTERVAL_S = 0.05
+MAX_HEARTBEAT_INTERVAL_S = 60.0
 _MAX_FORWARD_RECORDS = 1024  # per heartbeat; older ones are dropped rather than growing without bound
 _TAG = struct.Struct(">QQ")  # (assignment id, epoch) in front of each answer on the inproc pipe
 COMPUTE_FAILED = "compute_failed"  # LEFT's reason when the compute thread died
@@ -129,7 +133,7 @@ class Worker:
         # back to it for an adapter whose start may not run beside its steps
         self.conditioning = conditioning if supports_concurrent_start(adapter) else "inline"
         self.profile: list[tuple[str, int, float]] = []
-        self.heartbeat_interval_s = 0.5
+        self.heartbeat_interval_s = DEFAULT_HEARTBEAT_INTERVAL_S
         self.ctx = zmq.Context()
         self._inbox: queue.Queue = queue.Queue()
         self._lock = threading.Lock()  # guards _cancelled, _giving_back, _forwards and _step
@@ -304,19 +308,22 @@ class Worker:
             self.profile = warm_up(self.adapter, self.capacity, self.warmup_shapes, self.step_delay_s)
             log.info("warm-up profile: %s", self.profile)
         wake = self.ctx.socket(zmq.PAIR)
-        wake.bind(self._wake_addr)
-        compute = threading.Thread(target=self._compute_loop, name="compute", daemon=True)
-        compute.start()
-        sock = link.connect(self.ctx, self.endpoint, self.worker_id, self.curve_dir)
-        try:
+        compute = sock = None
+        try:  # a failed start (a key directory without keys, an endpoint ZMQ refuses) leaves nothing running
+            wake.bind(self._wake_addr)
+            compute = threading.Thread(target=self._compute_loop, name="compute", daemon=True)
+            compute.start()
+            sock = link.connect(self.ctx, self.endpoint, self.worker_id, self.curve_dir)
             self._io_loop(sock, wake, compute)
         finally:
             self._stop.set()
             self._inbox.put(None)
-            compute.join(timeout=5)
-            sock.close()  # with its LINGER: 0, or a second for LEFT and the last results when leaving
+            if compute is not None:
+                compute.join(timeout=5)
+            if sock is not None:
+                sock.close()  # with its LINGER: 0, or a second for LEFT and the last results when leaving
             wake.close(0)
-            self.ctx.term()
+            self.ctx.term()  # waits for every socket of the context to close
         if self.left_reason == COMPUTE_FAILED:
             raise WorkerFailed("the worker's compute thread died (the log has why); it left the scheduler")
 
@@ -329,7 +336,7 @@ class Worker:
         last_beat = time.monotonic()
         self._register(sock)
         while not self._stop.is_set():
-            events = dict(poller.poll(timeout=int(self.heartbeat_interval_s * 250)))
+            events = dict(poller.poll(timeout=self._poll_ms()))
             now = time.monotonic()
             if wake in events:
                 self._take_answers(wake)
@@ -350,6 +357,10 @@ class Worker:
             elif now - last_beat >= self.heartbeat_interval_s:
                 self._beat(sock)
                 last_beat = now
+
+    def _poll_ms(self) -> int:
+        # a quarter interval, but no longer than 250 ms: stop() and a SIGTERM's leave are read between polls
+        return int(min(self.heartbeat_interval_s, 1.0) * 250)
 
     def _take_answers(self, wake) -> None:
         """Queue every answer the compute thread has finished (it pushes them through `wake`)."""
@@ -380,7 +391,7 @@ class Worker:
             log.warning("ignoring a malformed scheduler message: %s", exc)
             return False
         if kind is protocol.Kind.REGISTERED:
-            self.heartbeat_interval_s = max(0.05, float(msg.heartbeat_interval_s))
+            self.heartbeat_interval_s = heartbeat_interval(msg.heartbeat_interval_s)
             self.registered.set()
             log.info("registered with %s as %s", self.endpoint, self.worker_id)
         elif kind in (protocol.Kind.BATCH, protocol.Kind.JOIN):
@@ -524,6 +535,16 @@ class Worker:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def heartbeat_interval(sent: float) -> float:
+    """The interval a REGISTERED asks for, within [MIN, MAX]_HEARTBEAT_INTERVAL_S: a worker must not die of
+    (inf overflows the poll timeout) nor go silent on a number the scheduler sent. Beating more often than
+    asked is harmless; NaN gets the default."""
+    value = float(sent)
+    if math.isnan(value):
+        return DEFAULT_HEARTBEAT_INTERVAL_S
+    return min(MAX_HEARTBEAT_INTERVAL_S, max(MIN_HEARTBEAT_INTERVAL_S, value))
 
 
 def _cache_delta(now: dict[str, int], seen: dict[str, int]) -> dict[str, int]:

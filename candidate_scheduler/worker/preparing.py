@@ -13,6 +13,10 @@ worker points at its compute thread's inbox; the compute thread admits it at the
 (running.py, which gives it only the groups that arrive while others run). Only an adapter that declares `concurrent_start = True` is driven this way: its
 `start` may run while its `step`, `finish` and `release` run on the compute thread.
 
+Two starts never run at once, whatever the adapter: the compute thread starts a group itself when
+nothing runs (running.py), and that may be while one is still under way here (the groups that ran left
+meanwhile); it starts through `Preparer.start`, which waits for that one.
+
 A queued start whose group nobody waits for any more (its assignment given back, the group cancelled,
 the worker told to register again) is `forget`-ten: it never runs, so a leaving worker's grace is not
 spent conditioning work that runs elsewhere. Nothing waits for its delivery: the running batch forgets
@@ -61,6 +65,7 @@ class Preparer:
         self._queue: queue.Queue = queue.Queue()  # job keys, in submission order
         self._jobs: dict[tuple[int, int, int], GroupWork] = {}  # queued, not started: forgetting one drops it
         self._jobs_lock = threading.Lock()
+        self._starting = threading.Lock()  # one start at a time, this thread's and the compute thread's
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="conditioning", daemon=True)
         self._thread.start()
@@ -70,6 +75,11 @@ class Preparer:
         with self._jobs_lock:
             self._jobs[key] = item
         self._queue.put(key)
+
+    def start(self, item: GroupWork) -> Any:
+        """Start a group on the calling thread, once no other start runs."""
+        with self._starting:
+            return self._start(item)
 
     def forget(self, batch_id: int, index: int, token: int = 0) -> bool:
         """Do not start this group if it has not started yet; True: it never will (no delivery comes)."""
@@ -93,7 +103,7 @@ class Preparer:
                 continue
             batch_id, index, token = key
             try:
-                result = Prepared(batch_id, index, group=self._start(item), token=token)
+                result = Prepared(batch_id, index, group=self.start(item), token=token)
             except Exception as exc:  # noqa: BLE001 - the compute thread answers the group with it
                 result = Prepared(batch_id, index, error=exc, token=token)
             self._deliver(result)

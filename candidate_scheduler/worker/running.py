@@ -276,8 +276,10 @@ class RunningBatch:
             s.to(SlotState.PREPARING)
             self.preparer.submit(a.batch_id, s.index, s.item, a.token)
             return
+        # through the preparer when there is one: its start of a group may still be under way
+        start = self.adapter.start if self.preparer is None else self.preparer.start
         try:
-            s.to(SlotState.READY, group=self.adapter.start(s.item))
+            s.to(SlotState.READY, group=start(s.item))
         except Exception as exc:  # noqa: BLE001 - one bad group never fails the others
             self._failed(a, s, exc)
 

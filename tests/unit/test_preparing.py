@@ -476,11 +476,11 @@ def test_a_start_delivered_after_its_assignment_was_let_go_of_is_not_taken_for_a
     batch.admit(_assignment(1, "old"), 0.0)
     adapter.under_way("old")
     assert [a.batch_id for a in batch.abandon()] == [99, 1] and adapter.released == ["long"]
+    gate.set()  # its delivery waits in the inbox (a start on the compute thread would wait for this one)
     _with_a_running_group(adapter, batch)
     new_gate = adapter.hold("new")
-    batch.admit(_assignment(1, "new"), 0.0)  # conditioned aside, behind "old"
-    gate.set()
-    back()  # the old one's group: released, not joined
+    batch.admit(_assignment(1, "new"), 0.0)  # conditioned aside
+    back()  # the old one's group, delivered late: released, not joined
     assert adapter.released == ["long", "old"] and _running(batch) == {"long": 0}
     assert batch.assignments[1].slots[0].state is SlotState.PREPARING
     new_gate.set()
