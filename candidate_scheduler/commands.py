@@ -64,12 +64,13 @@ def _start_metrics(config: server.SchedulerConfig, tenants: list[str]):
     return m, f"http://{config.metrics_host}:{port}/metrics"
 
 
-def _spawn_bridge(args, bound: dict[str, str], keys) -> tuple[subprocess.Popen | None, str | None]:
+def _spawn_bridge(args, bound: dict[str, str], keys, fronts=None) -> tuple[subprocess.Popen | None, str | None]:
     """Start the sglang compat bridge (its own process: it never shares a process with the scheduler's
-    state) and wait until it listens, so sglang's 2 s ping never meets a half-started bridge."""
+    state) and wait until it listens, so sglang's 2 s ping never meets a half-started bridge. `fronts`:
+    the FrontWatch that starts it again if it exits while serve runs."""
     if args.no_compat:
         return None, None
-    from candidate_scheduler.service.processes import spawn_listening
+    from candidate_scheduler.service.front_watch import FrontSpec, start_front
 
     endpoint = tcp_endpoint(args.compat_host or server.DEFAULT_HOST, args.compat_port)
     cmd = [sys.executable, "-m", "candidate_scheduler.compat.bridge", "--bind", endpoint,
@@ -77,15 +78,14 @@ def _spawn_bridge(args, bound: dict[str, str], keys) -> tuple[subprocess.Popen |
     if args.compat_allow_nonlocal or args.insecure:  # what _serve let through: else the bridge refused its bind
         cmd.append("--allow-nonlocal")
     env = None if keys is None else {ENV_KEYS: keys.to_env()}
-    proc, address = spawn_listening(cmd, r"listening on (\S+)", "bridge-log", 60, env=env)
-    if address is None:
-        raise SystemExit(f"the sglang compat bridge did not start (exit code {proc.returncode}); "
-                         "use --no-compat to run without it")
-    return proc, address
+    spec = FrontSpec("compat", "the sglang compat bridge", cmd, r"listening on (\S+)", "--bind",
+                     thread_name="bridge-log", timeout_s=60, env=env, hint="use --no-compat to run without it")
+    return start_front(spec, fronts)
 
 
 def _serve(args, on_ready=None) -> None:
     from candidate_scheduler.service.endpoints import is_loopback_host
+    from candidate_scheduler.service.front_watch import FrontWatch
     from candidate_scheduler.service.openpi.launch import openpi_bind, spawn_openpi_front
 
     config = _config(args)
@@ -113,32 +113,38 @@ def _serve(args, on_ready=None) -> None:
     print(f"candidate-scheduler: worker link       {bound['worker']}", flush=True)
     print(f"candidate-scheduler: metrics           {metrics_url or 'off'}", flush=True)
 
-    bridge = openpi = None
+    # a front that exits while serve runs is started again on its port (service/front_watch.py); not once
+    # serve stops: a SHUTDOWN ends the loop, a signal holds the watch before anything else
+    fronts = FrontWatch(metrics=metrics, serving=lambda: not (scheduler.stop_now.is_set() or scheduler.engine.stopping))
+
+    def on_sigint(*_):
+        fronts.hold()
+        scheduler.stop_now.set()
+
+    def on_sigterm(*_):
+        fronts.hold()
+        scheduler.stop(args.stop_grace_s)
+
     try:
         # SIGTERM (Kubernetes, systemd): serve what was admitted, then stop (docs/deployment.md); SIGINT
         # (Ctrl-C) or a second SIGTERM stops at once. Set before the fronts start, so a signal while they
         # do is taken up by the loop's first pass, and the `finally` below stops them
-        signal.signal(signal.SIGINT, lambda *_: scheduler.stop_now.set())
-        signal.signal(signal.SIGTERM, lambda *_: scheduler.stop(args.stop_grace_s))
+        signal.signal(signal.SIGINT, on_sigint)
+        signal.signal(signal.SIGTERM, on_sigterm)
         front_keys = scheduler.proxy_keys(OPENPI_FRONT) if args.openpi_port is not None else None
-        openpi, openpi_url = spawn_openpi_front(args, bound, keys=front_keys)
+        _openpi, openpi_url = spawn_openpi_front(args, bound, keys=front_keys, fronts=fronts)
         print(f"candidate-scheduler: openpi policy     {openpi_url or 'off'}", flush=True)
-        bridge, compat = _spawn_bridge(args, bound, None if args.no_compat else scheduler.proxy_keys(SGLANG_BRIDGE))
+        _bridge, compat = _spawn_bridge(args, bound, None if args.no_compat else scheduler.proxy_keys(SGLANG_BRIDGE),
+                                        fronts)
         # printed last: launchers wait for this line
         print(f"candidate-scheduler: sglang compat     {compat or 'off'}", flush=True)
+        fronts.start()
         if on_ready is not None:
             on_ready(scheduler, bound)
         tune_gc()
         scheduler.serve()
     finally:
-        for child in (bridge, openpi):
-            if child is None:
-                continue
-            child.terminate()
-            try:
-                child.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                child.kill()
+        fronts.stop()
 
 
 def cmd_serve(args) -> int:

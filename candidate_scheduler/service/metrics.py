@@ -87,6 +87,9 @@ CONFIGURED_TENANTS = ("<configured tenants>",)
 RESUBMISSIONS = ("in_flight", "answered", OTHER)
 ACTIONS = ("submit", "cancel", "status", "stats", "drain", "shutdown", "compat_report", "worker_leave", OTHER)
 COMPAT_REQUEST_TYPES = ("req", "req_list", "ping", "shutdown", "warmup", "control", "unknown", OTHER)
+# the fronts `serve` runs as child processes and starts again when they exit (service/front_watch.py), by
+# the client API each serves (the sglang compat bridge: "compat"), as groups_received_total names them
+FRONT_APIS = ("compat", "openpi", OTHER)
 
 # --- Buckets -------------------------------------------------------------------------------------------
 # 1 ms (a cached CPU reducer) to 60 s (a long denoise on a busy GPU); roughly 1-2.5-5 per decade.
@@ -227,6 +230,10 @@ METRICS = (
     _define(Counter, "protocol_errors_total", "Messages refused, by socket and kind.",
             socket=SOCKETS, kind=PROTOCOL_ERROR_KINDS),
     _define(Counter, "compat_requests_total", "sglang-compat messages, by type.", type=COMPAT_REQUEST_TYPES),
+    _define(Counter, "front_restarts_total",
+            "Fronts serve started again after they exited (a crash, the OOM killer, a kill), by the client API "
+            "each serves: compat (the sglang compat bridge), openpi (the openpi websocket). Each try counts, a "
+            "failed one too.", api=FRONT_APIS),
     # Tenants (core/tenants.py) and rights (core/access.py).
     _define(Counter, "tenant_groups_total", "Groups answered, by tenant and outcome (refusals included).",
             tenant=CONFIGURED_TENANTS, outcome=OUTCOMES),
@@ -401,6 +408,10 @@ class SchedulerMetrics:
 
     def compat_request(self, kind: object, count: int = 1) -> None:
         self.compat_requests_total.labels(clip_label(kind, COMPAT_REQUEST_TYPES)).inc(count)
+
+    def front_restarted(self, api: object) -> None:
+        # from the front watch's thread, the only writer of this counter (metric_values: one writer each)
+        self._children["front_restarts_total"][(clip_label(api, FRONT_APIS),)].inc()
 
     def deadline_refusal(self) -> None:
         self.deadline_refusals_total.inc()

@@ -171,7 +171,7 @@ def terminate_then_kill(popens: list, timeout_s: float) -> list[tuple]:
 
 
 def spawn_listening(cmd: list[str], pattern: str, name: str, timeout_s: float,
-                    env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str | None]:
+                    env: dict[str, str] | None = None, on_start=None) -> tuple[subprocess.Popen, str | None]:
     """Start `cmd` and wait until it prints a line matching `pattern` (one group: the address it
     listens on). Returns (process, address); address is None when the child exited or stayed silent
     for `timeout_s`, and a silent child is killed. Every other line of its stdout is relayed to ours,
@@ -179,9 +179,14 @@ def spawn_listening(cmd: list[str], pattern: str, name: str, timeout_s: float,
 
     The child dies with this process: a scheduler killed outright (SIGKILL, the OOM killer, Ray
     killing its actor) left its compat bridge or openpi front holding their ports, and the next run
-    on the same ports (what a supervisor restarts) could not start its own."""
+    on the same ports (what a supervisor restarts) could not start its own.
+
+    `on_start(proc)`: called as soon as the child exists, before the wait: a supervisor that stops
+    meanwhile (service/front_watch.py) can then end a child that is still starting."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, errors=UNDECODABLE,
                             env=None if env is None else {**os.environ, **env}, preexec_fn=tied_to_this_process())
+    if on_start is not None:
+        on_start(proc)
     listening = threading.Event()
     found: list[str] = []
 

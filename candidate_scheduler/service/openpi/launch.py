@@ -29,7 +29,6 @@ from candidate_scheduler.arg_types import port, positive_int, positive_seconds
 from candidate_scheduler.service.endpoints import is_loopback_host
 from candidate_scheduler.service.keys import ENV_KEYS, ClientKeys
 from candidate_scheduler.service.openpi import observation
-from candidate_scheduler.service.processes import spawn_listening
 
 DEFAULT_PORT = 8000  # openpi's serve_policy.py default
 
@@ -186,15 +185,18 @@ def _same_dir(a: str, b: str) -> bool:
 
 
 def spawn_openpi_front(args: argparse.Namespace, bound: dict[str, str], keys: ClientKeys | None = None,
-                       timeout_s: float = 60.0) -> tuple[subprocess.Popen | None, str | None]:
+                       timeout_s: float = 60.0, fronts=None) -> tuple[subprocess.Popen | None, str | None]:
     """Start the front (its own process, like the sglang compat bridge) when `args.openpi_port` is set,
     and wait until it listens. Returns (process, "ws://host:port"), or (None, None) when off. Its
     output after the listening line is relayed to this process's stdout. `keys`: the front's CURVE
     pair for the scheduler's sockets (`Scheduler.proxy_keys`), handed over in its environment.
     Tokens: `--openpi-tokens`, else `--curve-dir`; a non-loopback bind without them needs `--insecure`
-    (StartupRefused, one line, before anything starts)."""
+    (StartupRefused, one line, before anything starts). `fronts`: the FrontWatch
+    (service/front_watch.py) that starts it again, on the same port, if it exits while serve runs."""
     if getattr(args, "openpi_port", None) is None:
         return None, None
+    from candidate_scheduler.service.front_watch import FrontSpec, start_front
+
     host, tokens, insecure = openpi_bind(args)
     cmd = [sys.executable, "-m", "candidate_scheduler.service.openpi", "--scheduler-request", bound["request"],
            "--scheduler-control", bound["control"], "--bind", host, "--port", str(args.openpi_port),
@@ -205,10 +207,9 @@ def spawn_openpi_front(args: argparse.Namespace, bound: dict[str, str], keys: Cl
         cmd.append("--insecure")
     cmd += defaults_argv(args)
     env = None if keys is None else {ENV_KEYS: keys.to_env()}
-    proc, url = spawn_listening(cmd, r"listening on (ws://\S+)", "openpi-log", timeout_s, env=env)
-    if url is None:
-        raise SystemExit(f"the openpi front did not start (exit code {proc.returncode}); see its output above")
-    return proc, url
+    spec = FrontSpec("openpi", "the openpi front", cmd, r"listening on (ws://\S+)", "--port", thread_name="openpi-log",
+                     timeout_s=timeout_s, env=env, hint="see its output above")
+    return start_front(spec, fronts)
 
 
 # ---- the front's own command line -----------------------------------------------------------------
