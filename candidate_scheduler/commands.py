@@ -22,10 +22,10 @@ def tcp_endpoint(host: str, port: int) -> str:
 
 
 def _config(args) -> server.SchedulerConfig:
-    from candidate_scheduler.arg_types import tenant_policies
-    from candidate_scheduler.core.admission import AdmissionPolicy
-    from candidate_scheduler.core.engine import EngineConfig
-
+    try:
+        engine = _engine_config(args)
+    except ValueError as exc:  # flags that parse alone but not together: one line (cli.main), not a traceback
+        raise server.StartupRefused(str(exc)) from None
     return server.SchedulerConfig(
         request_endpoint=tcp_endpoint(args.host, args.request_port),
         control_endpoint=tcp_endpoint(args.host, args.control_port),
@@ -34,15 +34,23 @@ def _config(args) -> server.SchedulerConfig:
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         curve_dir=args.curve_dir,
         insecure=args.insecure,
-        engine=EngineConfig(policy=AdmissionPolicy(args.policy), batching=args.batching,
-                            max_queued_groups=args.max_queued_groups, retry_limit=args.retry_limit,
-                            best_effort_s=args.best_effort_slack, heartbeat_interval_s=args.heartbeat_interval,
-                            heartbeat_timeout_s=args.heartbeat_timeout,
-                            margin_quantile=args.deadline_margin_quantile, prefetch=args.prefetch,
-                            prefetch_lead_s=args.prefetch_lead,
-                            tenants=tenant_policies(args.tenant_limit, args.tenant_weight),
-                            fair_queueing=not args.no_fair_queueing, stagger=not args.no_stagger),
+        engine=engine,
     )
+
+
+def _engine_config(args):
+    from candidate_scheduler.arg_types import tenant_policies
+    from candidate_scheduler.core.admission import AdmissionPolicy
+    from candidate_scheduler.core.engine import EngineConfig
+
+    return EngineConfig(policy=AdmissionPolicy(args.policy), batching=args.batching,
+                        max_queued_groups=args.max_queued_groups, retry_limit=args.retry_limit,
+                        best_effort_s=args.best_effort_slack, heartbeat_interval_s=args.heartbeat_interval,
+                        heartbeat_timeout_s=args.heartbeat_timeout,
+                        margin_quantile=args.deadline_margin_quantile, prefetch=args.prefetch,
+                        prefetch_lead_s=args.prefetch_lead,
+                        tenants=tenant_policies(args.tenant_limit, args.tenant_weight),
+                        fair_queueing=not args.no_fair_queueing, stagger=not args.no_stagger)
 
 
 def _start_metrics(config: server.SchedulerConfig, tenants: list[str]):

@@ -44,5 +44,10 @@ class EngineConfig:
         if not isinstance(self.prefetch_lead_s, (int, float)) or not self.prefetch_lead_s >= 0:
             raise ValueError(f"prefetch_lead_s must be a number of seconds >= 0 (inf: at once), "
                              f"got {self.prefetch_lead_s!r}")
+        if not 0 < self.heartbeat_interval_s < self.heartbeat_timeout_s:  # NaN too
+            # a worker beats once an interval and is taken for dead after the timeout without a word: at or
+            # below the interval every worker would be dropped between its beats, again and again
+            raise ValueError(f"the heartbeat interval ({self.heartbeat_interval_s!r} s) must be above 0 and below "
+                             f"the heartbeat timeout ({self.heartbeat_timeout_s!r} s)")
         if self.batching not in BATCHING_MODES:
             raise ValueError(f"batching must be one of {BATCHING_MODES}, got {self.batching!r}")

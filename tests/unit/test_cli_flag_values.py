@@ -70,3 +70,14 @@ def test_the_openpi_port_is_a_port(value, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.build_parser().parse_args(["serve", "--openpi-port", value])
     assert exc.value.code == 2 and "--openpi-port" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("interval, timeout", [("3", "3"), ("5", "3")])
+def test_a_heartbeat_interval_not_below_the_timeout_is_one_line_before_anything_binds(interval, timeout, capsys):
+    # each parses alone; together every worker would be taken for dead between its beats, again and again
+    from candidate_scheduler.cli import main
+
+    assert main(["serve", "--heartbeat-interval", interval, "--heartbeat-timeout", timeout, "--request-port", "0",
+                 "--control-port", "0", "--worker-port", "0", "--metrics-port", "-1", "--no-compat"]) == 2
+    err = capsys.readouterr().err
+    assert "heartbeat interval" in err and "below the heartbeat timeout" in err and "Traceback" not in err
