@@ -72,6 +72,7 @@ log = logging.getLogger("candidate_scheduler.worker")
 DEFAULT_HEARTBEAT_INTERVAL_S = 0.5  # until the scheduler's REGISTERED says otherwise
 MIN_HEARTBEAT_INTERVAL_S = 0.05
 MAX_HEARTBEAT_INTERVAL_S = 60.0
+UNANSWERED_WARN_S = 10.0  # REGISTER unanswered this long is said in the log (and again each 6x as long)
 _MAX_FORWARD_RECORDS = 1024  # per heartbeat; older ones are dropped rather than growing without bound
 _TAG = struct.Struct(">QQ")  # (assignment id, epoch) in front of each answer on the inproc pipe
 COMPUTE_FAILED = "compute_failed"  # LEFT's reason when the compute thread died
@@ -108,6 +109,7 @@ class Worker:
         worker_id: str | None = None,
         curve_dir: str | None = None,
         register_timeout_s: float = 2.0,
+        unanswered_warn_s: float = UNANSWERED_WARN_S,
         step_delay_s: float = 0.0,
         warmup_shapes: list[tuple[int, int]] | None = None,
         memory_budget_bytes: int = 0,
@@ -122,6 +124,7 @@ class Worker:
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.curve_dir = curve_dir
         self.register_timeout_s = register_timeout_s
+        self.unanswered_warn_s = unanswered_warn_s
         # A test/benchmark knob: stretch each denoise step so a fault or a cancel can be placed at a
         # chosen step of a real model run. 0 in production.
         self.step_delay_s = step_delay_s
@@ -157,6 +160,7 @@ class Worker:
         self.left_reason: str | None = None  # why we went, once LEFT is sent
         self.registered = threading.Event()
         self._registered_asked = 0.0  # when the last REGISTER went out
+        self._unanswered: tuple[float, float] | None = None  # (first REGISTER unanswered, next warning), monotonic
         self._wake_addr = f"inproc://worker-results-{id(self)}"
         self._mangle = getattr(adapter, "mangle_result", None)  # fault injection (faults.py) only
 
@@ -393,6 +397,7 @@ class Worker:
         if kind is protocol.Kind.REGISTERED:
             self.heartbeat_interval_s = heartbeat_interval(msg.heartbeat_interval_s)
             self.registered.set()
+            self._unanswered = None
             log.info("registered with %s as %s", self.endpoint, self.worker_id)
         elif kind in (protocol.Kind.BATCH, protocol.Kind.JOIN):
             received_at = time.perf_counter()
@@ -451,7 +456,17 @@ class Worker:
 
     def _register(self, sock) -> None:
         link.try_send(sock, self._register_msg())  # asked again after register_timeout_s if unanswered
-        self._registered_asked = time.monotonic()
+        now = self._registered_asked = time.monotonic()
+        # A scheduler that is not up yet and one that refuses our keys (CURVE drops the handshake, silently)
+        # look alike from here: both leave REGISTER unanswered, and the worker waits for either. Say so.
+        if self._unanswered is None:
+            self._unanswered = (now, now + self.unanswered_warn_s)
+        elif now >= self._unanswered[1]:
+            first, _ = self._unanswered
+            self._unanswered = (first, now + 6 * self.unanswered_warn_s)
+            log.warning("no answer from the scheduler at %s for %.0f s: is it running there? %s", self.endpoint,
+                        now - first, "Are this worker's keys (--curve-dir) ones that scheduler takes?"
+                        if self.curve_dir else "Does it take keys (then pass --curve-dir)?")
 
     def _beat(self, sock) -> None:
         """Send a HEARTBEAT. One the link cannot take (the scheduler away a while) is dropped: the next
