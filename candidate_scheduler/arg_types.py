@@ -63,6 +63,17 @@ def port(text: str) -> int:
     return value
 
 
+def dial_endpoint(text: str) -> str:
+    """argparse type of an endpoint a socket connects to: tcp://HOST:PORT (port 1-65535) or ipc://PATH. ZMQ
+    refuses `tcp://host` (no port) only when the worker connects, as a traceback after the model loaded."""
+    if text.startswith("ipc://") and len(text) > len("ipc://"):
+        return text
+    host, sep, number = text.removeprefix("tcp://").rpartition(":")
+    if not text.startswith("tcp://") or not sep or not host or not number.isdigit() or not 1 <= int(number) <= 65535:
+        raise argparse.ArgumentTypeError(f"not an endpoint to connect to: {text!r} (tcp://HOST:PORT, or ipc://PATH)")
+    return text
+
+
 def positive_int(text: str) -> int:
     """argparse type of a count that must be at least 1 (--max-in-flight)."""
     try:

@@ -11,6 +11,7 @@ import sys
 from candidate_scheduler import commands
 from candidate_scheduler.arg_types import (
     call_rows,
+    dial_endpoint,
     grace_seconds,
     margin_quantile,
     not_negative,
@@ -163,7 +164,8 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
 
 def _add_worker_args(p: argparse.ArgumentParser, with_scheduler: bool) -> None:
     if with_scheduler:
-        p.add_argument("--scheduler", default=commands.tcp_endpoint(server.DEFAULT_HOST, server.DEFAULT_WORKER_PORT),
+        p.add_argument("--scheduler", type=dial_endpoint,
+                       default=commands.tcp_endpoint(server.DEFAULT_HOST, server.DEFAULT_WORKER_PORT),
                        help="the scheduler's worker link")
         p.add_argument("--worker-id", type=worker_id, default=None, help="this worker's id (None: host-pid-random)")
         p.add_argument("--step-delay", type=not_negative, default=0.0, help="test knob: sleep this long before each denoise step")

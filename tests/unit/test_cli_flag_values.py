@@ -24,6 +24,9 @@ from candidate_scheduler.cli import build_parser
     ["up", "--workers", "-1"],  # silently no worker
     ["up", "--capacity", "-3"],
     ["worker", "--capacity", "0"],
+    ["worker", "--scheduler", "tcp://127.0.0.1"],  # a ZMQError traceback once the model had loaded
+    ["worker", "--scheduler", "127.0.0.1:5557"],
+    ["worker", "--scheduler", "tcp://127.0.0.1:0"],
     ["worker", "--conditioning-cache-mb", "nan"],
     ["worker", "--memory-budget-mb", "-1"],
     ["worker", "--step-delay", "inf"],
@@ -47,6 +50,8 @@ def test_the_values_that_work_still_parse():
     assert (args.request_port, args.metrics_port, args.prefetch_lead, args.retry_limit) == (0, -1, float("inf"), 1)
     assert build_parser().parse_args(["up", "--workers", "0"]).workers == 0  # a scheduler for remote workers
     assert build_parser().parse_args(["worker", "--capacity", "4"]).capacity == 4
+    for endpoint in ("tcp://10.0.0.1:5557", "tcp://[::1]:5557", "tcp://sched.local:5557", "ipc:///tmp/w"):
+        assert build_parser().parse_args(["worker", "--scheduler", endpoint]).scheduler == endpoint
     assert build_parser().parse_args(["demo", "--metrics-port", "-1"]).metrics_port == -1
 
 
