@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,8 +55,12 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "candidate_scheduler.cli", *args]
 
 
+def _log_path(log_dir: str | None, name: str) -> Path:
+    return Path(log_dir or tempfile.gettempdir()) / f"candidate-scheduler-ray-{name}"
+
+
 def _log_dir(log_dir: str | None, name: str) -> Path:
-    d = Path(log_dir or tempfile.gettempdir()) / f"candidate-scheduler-ray-{name}"
+    d = _log_path(log_dir, name)
     d.mkdir(parents=True, exist_ok=True)
     return d
 
@@ -317,13 +322,29 @@ def serve_argv(up_argv: list[str]) -> list[str]:
 def _dead_for_good(actor) -> bool:
     """Whether Ray will not bring `actor` back: it answers ActorDiedError once its restarts are spent, and
     ActorUnavailableError (not dead) while it restarts."""
-    try:
-        ray.get(actor.pid.remote(), timeout=2.0)
-    except ray.exceptions.ActorDiedError:
-        return True
-    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-        pass  # restarting, or busy: not gone
-    return False
+    return bool(_dead_for_good_among([actor]))
+
+
+def _dead_for_good_among(actors: list, timeout_s: float = 2.0) -> list[int]:
+    """The positions of the `actors` Ray will not bring back (`_dead_for_good`), all asked at once."""
+    refs = [a.pid.remote() for a in actors]
+    deadline = time.monotonic() + timeout_s
+    dead = []
+    for i, ref in enumerate(refs):
+        try:
+            ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+        except ray.exceptions.ActorDiedError:
+            dead.append(i)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            pass  # restarting, or busy: not gone
+    return dead
+
+
+_LOOK_S = 5.0  # how often `up --ray` asks Ray whether its actors are gone for good while it waits for workers
+
+
+class _Gone(Exception):
+    """An actor `up --ray` needs is dead and Ray will not restart it."""
 
 
 class _Stopped(Exception):
@@ -333,7 +354,8 @@ class _Stopped(Exception):
 def run_up(args, worker_flags: list[str]) -> int:
     """`candidate-scheduler up --ray ADDRESS`: place the service, print where it is, and hold it until
     Ctrl-C (or SIGTERM, or the cluster going away, or the scheduler actor dead for good: exit 1); then
-    tear it down."""
+    tear it down. While it waits for the workers, an actor dead for good (a worker that cannot start
+    spends its restarts in seconds) or the wait's end is exit 1 too."""
     import signal
     import threading
 
@@ -353,9 +375,21 @@ def run_up(args, worker_flags: list[str]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
 
+    looked = [time.monotonic()]
+
     def stopped() -> None:  # Ctrl-C while workers load (or never register) stops at once, not after the wait
         if stop.is_set():
             raise _Stopped
+        if time.monotonic() - looked[0] < _LOOK_S:
+            return
+        looked[0] = time.monotonic()
+        # a worker that cannot start (a bad flag, a model missing on its node) exhausts its restarts in
+        # seconds: said then, not after the whole wait
+        dead = _dead_for_good_among([svc.scheduler, *svc.workers])
+        if dead:
+            names = ["the scheduler" if i == 0 else f"worker ray-worker-{i - 1}" for i in dead]
+            raise _Gone(f"{', '.join(names)}: the actor died and Ray will not restart it (--max-restarts "
+                        f"{args.max_restarts} spent); its output is in {_log_path(None, svc.name)} on its node")
 
     try:
         for key in ("request endpoint", "control endpoint", "worker link", "metrics"):
@@ -372,6 +406,9 @@ def run_up(args, worker_flags: list[str]) -> int:
                 return 1
     except _Stopped:
         pass
+    except (_Gone, TimeoutError) as exc:  # one line, not a traceback; the service is taken down below
+        print(f"candidate-scheduler: {exc}; stopping", file=sys.stderr, flush=True)
+        return 1
     finally:
         svc.shutdown()
         ray.shutdown()

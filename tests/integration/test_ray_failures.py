@@ -6,7 +6,7 @@
 - a start that fails (a scheduler that does not come up) gives back what it reserved: the placement
   group and the actors, so a second try is not starved of the first one's CPUs and GPUs;
 - Ctrl-C on `up --ray` while it waits for workers that never register stops it at once, not after the
-  five minutes the wait allows.
+  five minutes the wait allows; so does a worker dead for good (exit 1).
 """
 
 from __future__ import annotations
@@ -130,6 +130,23 @@ def test_up_stops_when_its_scheduler_actor_is_dead_for_good(cluster, tmp_path):
         ray.kill(ray.get_actor(ray_placement.DEFAULT_NAME, namespace=ray_placement.NAMESPACE), no_restart=True)
         assert up.proc.wait(timeout=30) == 1
         assert any("Ray will not restart it" in line for line in up.lines)
+    finally:
+        up.kill()
+    wait_for(lambda: not _live_groups(), 30, "up's placement group given back")
+
+
+def test_up_stops_when_a_worker_that_cannot_start_has_spent_its_restarts(cluster, tmp_path):
+    """A worker that exits at start (a flag its `worker` refuses) spends its restarts in seconds; `up --ray`
+    waited the whole five minutes for it to register, then ended in a traceback. Now: exit 1, naming it."""
+    up = ChildProcess([sys.executable, "-m", "candidate_scheduler.cli", "up", "--ray", cluster, "--workers", "1",
+                       "--cpus-per-worker", "0.5", "--adapter", "null", "--warmup-shapes", "bogus", "--no-compat",
+                       "--max-restarts", "0", "--metrics-port", "-1", "--request-port", str(free_port()),
+                       "--control-port", str(free_port()), "--worker-port", str(free_port())], tmp_path / "up.log",
+                      env=child_env(), cwd=ROOT)
+    try:
+        up.wait_line(re.compile("on Ray: scheduler actor"), 120)
+        assert up.proc.wait(timeout=60) == 1
+        assert any("worker ray-worker-0: the actor died and Ray will not restart it" in line for line in up.lines)
     finally:
         up.kill()
     wait_for(lambda: not _live_groups(), 30, "up's placement group given back")
