@@ -41,8 +41,8 @@ class Result:
         return cls(
             request_id=r.request_id,
             status=r.status,
-            action=None if r.action is None else protocol.array_from_wire(r.action),
-            candidates=None if r.candidates is None else protocol.array_from_wire(r.candidates),
+            action=None if r.action is None else _owned(r.action),
+            candidates=None if r.candidates is None else _owned(r.candidates),
             candidate_seeds=list(r.candidate_seeds),
             chosen_candidate=r.chosen_candidate,
             error=r.error,
@@ -68,8 +68,15 @@ class Result:
         }
 
 
+def _owned(a: protocol.Array) -> np.ndarray:
+    """The caller's own, writable copy: a view of the message's bytes is read-only, and the code a reply
+    goes to writes in place (`action += offset`) or hands it to torch.from_numpy, which warns that writing
+    to a non-writable array is undefined. A reply's arrays are small beside the time it took to make them."""
+    return protocol.array_from_wire(a).copy()
+
+
 def _decode_rollout(r: protocol.RolloutResult) -> dict[str, np.ndarray]:
-    out = {name: protocol.array_from_wire(getattr(r, name)) for name in r.__struct_fields__ if name != "step_indices"}
+    out = {name: _owned(getattr(r, name)) for name in r.__struct_fields__ if name != "step_indices"}
     out["step_indices"] = np.asarray(r.step_indices, dtype=np.int64)
     return out
 
