@@ -20,7 +20,7 @@ from candidate_scheduler.service.client import (
     unreadable,
     unreadable_id,
 )
-from candidate_scheduler.service.control_link import ControlLink
+from candidate_scheduler.service.control_link import ControlLink, PingLink
 from candidate_scheduler.service.keys import ClientKeys
 from candidate_scheduler.service.next_run import NOT_RUN_BY_A_STOPPING_SCHEDULER, NextRun
 from candidate_scheduler.service.replies import (
@@ -44,10 +44,11 @@ def _retrieved(fut: asyncio.Future) -> None:
 
 class AsyncClient:
     """asyncio client: `await client.submit(...)`; many groups in flight on one socket. With `control`
-    (the scheduler's control endpoint), a group whose scheduler seems to have restarted is asked for
+    (the scheduler's control endpoint), its liveness PINGs go there (as Client's), where no burst of
+    submissions queues ahead of them, and a group whose scheduler seems to have restarted is asked for
     (STATUS) before it is given up: sent after a restart this client had not heard of yet, it reached
-    the new run, which answers it. Without it, such a group is reported `restarted` (as Client does
-    without a control endpoint)."""
+    the new run, which answers it. Without it, the PINGs go on the request socket and such a group is
+    reported `restarted` (as Client does without a control endpoint)."""
 
     def __init__(self, endpoint: str, keys: ClientKeys | None = None, liveness_s: float | None = DEFAULT_LIVENESS_S,
                  control: str | None = None):
@@ -59,6 +60,7 @@ class AsyncClient:
         self._next_drop: asyncio.Future | None = None  # resolved at the next drop: it wakes the waiters
         self._watcher: asyncio.Task | None = None
         self.control = None if control is None else ControlLink(self.ctx, control, keys)
+        self._pinger = None if control is None else PingLink(self.ctx, control, keys)
         self.liveness_s = liveness_s  # as Client's: SchedulerUnavailable within 2 x liveness_s (3 x: a restart)
         self._heard = time.monotonic()  # when anything last came from the scheduler
         self._probe: asyncio.Task | None = None  # one liveness PING at a time, shared by every waiter
@@ -132,7 +134,7 @@ class AsyncClient:
         resent: list[str] = []
         while True:
             if resubmit and not self._incarnation:
-                await self.ping(self.liveness_s or 1.0)  # which run this goes to: a stopping one is told apart
+                await self._answers_ping(self.liveness_s or 1.0)  # which run this goes to: a stopping one is told apart
             sent_to = self._incarnation
             try:
                 result = await self._submit_once(request)
@@ -158,9 +160,15 @@ class AsyncClient:
         while True:
             started, probe_s = time.monotonic(), nxt.probe_s
             if self._next_run_probe is None or self._next_run_probe.done():
-                self._next_run_probe = asyncio.ensure_future(self.ping(probe_s))
+                self._next_run_probe = self._probe_task(probe_s)
             if await self._shared(self._next_run_probe):
                 if nxt.answered_by(self._incarnation):
+                    if self._pinger is not None:
+                        # found on the control socket, with nothing read from the request socket meanwhile
+                        # (its reader stops while nothing is awaited there): what came there (a stopping
+                        # run's second answer to the group) is read now, before its PONG, while the group is
+                        # not awaited; after the resend it would read as its answer
+                        await self.ping(self.liveness_s or 1.0)
                     return
                 await asyncio.sleep(0.2)
             else:
@@ -182,7 +190,7 @@ class AsyncClient:
         frames = submit_frames(request)
         if self.liveness_s is not None and self._incarnation is None:
             # once: which run of the scheduler this client talks to ("" when it did not answer: no verdict)
-            self._incarnation = self._incarnation if await self.ping(self.liveness_s) else ""
+            self._incarnation = self._incarnation if await self._answers_ping(self.liveness_s) else ""
         self._check_open()
         # checked after the PING, with no await before the future is registered: a second submission of the
         # id that raced past the PING would take the first's future, and the first would wait forever
@@ -240,7 +248,7 @@ class AsyncClient:
             if self._drops != drops or time.monotonic() - self._heard < self.liveness_s:
                 continue  # a drop; or other groups' replies came meanwhile: it is alive
             if self._probe is None or self._probe.done():
-                self._probe = asyncio.ensure_future(self.ping(self.liveness_s))
+                self._probe = self._probe_task(self.liveness_s)
             if not await self._shared(self._probe):
                 self._incarnation = None  # the next send learns which run answers then
                 raise SchedulerUnavailable(f"the scheduler at {self.endpoint} did not answer a PING within "
@@ -253,7 +261,7 @@ class AsyncClient:
         if self.liveness_s is None:
             return True
         if self._probe is None or self._probe.done():
-            self._probe = asyncio.ensure_future(self.ping(self.liveness_s))
+            self._probe = self._probe_task(self.liveness_s)
         return await self._shared(self._probe) and not restarted(sent_to, self._incarnation)
 
     async def _held_here(self, request_id: str) -> bool:
@@ -262,9 +270,17 @@ class AsyncClient:
         up within 3 x liveness_s: the silence, the PING, the STATUS."""
         if self.control is None:
             return False
-        ask = self.control.ask(protocol.Kind.STATUS, protocol.StatusRequest(request_id), self.liveness_s)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.liveness_s
+        # The control socket does not wait for the request socket: asked at once, the new run may not have
+        # read yet a SUBMIT ZMQ held while the connection came back, and says "unknown" of a group it is
+        # about to run. A PING on the request socket comes back behind it (unanswered in half the time, a
+        # burst ahead of it, the STATUS is asked all the same).
+        await self.ping(self.liveness_s / 2)
+        remaining = max(deadline - loop.time(), 0.001)
+        ask = self.control.ask(protocol.Kind.STATUS, protocol.StatusRequest(request_id), remaining)
         try:
-            reply = await asyncio.wait_for(ask, self.liveness_s)
+            reply = await asyncio.wait_for(ask, remaining)
         except (TimeoutError, zmq.ZMQError):  # no answer in time, or no link: no evidence it is held
             return False
         return reply is not None and reply.ok and reply.state not in (None, "unknown")
@@ -273,9 +289,34 @@ class AsyncClient:
                      **kwargs: Any) -> Result:
         return await self.submit_request(make_request(image, prompt, **kwargs), resubmit=resubmit)
 
+    def _probe_task(self, timeout_s: float) -> asyncio.Task:
+        """A liveness PING every waiter may share (`_shared`); its exception is marked seen, for when
+        every waiter has given up on it (`close` fails it with ClientClosed)."""
+        probe = asyncio.ensure_future(self._answers_ping(timeout_s))
+        probe.add_done_callback(_retrieved)
+        return probe
+
+    async def _answers_ping(self, timeout_s: float) -> bool:
+        """A liveness probe: PING on the control socket when there is one, else on the request socket
+        (`ping`). On the request socket a PING queues behind every SUBMIT sent before it, and a burst of
+        big ones over a slow link held it past `liveness_s` while the scheduler was fine."""
+        if self._pinger is None:
+            return await self.ping(timeout_s)
+        self._check_open()
+        try:
+            pong = await self._pinger.ping(timeout_s)
+        except asyncio.CancelledError:
+            self._raise_if_closed()
+            raise
+        if pong is None:
+            return False
+        self._heard = time.monotonic()  # as a PONG on the request socket: no probe before the next silence
+        self._incarnation = pong.incarnation
+        return True
+
     async def ping(self, timeout_s: float = 2.0) -> bool:
-        """Whether the scheduler answers a PING within `timeout_s`, the send included (with no scheduler to
-        send to it would wait for one)."""
+        """Whether the scheduler answers a PING on the request socket within `timeout_s`, the send included
+        (with no scheduler to send to it would wait for one); behind any SUBMIT sent before it."""
         self._check_open()
         nonce = next(self._nonce)
         fut = asyncio.get_running_loop().create_future()
@@ -329,3 +370,4 @@ class AsyncClient:
         self._sock.close(0)
         if self.control is not None:
             self.control.close()
+            self._pinger.close()

@@ -56,6 +56,10 @@ SEND_TIMEOUT_MS = 10_000
 # groups a Client awaits (sent, not yet waited for to the end): only their replies are kept, so a reply
 # nobody waits for -- a second one after a resend, or one come after its wait gave up -- is not held forever
 _SENT_TO_KEPT = 100_000
+# the replies that came after their wait gave up (TimeoutError), kept for a wait that may come again: past
+# this many bytes the oldest go (candidates' arrays are up to 64 MiB a reply, and a loop that waits a
+# little and moves on makes one a group); a wait for one of those raises TimeoutError at once
+_LATE_KEPT_BYTES = 256 << 20
 
 
 class Sent(NamedTuple):
@@ -106,6 +110,10 @@ class Client:
         self._nonce = itertools.count(1)
         self._incarnation: str | None = None  # of the scheduler's last PONG (None: none yet)
         self._sent_to: dict[str, Sent] = {}  # awaited request id -> where and when it was sent
+        self._gave_up: dict[str, None] = {}  # awaited groups whose last wait gave up (TimeoutError)
+        self._late: dict[str, int] = {}  # their replies kept, oldest first -> its bytes (_LATE_KEPT_BYTES)
+        self._late_bytes = 0
+        self._late_dropped: dict[str, None] = {}  # ids whose late reply went for the budget (until sent again)
         self._closed = False
 
     def _dealer(self, endpoint: str) -> zmq.Socket:
@@ -137,6 +145,7 @@ class Client:
             raise SchedulerUnavailable(f"could not send {request.request_id!r} to {self.endpoint} within "
                                        f"{SEND_TIMEOUT_MS / 1000:.0f} s") from None
         self._sent_to.pop(request.request_id, None)  # sent again: the newest, last to be forgotten
+        self._late_dropped.pop(request.request_id, None)
         self._sent_to[request.request_id] = Sent(self._incarnation, self._drops)
         if len(self._sent_to) > _SENT_TO_KEPT:  # sent and never waited for: forget the oldest (its wait, if
             self.forget(next(iter(self._sent_to)))  # it ever comes, times out)
@@ -146,13 +155,50 @@ class Client:
         """Stop awaiting a group: its reply, kept or still to come, is dropped."""
         self._sent_to.pop(request_id, None)
         self._pending.pop(request_id, None)
+        self._gave_up.pop(request_id, None)
+        self._late_bytes -= self._late.pop(request_id, 0)
+        self._late_dropped.pop(request_id, None)
+
+    def _keep_late(self, request_id: str, size: int) -> None:
+        """A reply come after its wait gave up is kept, within _LATE_KEPT_BYTES: past them the oldest go."""
+        self._late_bytes += size - self._late.pop(request_id, 0)  # a second answer replaces the first
+        self._late[request_id] = size
+        while self._late_bytes > _LATE_KEPT_BYTES:
+            oldest = next(iter(self._late))
+            self.forget(oldest)
+            self._late_dropped[oldest] = None  # its wait says so, rather than wait out its timeout
+            if len(self._late_dropped) > _SENT_TO_KEPT:
+                del self._late_dropped[next(iter(self._late_dropped))]
 
     def wait(self, request_id: str, timeout_s: float | None = None) -> Result:
         """The group's reply. TimeoutError after `timeout_s`; SchedulerUnavailable as soon as the
         scheduler stops answering PINGs (see `liveness_s`); ConnectionDropped when the connection dropped
-        since the group was sent and its reply may be lost: send it again."""
+        since the group was sent and its reply may be lost: send it again. A reply that comes after a
+        wait gave up is kept for the next (`wait(rid, 0)` looks again), within _LATE_KEPT_BYTES of such
+        replies: past them the oldest go, and a wait for one raises TimeoutError at once."""
         self._check_open()
-        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        if request_id in self._late_dropped:
+            raise TimeoutError(f"no reply for {request_id!r}: it came after a wait for it gave up and was dropped, "
+                               f"the oldest of the late replies kept past {_LATE_KEPT_BYTES} bytes; send it again "
+                               "under its id (the scheduler answers it from the replies it keeps)")
+        self._gave_up.pop(request_id, None)
+        try:
+            self._await_reply(request_id, time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s))
+        except TimeoutError:
+            if request_id in self._sent_to:  # still awaited: a reply that comes meanwhile is late
+                self._gave_up[request_id] = None
+            raise
+        self._sent_to.pop(request_id, None)
+        self._late_bytes -= self._late.pop(request_id, 0)
+        reply = self._pending.pop(request_id)
+        if isinstance(reply, protocol.ErrorReply):
+            raise ServiceError(reply)
+        if isinstance(reply, protocol.ProtocolError):
+            raise reply
+        return Result.from_wire(reply)
+
+    def _await_reply(self, request_id: str, deadline: float) -> None:
+        """Until the group's reply is in `_pending`; `wait`'s errors."""
         heard = time.monotonic()
         while request_id not in self._pending:
             if self._dropped_since_sent(request_id):
@@ -181,13 +227,6 @@ class Client:
             if sent is not None and restarted(sent.incarnation, self._incarnation):
                 self._restart_verdict(request_id, deadline)
             heard = time.monotonic()
-        self._sent_to.pop(request_id, None)
-        reply = self._pending.pop(request_id)
-        if isinstance(reply, protocol.ErrorReply):
-            raise ServiceError(reply)
-        if isinstance(reply, protocol.ProtocolError):
-            raise reply
-        return Result.from_wire(reply)
 
     def _dropped_since_sent(self, request_id: str) -> bool:
         sent = self._sent_to.get(request_id)
@@ -227,8 +266,15 @@ class Client:
             return False
         if timeout_s <= 0:
             return False
+        deadline = time.monotonic() + timeout_s
+        # The control socket does not wait for the request socket: asked at once, the new run may not have
+        # read yet a SUBMIT ZMQ held while the connection came back, and says "unknown" of a group it is
+        # about to run. A PING on the request socket comes back behind it (unanswered in half the time, a
+        # burst ahead of it, the STATUS is asked all the same).
+        self.ping(min(timeout_s, self.liveness_s or timeout_s) / 2)
         try:
-            reply = self.control(protocol.Kind.STATUS, protocol.StatusRequest(request_id), timeout_s)
+            reply = self.control(protocol.Kind.STATUS, protocol.StatusRequest(request_id),
+                                 max(deadline - time.monotonic(), 0.001))
             held = reply.ok and reply.state not in (None, "unknown")
         except (TimeoutError, ServiceError):
             return False
@@ -362,6 +408,8 @@ class Client:
                 raise
             if rid in self._sent_to:
                 self._pending[rid] = unreadable(exc, frames)
+                if rid in self._gave_up:
+                    self._keep_late(rid, 0)  # the error only is kept
             else:
                 self.unclaimed += 1
             return True
@@ -370,6 +418,8 @@ class Client:
             self._incarnation = msg.incarnation
         elif msg.request_id in self._sent_to:  # awaited: its wait takes it (an ERROR raises there)
             self._pending[msg.request_id] = msg
+            if msg.request_id in self._gave_up:
+                self._keep_late(msg.request_id, sum(len(f) for f in frames))
         elif kind is protocol.Kind.ERROR and msg.request_id is None:  # no group to blame: whoever reads it
             raise ServiceError(msg)
         else:

@@ -185,6 +185,10 @@ class FakeScheduler:
     def _on_control(self, frames: list[bytes]) -> None:
         identity, delimited, kind, payload = protocol.split_envelope(frames, protocol.CONTROL_KINDS)
         msg = protocol.decode(kind, payload)
+        if kind is protocol.Kind.PING:  # as the real one's control socket: AsyncClient's liveness PINGs go there
+            self.ctl.send_multipart(protocol.reply_frames(identity, delimited, protocol.Kind.PONG,
+                                                          protocol.Pong(msg.nonce)))
+            return
         changed = False
         if kind is protocol.Kind.CANCEL:
             held = self._held.pop(msg.request_id, None)

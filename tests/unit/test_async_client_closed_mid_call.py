@@ -35,6 +35,19 @@ def _never_retrieved(contexts: list[dict]) -> list[dict]:
     return [c for c in contexts if "never retrieved" in c.get("message", "")]
 
 
+async def _answer_pings(control: zmq.asyncio.Socket, played: Played, asked: asyncio.Queue) -> None:
+    """The scheduler's control socket: a PING answered at once (the client's liveness PINGs go there, with
+    `played`'s run), anything else handed to the test in `asked` as (identity, delimited, kind)."""
+    while True:
+        identity, delimited, kind, payload = protocol.split_envelope(await control.recv_multipart(),
+                                                                     protocol.CONTROL_KINDS)
+        if kind is protocol.Kind.PING:
+            pong = protocol.Pong(protocol.decode(kind, payload).nonce, incarnation=played.state["incarnation"])
+            await control.send_multipart(protocol.reply_frames(identity, delimited, protocol.Kind.PONG, pong))
+        else:
+            asked.put_nowait((identity, delimited, kind))
+
+
 def test_calls_waiting_to_send_when_the_client_closes_raise_client_closed():
     unretrieved: list[dict] = []
 
@@ -73,20 +86,22 @@ def test_a_submit_asking_status_after_a_restart_when_the_client_closes_raises_cl
 
     async def scenario():
         ctx = zmq.asyncio.Context.instance()
-        control = ctx.socket(zmq.ROUTER)  # takes the STATUS, never answers it
+        control = ctx.socket(zmq.ROUTER)  # answers PINGs; takes the STATUS, never answers it
         control.setsockopt(zmq.LINGER, 0)
         port = control.bind_to_random_port("tcp://127.0.0.1")
+        asked: asyncio.Queue = asyncio.Queue()
+        server = asyncio.ensure_future(_answer_pings(control, played, asked))
         c = AsyncClient(played.endpoint, liveness_s=2.0, control=f"tcp://127.0.0.1:{port}")
         try:
             call = asyncio.ensure_future(c.submit(IMAGE, "pick", request_id="g"))
-            asked = await asyncio.wait_for(control.recv_multipart(), 5)
-            _ident, _delimited, kind, _payload = protocol.split_envelope(asked, protocol.CONTROL_KINDS)
+            _ident, _delimited, kind = await asyncio.wait_for(asked.get(), 5)
             assert kind is protocol.Kind.STATUS
             c.close()
             done, _ = await asyncio.wait({call}, timeout=5)
             assert call in done, "still waiting after close()"
             return call.cancelled() or call.exception()
         finally:
+            server.cancel()
             c.close()
             control.close(0)
 
@@ -125,15 +140,17 @@ def test_a_submit_queued_for_the_control_link_when_the_client_closes_raises_clie
 
         async def answer_status_unknown():  # what asks come after close() are answered: B does not hold them
             while True:
-                identity, delimited, _kind, _payload = protocol.split_envelope(await control.recv_multipart(),
-                                                                                protocol.CONTROL_KINDS)
+                identity, delimited, _kind = await asked.get()
                 await control.send_multipart(protocol.reply_frames(identity, delimited, protocol.Kind.CONTROL_REPLY,
                                                                    protocol.ControlReply(True, state="unknown")))
 
+        asked: asyncio.Queue = asyncio.Queue()
+        pings = asyncio.ensure_future(_answer_pings(control, played, asked))
         server = None
         try:
             calls = [asyncio.ensure_future(c.submit(IMAGE, "pick", request_id=f"g{i}")) for i in range(2)]
-            await asyncio.wait_for(control.recv_multipart(), 5)  # the first STATUS; the second waits its turn
+            first = await asyncio.wait_for(asked.get(), 5)  # the first STATUS; the second waits its turn
+            assert first[2] is protocol.Kind.STATUS
             await asyncio.sleep(0.05)
             c.close()
             server = asyncio.ensure_future(answer_status_unknown())
@@ -141,8 +158,9 @@ def test_a_submit_queued_for_the_control_link_when_the_client_closes_raises_clie
             assert len(done) == 2, "still waiting after close()"
             return [call.cancelled() or call.exception() for call in calls], c.control._sock
         finally:
-            if server is not None:
-                server.cancel()
+            for task in (pings, server):
+                if task is not None:
+                    task.cancel()
             c.close()
             control.close(0)
 
