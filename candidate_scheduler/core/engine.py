@@ -64,7 +64,7 @@ from candidate_scheduler.core.no_metrics import NoMetrics
 from candidate_scheduler.core.pending import PendingIndex
 from candidate_scheduler.core.planning import Unit, dispatch_class, step_class
 from candidate_scheduler.core.request import Submission
-from candidate_scheduler.core.request_scope import redacted
+from candidate_scheduler.core.request_scope import SEPARATOR, redacted
 from candidate_scheduler.core.resubmission import ReplyCache
 from candidate_scheduler.core.snapshot import GroupView, PlanningSnapshot
 from candidate_scheduler.core.tenants import Tenants
@@ -166,7 +166,7 @@ class Engine:
         self.counters["internal_errors"] += 1
         ids = tuple(dict.fromkeys(request_ids))
         # the text may name any group, not only those it fails; a fault is rare, so every live id is looked for
-        named = (*ids, *self.groups) if self.scoped_ids and "/" in text else ()
+        named = (*ids, *self.groups) if self.scoped_ids and SEPARATOR in text else ()
         failed = tuple(rid for rid in ids if rid and self._fail_internal(rid, event, redacted(text, rid, named)))
         self.outbox.append(InternalFault(event, text, "".join(traceback.format_exception(exc)), (*answered, *failed)))
         with contextlib.suppress(Exception):

@@ -38,7 +38,8 @@ OTHERS = "<another principal's group>"
 
 def redacted(text: str, own: str, others: Iterable[str]) -> str:
     """`text` as the group `own` may read it: each id among `others` of another principal's replaced by
-    OTHERS. Unscoped ids (no keys: one principal) are left alone, as is every id when `text` names none."""
+    OTHERS. Only scoped ids can be told apart by principal: without keys (one principal, ids unscoped) the
+    engine passes none."""
     if SEPARATOR not in text:
         return text  # the common case: no scoped id in it
     mine = own.partition(SEPARATOR)[0] if SEPARATOR in own else None
