@@ -34,9 +34,12 @@ def is_loopback_endpoint(endpoint: str) -> bool:
     return m is not None and is_loopback_host(m.group(1).lower())
 
 
-def is_loopback_host(host: str) -> bool:
+def is_loopback_host(host: str | None) -> bool:
     """A loopback address (IPv6 in brackets too), or ``localhost`` when every address the resolver
-    gives for it is one; "", a wildcard or any other name is public."""
+    gives for it is one; "", a wildcard, any other name or no string at all (None: asyncio's "every
+    interface") is public."""
+    if not isinstance(host, str):
+        return False
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:

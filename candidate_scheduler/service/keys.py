@@ -12,8 +12,9 @@ DIR/authorized_tokens/NAME.json       the token's SHA-256, role and tenant (the 
 looks for: `worker --curve-dir DIR`) and an `admin` pair, each only if missing. A public key with no
 role metadata is a worker's (what `keys` wrote before roles existed).
 
-`keys` writes nothing other users may write, whatever the umask, and `Directory.load` refuses a
-directory or record every user may write (off a read-only mount): they could authorise themselves.
+`keys` writes nothing other users may write, whatever the umask, nor into a directory another user
+owns, and `Directory.load` refuses a directory or record every user may write or another user (not
+root) owns (off a read-only mount): they could authorise themselves.
 
 `Directory.load(DIR)` reads the authorised keys and tokens into principals (core/access.py); the
 scheduler's ZAP handler (`Authenticator`) admits a CURVE key on a socket's domain only if its role
@@ -28,6 +29,7 @@ import datetime
 import hashlib
 import hmac
 import json
+import logging
 import os
 import re
 import secrets
@@ -139,6 +141,8 @@ def add_key(key_dir: str | os.PathLike, name: str, role: Role | str = Role.CLIEN
 
 def _add_key(d: Path, name: str, role: Role | str, tenant: str) -> Path:
     principal = Principal(check_name("principal", name), tenant, Role(role))
+    if d.exists():
+        _check_others_cannot_write(d)
     # the authorised public key counts too: a secret handed out (moved off this host) leaves only it, and
     # writing a new pair over it would revoke the key its holder has
     for path in (d / f"{name}.key_secret", d / "authorized_clients" / f"{name}.key"):
@@ -166,6 +170,8 @@ def _add_token(d: Path, name: str, role: Role | str, tenant: str) -> str:
     principal = Principal(check_name("principal", name), tenant, Role(role))
     if principal.role is Role.WORKER:
         raise KeyDirError("a worker connects with a CURVE key, not a token")
+    if d.exists():
+        _check_others_cannot_write(d)
     for path in (d / f"{name}.token", d / "authorized_tokens" / f"{name}.json"):
         if os.path.lexists(path):  # the record alone: a token handed out, which a new one would revoke
             raise KeyDirError(f"{path} exists; remove {name}.token and authorized_tokens/{name}.json first "
@@ -192,6 +198,7 @@ def _init_dir(d: Path) -> list[str]:
         d.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise KeyDirError(f"cannot make the key directory {d}: {exc}") from exc
+    _check_others_cannot_write(d)  # another user's: what it holds could be links planted for us to write through
     wrote = []
     if not os.path.lexists(d / "server.key_secret"):
         if os.path.lexists(d / "server.key"):  # a client's or worker's copy: a new pair would lock it out
@@ -238,18 +245,25 @@ def _current_umask() -> int:
     return old
 
 
-def _check_not_world_writable(path: Path) -> None:
-    """Refuse a key directory, or a record in it, that every user may write: anyone on the host could
-    authorise an admin key or a token of their own there (a sticky directory too: they add new files).
-    A read-only mount is exempt: a Kubernetes secret volume shows 1777 modes nobody can use."""
+def _check_others_cannot_write(path: Path) -> None:
+    """Refuse a key directory, or a record in it, that another user may write: one every user may write
+    (a sticky directory too: they add new files), or one another user owns (an attacker's `mkdir
+    /tmp/keys` before the operator's `keys /tmp/keys`: mode 0755 hides nothing from its owner). Anyone
+    who can write it could authorise an admin key or a token of their own there. Root's are this user's
+    to trust. A read-only mount is exempt: a Kubernetes secret volume shows 1777 modes nobody can use."""
     try:
-        mode = path.stat().st_mode
-        loose = mode & stat.S_IWOTH and not os.statvfs(path).f_flag & os.ST_RDONLY
+        st = path.stat()
+        if os.statvfs(path).f_flag & os.ST_RDONLY:
+            return
     except OSError as exc:
         raise KeyDirError(f"{path}: {exc}") from exc
-    if loose:
-        raise KeyDirError(f"{path} is writable by every user (mode {stat.S_IMODE(mode):o}): anyone on this host "
-                          f"could authorise a key or a token of their own; `chmod o-w {path}`")
+    if st.st_mode & stat.S_IWOTH:
+        raise KeyDirError(f"{path} is writable by every user (mode {stat.S_IMODE(st.st_mode):o}): anyone on this "
+                          f"host could authorise a key or a token of their own; `chmod o-w {path}`")
+    me = os.geteuid()
+    if st.st_uid not in (me, 0):
+        raise KeyDirError(f"{path} is owned by uid {st.st_uid}, not by this user (uid {me}) or root: its owner "
+                          "could authorise a key or a token of their own; use a directory of yours, or `chown` it")
 
 
 def _digest(token: str) -> str:
@@ -273,9 +287,9 @@ class Directory:
         d, out = _dir(key_dir), cls()
         for path in (d, d / "authorized_clients", d / "authorized_tokens"):
             if path.exists():
-                _check_not_world_writable(path)
+                _check_others_cannot_write(path)
         for path in sorted((d / "authorized_clients").glob("*.key")):
-            _check_not_world_writable(path)
+            _check_others_cannot_write(path)
             try:
                 public, _ = zmq.auth.load_certificate(str(path))
                 principal = _key_record(path)
@@ -283,7 +297,7 @@ class Directory:
                 raise KeyDirError(f"{path}: {exc}") from exc
             out.add(principal, key=public)
         for path in sorted((d / "authorized_tokens").glob("*.json")):
-            _check_not_world_writable(path)
+            _check_others_cannot_write(path)
             try:
                 principal, digest = _token_record(path)
             except (OSError, ValueError, TypeError) as exc:
@@ -431,6 +445,31 @@ def authenticate(tokens: Directory, authorization: list[str]) -> tuple[Principal
         return None, why
     principal = tokens.for_token(token)
     return (principal, "") if principal is not None else (None, "unknown or revoked token")
+
+
+CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
+
+
+class RedactCredentials(logging.Filter):
+    """Keeps a credential header's value out of a log record. The websockets library (the openpi front's
+    server, uvicorn's websocket protocol under sglang's HTTP server) logs each handshake header at DEBUG
+    as ``("< %s: %s", name, value)``: a debug log would otherwise hold every robot's bearer token."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if (isinstance(args, tuple) and len(args) == 2 and isinstance(args[0], str)
+                and args[0].lower() in CREDENTIAL_HEADERS):
+            record.args = (args[0], "[redacted]")
+        return True
+
+
+def redact_credentials_in(*logger_names: str) -> None:
+    """`RedactCredentials` on these loggers (idempotent). A logger's filters see only what is logged on
+    it by name, so each logger that logs headers is named."""
+    for name in logger_names:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RedactCredentials) for f in logger.filters):
+            logger.addFilter(RedactCredentials())
 
 
 def load_tokens(key_dir: str) -> Directory:

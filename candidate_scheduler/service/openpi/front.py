@@ -19,7 +19,8 @@ When the front reaches the scheduler with CURVE keys (`FrontConfig.keys`: a prox
 observation of an authenticated connection is submitted on behalf of the token's principal, so its
 tenant's limits and fair share apply and it may cancel and query those groups too. Without keys (a
 scheduler on loopback, which names every local caller its admin and knows no principals) the groups are
-the front's own; the token still decides who gets in. `GET /healthz` needs no token.
+the front's own; the token still decides who gets in. `GET /healthz` needs no token. Without tokens
+the front listens off loopback only when told so (`FrontConfig.insecure`, the command line's --insecure).
 
 Frame limits: frames up to `max_frame_bytes` are read; over it, up to twice that, the frame is read
 and refused with a text frame (the connection stays); past twice that, the websocket library closes
@@ -54,7 +55,8 @@ from candidate_scheduler.core import reducers
 from candidate_scheduler.core.access import FORBIDDEN, Principal, Role
 from candidate_scheduler.service.async_client import AsyncClient
 from candidate_scheduler.service.client import ClientClosed, SchedulerUnavailable, ServiceError
-from candidate_scheduler.service.keys import ClientKeys, Directory, authenticate
+from candidate_scheduler.service.endpoints import is_loopback_host
+from candidate_scheduler.service.keys import ClientKeys, Directory, authenticate, redact_credentials_in
 from candidate_scheduler.service.openpi import msgpack_numpy, observation
 
 log = logging.getLogger("candidate_scheduler.service.openpi")
@@ -64,10 +66,12 @@ DEFAULT_MAX_FRAME_BYTES = protocol.MAX_OBSERVATION_BYTES
 STATS_TIMEOUT_S = 1.0
 DEFAULT_MAX_CONNECTIONS = 256  # robots per front; a connection may hold ~3 frames (module docstring)
 FULL_RETRY_AFTER_S = 1  # what a refused robot is told to wait before it connects again
-FULL_LOG_EVERY_S = 10.0  # a robot retrying in a loop must not flood the log with one line per refusal
+# refusals are logged at most once this often: a robot retrying in a loop, or a stranger, floods nothing
+FULL_LOG_EVERY_S = 10.0
 STATS_CACHE_S = 2.0
 MAX_ERROR_CHARS = 2000  # an error frame quotes what was sent, and that can be most of a 32 MiB frame
 CANCEL_DRAIN_S = 1.5  # how long close waits for the cancels of abandoned groups still being sent
+WEBSOCKETS_LOGGER = "websockets.server"  # the library's default, named so the redaction covers what it logs
 CANCEL_RETRY_S = (0.05, 0.1, 0.2, 0.4, 0.8)  # waits before asking again for a group the scheduler has not seen
 
 
@@ -84,6 +88,7 @@ class FrontConfig:
     request_timeout_s: float | None = None
     tokens: Directory | None = None  # bearer tokens every connection needs (None: no authentication)
     keys: ClientKeys | None = None  # this front's CURVE keys, for a scheduler that requires them
+    insecure: bool = False  # the user said --insecure: a bind off loopback without tokens is allowed
     # a call the scheduler did not run because it was stopping goes to its next run (the robot sees a slower
     # answer across an upgrade, not an error); off in a front that stops with its scheduler (`serve --openpi-port`)
     resubmit: bool = True
@@ -112,11 +117,19 @@ class OpenpiFront:
         self._conn_ids = itertools.count(1)
         self.live = 0  # connections whose handler runs (past the handshake, not yet closed)
         self._full_logged = -FULL_LOG_EVERY_S  # when a refusal for a full front was last logged
+        self._unauthorized_logged = -FULL_LOG_EVERY_S  # when a refusal for a token was last logged
         self.url: str | None = None
 
     # ---- the server -------------------------------------------------------------------------------
     async def start(self) -> str:
+        """Listen; ValueError (nothing listens) for a bind off loopback without tokens unless
+        `FrontConfig.insecure`: the command line's rule (launch.bind_refusal), for callers from Python too."""
         cfg = self.config
+        if cfg.tokens is None and not cfg.insecure and not is_loopback_host(cfg.host):
+            raise ValueError(f"refusing to serve the openpi websocket on {cfg.host!r} without tokens: pass "
+                             "FrontConfig(tokens=load_tokens(DIR)), bind loopback, or insecure=True to let anyone "
+                             "who reaches it submit work")
+        redact_credentials_in(WEBSOCKETS_LOGGER)  # it logs each handshake header, the token too, at DEBUG
         self._server = await websockets.asyncio.server.serve(
             self._handler, cfg.host, cfg.port,
             compression=None,  # as openpi's server and client: arrays do not compress
@@ -125,6 +138,7 @@ class OpenpiFront:
             # answered is all it ever needs, and each frame queued is memory (up to 2 x max_frame_bytes)
             max_queue=1,
             process_request=self._process_request,
+            logger=logging.getLogger(WEBSOCKETS_LOGGER),
         )
         host, port = self._server.sockets[0].getsockname()[:2]
         self.url = f"ws://{_url_host(host)}:{port}"
@@ -378,7 +392,12 @@ class OpenpiFront:
             principal, why = authenticate(self.config.tokens, request.headers.get_all("Authorization"))
             if principal is None:
                 self.stats["unauthorized"] += 1
-                log.warning("refused a connection from %s: %s", connection.remote_address, why)
+                now = time.monotonic()
+                # anyone who reaches the port can ask, without a token, thousands of times a second
+                if now - self._unauthorized_logged >= FULL_LOG_EVERY_S:
+                    self._unauthorized_logged = now
+                    log.warning("refused a connection from %s: %s (%d refused for their token so far)",
+                                connection.remote_address, why, self.stats["unauthorized"])
                 response = connection.respond(http.HTTPStatus.UNAUTHORIZED, f"candidate_scheduler openpi: {why}\n")
                 response.headers["WWW-Authenticate"] = 'Bearer realm="candidate_scheduler openpi"'
                 return response

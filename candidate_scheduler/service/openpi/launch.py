@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         port=args.port, defaults=defaults, model_name=args.model_name or "cosmos3",
         max_frame_bytes=args.max_frame_bytes or DEFAULT_MAX_FRAME_BYTES,
         max_connections=args.max_connections or DEFAULT_MAX_CONNECTIONS, request_timeout_s=args.request_timeout,
-        tokens=tokens, keys=keys, resubmit=args.resubmit,
+        tokens=tokens, keys=keys, resubmit=args.resubmit, insecure=args.insecure,
     )
 
     async def run() -> None:
