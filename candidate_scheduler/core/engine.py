@@ -100,6 +100,7 @@ class Engine:
         # raised by every slice queued since (Engine._fit_slices halves them when the largest shrinks below)
         self._largest_fitted = 0
         self._refused_failed: frozenset[str] = frozenset()  # forward labels whose groups _fit_slices has failed
+        self._taking_fitted: dict[str, int] = {}  # FleetRows.largest_taking when pending slices were last fitted
         self._held_in_pass: dict[str, float] = {}  # staggered starts the last planning pass decided
         self.cache_bytes: dict[str, int] = {}  # worker id -> its conditioning cache's bytes in use
         self.elastic = ElasticIndex()  # queued groups with a deadline whose count may still shrink
@@ -290,7 +291,9 @@ class Engine:
     def requeue(self, g: Group, slice_index: int) -> None:
         """A slice that went back to pending (a retry); halved first if no live worker can hold it any
         more (it was running when the largest one shrank)."""
-        largest = self.fleet_rows.current(self.workers).largest if self.workers else 0
+        # running when the pass failed its shape's pending groups (no live worker takes it): the next one fails it
+        self._refused_failed -= {g.label}
+        largest = self.fleet_rows.current(self.workers).largest_for(g.label) if self.workers else 0
         if self.workers and len(g.slices[slice_index]) > largest:
             g.fit_pending(largest)
             self._enqueue(g)
@@ -403,11 +406,12 @@ class Engine:
     def _fit_slices(self) -> None:
         """Halve pending slices no live worker can hold (the largest shrank after running out of memory,
         or the workers big enough left), so nothing waits forever for rows that will not come. Admission
-        sizes new slices for the smallest worker, so only a shrink of the largest calls for a pass. A group
-        of a forward shape every live worker refuses now (core/fleet_rows.py) fails for the same reason."""
+        sizes new slices for the smallest worker, so only a shrink of the largest calls for a pass -- for a
+        shape some workers refuse, of the largest that takes it. A group of a forward shape every live worker
+        refuses now (core/fleet_rows.py) fails for the same reason."""
         rows = self.fleet_rows.current(self.workers)
         refused = rows.refused_everywhere - self._refused_failed
-        if rows.largest < self._largest_fitted or refused:
+        if rows.largest < self._largest_fitted or refused or rows.largest_taking != self._taking_fitted:
             for g in list(self.groups.values()):
                 # a fault here is this group's (its slices may be half re-indexed): it is answered, the rest fitted
                 with self.guard("schedule", g.request_id):
@@ -415,9 +419,10 @@ class Engine:
                         g.fail("out_of_memory", f"one candidate of forward {g.label} ran every live worker out of "
                                                 "memory", field="count")
                         self.end(g)
-                    elif g.fit_pending(rows.largest):
+                    elif g.fit_pending(rows.largest_for(g.label)):
                         self._enqueue(g)
         self._largest_fitted, self._refused_failed = rows.largest, rows.refused_everywhere
+        self._taking_fitted = rows.largest_taking
 
     def _resize(self, r: schedule.Resize) -> None:
         g = self.groups.get(r.request_id)

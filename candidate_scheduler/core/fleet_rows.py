@@ -36,6 +36,10 @@ class FleetRows:
         self.smallest_worker: WorkerState | None = None
         self.largest_worker: WorkerState | None = None
         self.refused_everywhere: frozenset[str] = frozenset()  # forward labels no live worker takes
+        # forward labels some live workers refuse -> the largest that takes it, and its rows: a slice of one
+        # must fit that worker, not the largest (which may be one that refuses it)
+        self.largest_taker: dict[str, WorkerState] = {}
+        self.largest_taking: dict[str, int] = {}
 
     def changed(self) -> None:
         """A worker came or went, or the rows one may hold changed (capacity, memory, a refused shape)."""
@@ -52,8 +56,16 @@ class FleetRows:
             self.largest_worker = max(live, key=lambda w: w.rows)
             self.largest = self.largest_worker.rows
             self.refused_everywhere = frozenset.intersection(*(w.refused_labels for w in live))
+            self.largest_taker = {label: max((w for w in live if label not in w.refused_labels), key=lambda w: w.rows)
+                                  for label in frozenset().union(*(w.refused_labels for w in live))
+                                  - self.refused_everywhere}
+            self.largest_taking = {label: w.rows for label, w in self.largest_taker.items()}
             self._stale = False
         return self
+
+    def largest_for(self, label: str) -> int:
+        """The rows of the largest live worker that takes forward `label` (the largest when none does)."""
+        return self.largest_taking.get(label, self.largest)
 
     def decide(self, spec, action_mode: str, label: str, policy: AdmissionPolicy) -> AdmissionDecision:
         """How a group of `spec` (forward `label`) runs on the fleet as `current` left it."""
@@ -61,5 +73,7 @@ class FleetRows:
             error = CandidateContractError("count", "does_not_fit", f"one candidate of forward {label} ran every "
                                            "live worker out of memory", spec.count)
             return AdmissionDecision(AdmissionMode.REJECTED, (), REASON_DOES_NOT_FIT, error)
-        worker = self.largest_worker if policy is AdmissionPolicy.REJECT else self.smallest_worker
+        # (the smallest holds no more than any worker that takes the shape)
+        worker = self.largest_taker.get(label, self.largest_worker) if policy is AdmissionPolicy.REJECT \
+            else self.smallest_worker
         return decide(spec, worker.capability, action_mode=action_mode, policy=policy, batch_capacity=worker.rows)
