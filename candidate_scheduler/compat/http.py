@@ -39,7 +39,7 @@ import numpy as np
 
 from candidate_scheduler import protocol
 from candidate_scheduler.compat.errors import CompatError
-from candidate_scheduler.compat.images import MAX_OBSERVATIONS
+from candidate_scheduler.compat.images import IMAGE_FORMATS, MAX_OBSERVATIONS
 from candidate_scheduler.compat.mapping import CANDIDATE_SPEC_KEY, parse_candidate_spec
 from candidate_scheduler.compat.unpickle import MAX_IMAGE_PIXELS
 from candidate_scheduler.core.embodiments import EMBODIMENT_TO_DOMAIN_ID, resolve_embodiment
@@ -156,7 +156,8 @@ def check_image_header(payload: dict) -> None:
     if isinstance(data, str) and data.startswith("data:") and "," in data:
         data = data.split(",", 1)[1]
     try:
-        with Image.open(io.BytesIO(base64.b64decode(data))) as image:  # the header only: nothing decoded yet
+        # the header only, nothing decoded yet; of the formats the bridge reads (any other, sglang's to refuse)
+        with Image.open(io.BytesIO(base64.b64decode(data)), formats=IMAGE_FORMATS) as image:
             width, height = image.size
     except Image.DecompressionBombError as exc:  # PIL's own limit, far past ours: not sglang's 500
         raise ValueError(f"observation image: {exc}") from None

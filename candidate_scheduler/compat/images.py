@@ -22,6 +22,9 @@ from candidate_scheduler.compat.unpickle import MAX_ARRAY_BYTES, MAX_IMAGE_PIXEL
 from candidate_scheduler.core.request import MAX_OBSERVATIONS_PER_GROUP
 
 MAX_IMAGE_FILE_BYTES = MAX_ARRAY_BYTES
+# The formats an observation image may be read as. PIL tries every plugin it has otherwise: EPS runs
+# Ghostscript where it is installed, and the rarer decoders are more attack surface than a camera needs.
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "MPO")
 MAX_OBSERVATIONS = MAX_OBSERVATIONS_PER_GROUP
 
 
@@ -119,7 +122,7 @@ def _open_image(source: str | bytes | bytearray):
     if len(raw) > MAX_IMAGE_FILE_BYTES:
         raise CompatError("observation image is too large")
     try:
-        pil = Image.open(io.BytesIO(raw))
+        pil = Image.open(io.BytesIO(raw), formats=IMAGE_FORMATS)
         if pil.width * pil.height > MAX_IMAGE_PIXELS:
             raise CompatError(f"observation of {pil.width}x{pil.height} pixels is over the limit")
         pil.load()
