@@ -389,8 +389,19 @@ class Bridge:
         finally:
             del reqs
         rid = plan.submit.request_id
-        # the payload is gone; the observations stay until the scheduler answers (a resend needs them)
-        self._hold(request, len(plan.submit.images.data))
+        # the payload is gone; the observations stay until the scheduler answers (a resend needs them).
+        # Admission saw only the payload, and an image decodes to hundreds of times its compressed bytes:
+        # the budget is checked again with what is held from now on (one request alone is still taken)
+        observed = len(plan.submit.images.data)
+        others = self._held_bytes - request.held
+        if others > 0 and others + observed > self.config.max_held_bytes:
+            self.stats["busy"] += 1
+            self._count("busy", error=True)
+            await self._answer(request, error_reply(
+                f"candidate_scheduler compat bridge: busy ({others} bytes held for other requests, "
+                f"{observed} more to hold for this one); try again"))
+            return
+        self._hold(request, observed)
         self.stats["forwarded"] += 1
         request.forwarding = True
         timeout = self.config.request_timeout_s

@@ -18,7 +18,7 @@ from candidate_scheduler import protocol
 from candidate_scheduler.compat.errors import CompatError
 from candidate_scheduler.compat.images import observations
 from candidate_scheduler.compat.sglang_classes import COSMOS3_SAMPLING_PARAMS
-from candidate_scheduler.compat.unpickle import EnumStub, ReqStub, SamplingParamsStub, SglangObject
+from candidate_scheduler.compat.unpickle import EnumStub, PILImageStub, ReqStub, SamplingParamsStub, SglangObject
 from candidate_scheduler.core.embodiments import resolve_embodiment
 from candidate_scheduler.core.errors import CandidateContractError
 from candidate_scheduler.core.spec import CandidateTrajectorySpec
@@ -103,24 +103,37 @@ def _same(a: Any, b: Any) -> bool:
 _INT_MAX = 2**63 - 1
 
 
+def _shown(value: int) -> str:
+    # pickle carries ints of any size, and str() refuses one over 4300 digits (ValueError)
+    if -10**40 < value < 10**40:
+        return str(value)
+    return f"{'a negative' if value < 0 else 'an'} int of {value.bit_length()} bits"
+
+
 def _int(value: Any, name: str, minimum: int | None = None, maximum: int = _INT_MAX) -> int:
     if isinstance(value, (np.integer,)):
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise CompatError(f"{name} must be an int, got {type(value).__name__}")
     if minimum is not None and value < minimum:
-        raise CompatError(f"{name} must be >= {minimum}, got {value}")
+        raise CompatError(f"{name} must be >= {minimum}, got {_shown(value)}")
     if not -_INT_MAX - 1 <= value <= maximum:
-        raise CompatError(f"{name} is out of range: {str(value)[:40]}")
+        raise CompatError(f"{name} is out of range: {_shown(value)}")
     return value
 
 
 def _float(value: Any, name: str) -> float:
     if isinstance(value, (np.floating, np.integer)):
         value = float(value)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise CompatError(f"{name} must be a finite number")
-    return float(value)
+    try:  # an int past the float range raises OverflowError here
+        value = float(value)
+    except OverflowError:
+        raise CompatError(f"{name} must be a finite number") from None
+    if not math.isfinite(value):
+        raise CompatError(f"{name} must be a finite number")
+    return value
 
 
 def _enum_name(value: Any) -> str | None:
@@ -163,6 +176,8 @@ def parse_candidate_spec(raw: Any) -> CandidateTrajectorySpec:
         spec = CandidateTrajectorySpec.from_dict(raw)
     except CandidateContractError as exc:
         raise CompatError(f"bad candidate spec: {exc}") from None
+    except ValueError:  # core's message repr()s the bad value, and repr() refuses an int over 4300 digits
+        raise CompatError("bad candidate spec: a number in it is too large") from None
     if spec.count > protocol.MAX_CANDIDATES:
         raise CompatError(f"bad candidate spec: count must be at most {protocol.MAX_CANDIDATES}")
     return spec
@@ -193,7 +208,8 @@ def _check_cosmos3_policy(req: ReqStub) -> None:
         raise CompatError("candidate_scheduler serves Cosmos3 action requests only (action_mode='policy'); "
                           "this request generates video or images")
     if not isinstance(mode, str) or mode != "policy":
-        raise CompatError(f"action_mode={str(mode)[:50]!r} is not supported by candidate_scheduler; only 'policy'")
+        shown = repr(mode[:50]) if isinstance(mode, str) else f"<{type(mode).__name__}>"  # str() of any value may raise
+        raise CompatError(f"action_mode={shown} is not supported by candidate_scheduler; only 'policy'")
     for name, allowed in UNSUPPORTED_FIELDS:
         value = _attr(req, name, _MISSING)
         if value is _MISSING:  # a field this client's sglang does not have cannot change the result
@@ -269,6 +285,32 @@ def _native_id(base: str | None) -> str:
     return f"sglang:{base[:200]}#{tag}" if base else f"sglang:{tag}"
 
 
+def _same_source(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    if isinstance(a, PILImageStub) and isinstance(b, PILImageStub):
+        # fields as PILImageStub.__setstate__ sets them (a stub pickled without state has none); the EXIF
+        # orientation turns the pixels, so it is compared too
+        fields = ("mode", "size", "data", "palette", "info")
+        va, vb = ([getattr(x, f, None) for f in fields] for x in (a, b))
+        if va[-1] is None or vb[-1] is None:
+            return False
+        va[-1], vb[-1] = va[-1].get("exif"), vb[-1].get("exif")
+        return all(_same(x, y) for x, y in zip(va, vb))
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a, b))
+    return isinstance(a, (str, bytes, bytearray)) and _same(a, b)
+
+
+def _same_observation(a: Any, b: Any) -> bool:
+    """Whether two members of a group carry the same observation, compared as sent: decoding each member to
+    compare pixels let a few bytes of path spellings of one large image cost a full decode per member.
+    (sglang's expanded members share one image_path object.)"""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):  # a batch: one level, as images.py reads
+        return len(a) == len(b) and all(_same_source(x, y) for x, y in zip(a, b))
+    return _same_source(a, b)
+
+
 _COMPARED_FIELDS = ("prompt", "height", "width", "num_inference_steps", "num_frames", "guidance_scale",
                     "domain_id", "domain_name", "raw_action_dim", "fps", "negative_prompt", "action_mode")
 
@@ -304,10 +346,8 @@ def plan_generation(reqs: tuple) -> GroupPlan:
             for name in _COMPARED_FIELDS:
                 if not _same(_attr(r, name), _attr(head, name)):
                     raise CompatError(f"a grouped request (list[Req]) must differ only in seed; {name} differs")
-            if _attr(r, "image_path") is not _attr(head, "image_path"):
-                other, _ = observations(_attr(r, "image_path"))
-                if other.shape != images.shape or not np.array_equal(other, images):
-                    raise CompatError("a grouped request (list[Req]) must share one observation")
+            if not _same_observation(_attr(r, "image_path"), _attr(head, "image_path")):
+                raise CompatError("a grouped request (list[Req]) must share one observation (the same image_path)")
         seeds = [_seed(_attr(r, "seed", 42)) for r in reqs]
         seed = seeds[0]
         if all(s == seed + i for i, s in enumerate(seeds)):

@@ -19,6 +19,7 @@ import collections
 import io
 import math
 import pickle
+import struct
 import types
 import warnings
 from typing import Any
@@ -453,7 +454,61 @@ def _build_allow_list() -> dict[tuple[str, str], Any]:
 ALLOWED_GLOBALS: dict[tuple[str, str], Any] = _build_allow_list()
 
 
-class _RestrictedUnpickler(pickle.Unpickler):
+# pickle's pure-Python unpickler, not the C one: the C unpickler keeps the memo as an array and grows it
+# to 2*i slots (zeroed) on PUT / LONG_BINPUT i, so a 9-byte pickle with index 2**31 made it allocate and
+# touch 32 GiB -- inside the receive loop for small payloads. This one keeps the memo in a dict, and the
+# index is bounded anyway: a pickler numbers its memo 0, 1, 2, ..., never past its own length.
+class _RestrictedUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
+    dispatch = dict(pickle._Unpickler.dispatch)  # type: ignore[attr-defined]
+
+    def __init__(self, data: bytes):
+        super().__init__(io.BytesIO(data))
+        self._payload_bytes = len(data)
+
+    def _memo_put(self, index: int) -> None:
+        if not 0 <= index <= self._payload_bytes:
+            raise RefusedPickle(f"refused: memo index {index} is past the payload's {self._payload_bytes} bytes")
+        self.memo[index] = self.stack[-1]
+
+    def _load_put(self) -> None:
+        line = self.readline()
+        if len(line) > 24:  # int() of a megabyte of digits is itself slow
+            raise RefusedPickle("refused: memo index too long")
+        self._memo_put(int(line[:-1]))
+
+    def _load_long_binput(self) -> None:
+        (index,) = struct.unpack("<I", self.read(4))
+        self._memo_put(index)
+
+    def _load_bytearray8(self) -> None:
+        # the Python unpickler makes bytearray(n) -- n zeroed bytes -- before reading them; n comes
+        # from the pickle, so it must be bytes the payload can actually hold
+        (size,) = struct.unpack("<Q", self.read(8))
+        if size > self._payload_bytes:
+            raise RefusedPickle(f"refused: bytearray of {size} bytes in a payload of {self._payload_bytes}")
+        buf = bytearray(size)
+        self.readinto(buf)
+        if len(buf) != size:  # outside a frame, a short read shrinks buf instead of failing
+            raise RefusedPickle("refused: pickle data was truncated")
+        self.append(buf)
+
+    def _load_newobj(self) -> None:
+        # the C unpickler refuses NEWOBJ on what is not a class; the Python one would call cls.__new__
+        if not isinstance(self.stack[-2], type):
+            raise RefusedPickle("refused: NEWOBJ applied to something that is not a class")
+        pickle._Unpickler.load_newobj(self)  # type: ignore[attr-defined]
+
+    def _load_newobj_ex(self) -> None:
+        if not isinstance(self.stack[-3], type):
+            raise RefusedPickle("refused: NEWOBJ_EX applied to something that is not a class")
+        pickle._Unpickler.load_newobj_ex(self)  # type: ignore[attr-defined]
+
+    dispatch[pickle.PUT[0]] = _load_put
+    dispatch[pickle.LONG_BINPUT[0]] = _load_long_binput
+    dispatch[pickle.BYTEARRAY8[0]] = _load_bytearray8
+    dispatch[pickle.NEWOBJ[0]] = _load_newobj
+    dispatch[pickle.NEWOBJ_EX[0]] = _load_newobj_ex
+
     def find_class(self, module: str, name: str) -> Any:
         try:
             return ALLOWED_GLOBALS[(module, name)]
@@ -472,7 +527,7 @@ def safe_loads(data: bytes, max_bytes: int = MAX_PICKLE_BYTES) -> Any:
     if len(data) > max_bytes:
         raise RefusedPickle(f"refused: payload of {len(data)} bytes is over the {max_bytes}-byte limit")
     try:
-        return _RestrictedUnpickler(io.BytesIO(bytes(data))).load()
+        return _RestrictedUnpickler(bytes(data)).load()
     except RefusedPickle:
         raise
     except RecursionError:
