@@ -70,5 +70,9 @@ class CandidateContractError(ValueError):
 
 def _short_repr(value: Any, limit: int = 120) -> str:
     # Error text ends up in logs and replies; a huge seed list must not make a huge message.
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an int over 4300 digits (sys.set_int_max_str_digits): said by its size
+        bits = value.bit_length() if isinstance(value, int) else None
+        text = f"<an int of {bits} bits>" if bits is not None else f"<a {type(value).__name__}>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
