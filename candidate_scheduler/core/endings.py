@@ -53,8 +53,11 @@ class Endings:
             e.finished.move_to_end(rid)  # an id used again ends newest: it is forgotten last, not first
             while len(e.finished) > e.config.finished_memory:
                 e.finished.popitem(last=False)
-        if result is None:
-            return
+            if result is not None:  # the reply went out: counted, even if keeping it raised after
+                self._count(g, result)
+
+    def _count(self, g: Group, result) -> None:
+        e = self.engine
         e.metrics.group_completed(result.status, e.now - g.received_at)
         e.metrics.tenant_group(g.tenant, result.status, g.served_count if result.status == "done" else 0)
         if result.status == "done":

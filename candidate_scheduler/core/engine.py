@@ -188,6 +188,9 @@ class Engine:
                 answer = refusal(rid, "failed", INTERNAL_ERROR, message)
                 self.outbox.append(Reply(g.client, answer))
                 self.outbox.extend(Reply(waiter, answer) for waiter in g.waiters)  # its resubmissions too
+                with contextlib.suppress(Exception):  # an answer sent is an answer counted, as Endings.end does
+                    self.metrics.group_completed("failed", self.now - g.received_at)
+                    self.metrics.tenant_group(g.tenant, "failed", 0)
             # its slices still out are the ended group's (Endings.end marks them as it tells their workers):
             # else a late result of one is taken for a new group's slice under the same id
             for batch_id in self.held.get(rid, ()):
@@ -216,6 +219,7 @@ class Engine:
                 if not self._answered(client, sub.scoped_id):  # counted as any refusal is
                     with contextlib.suppress(Exception):
                         self.metrics.group_completed("failed", 0.0)
+                        self.metrics.tenant_group(principal.tenant, "failed", 0)  # as every refusal is
                     self.outbox.append(Reply(client, refusal(sub.request_id, "failed", INTERNAL_ERROR,
                                                            f"internal error while handling submit: {exc!r}")))
         if plan:
@@ -583,4 +587,6 @@ class Engine:
         return len(self.waiting) + len(self.unstarted)  # admitted or waiting for a worker, not started
 
     def queued_candidates(self) -> int:
-        return self.pending.candidates
+        # a group waiting for a first worker has no slices yet, but its candidates wait as queued_groups says
+        # it does: without them the gauge read 0 beside a full queue whenever no worker was up
+        return self.pending.candidates + sum(self.groups[rid].spec.count for rid in self.waiting if rid in self.groups)

@@ -153,7 +153,8 @@ METRICS = (
     # Queue.
     _define(Gauge, "queued_groups", "Groups admitted or waiting for a worker, none of whose slices has started yet "
             "(a group running on a worker is not queued)."),
-    _define(Gauge, "queued_candidates", "Candidates in slices not yet dispatched."),
+    _define(Gauge, "queued_candidates", "Candidates in slices not yet dispatched, and of groups waiting for a "
+            "first worker (queued_groups counts those too)."),
     _define(Histogram, "queue_wait_seconds", "Receipt to first dispatch, per group.", SECONDS_BUCKETS),
     # Physical batches: counted at dispatch; stage timings arrive with the worker's result.
     _define(Counter, "physical_batches_total", "Physical batches dispatched to workers."),
