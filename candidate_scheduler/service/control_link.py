@@ -17,6 +17,15 @@ from candidate_scheduler.service.keys import ClientKeys
 from candidate_scheduler.service.replies import ClientClosed
 
 
+def _dealer(ctx: zmq.asyncio.Context, endpoint: str, keys: ClientKeys | None) -> zmq.asyncio.Socket:
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    if keys is not None:
+        keys.apply(sock)
+    sock.connect(endpoint)
+    return sock
+
+
 class ControlLink:
     """The scheduler's control socket, from asyncio."""
 
@@ -38,11 +47,7 @@ class ControlLink:
             if self._closed:  # closed while this ask waited its turn: no socket is opened again
                 raise ClientClosed(f"the control link to {self.endpoint} is closed")
             if self._sock is None:
-                self._sock = self.ctx.socket(zmq.DEALER)
-                self._sock.setsockopt(zmq.LINGER, 0)
-                if self.keys is not None:
-                    self.keys.apply(self._sock)
-                self._sock.connect(self.endpoint)
+                self._sock = _dealer(self.ctx, self.endpoint, self.keys)
             try:
                 # a send finding no peer to queue for waits for one: within the same timeout
                 await asyncio.wait_for(self._sock.send_multipart(protocol.encode(kind, payload)),
@@ -124,11 +129,7 @@ class PingLink:
         scheduler to send to it would wait for one). ClientClosed when the link is closed first."""
         self._check_open()
         if self._sock is None:
-            self._sock = self.ctx.socket(zmq.DEALER)
-            self._sock.setsockopt(zmq.LINGER, 0)
-            if self.keys is not None:
-                self.keys.apply(self._sock)
-            self._sock.connect(self.endpoint)
+            self._sock = _dealer(self.ctx, self.endpoint, self.keys)
         sock, nonce = self._sock, next(self._nonce)
         fut = asyncio.get_running_loop().create_future()
         self._waiting[nonce] = fut

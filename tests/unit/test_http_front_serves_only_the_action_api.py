@@ -63,6 +63,21 @@ def app(model_dir, monkeypatch, tmp_path):
     return launch_server.create_app(sa), {"Authorization": f"Bearer {token}"}
 
 
+@pytest.fixture
+def forwarded(monkeypatch) -> list:
+    """What reached the bridge: the scheduler client's `forward`, which records and answers 400 ("forwarded")."""
+    from sglang.multimodal_gen.runtime.entrypoints.action import protocol as action_protocol
+
+    seen: list = []
+
+    async def forward(req, *args, **kwargs):
+        seen.append(req)
+        raise ValueError("forwarded")  # sglang answers a ValueError with HTTP 400
+
+    monkeypatch.setattr(action_protocol.async_scheduler_client, "forward", forward)
+    return seen
+
+
 def test_a_token_holder_cannot_make_the_server_fetch_a_url(app, probe):
     from starlette.testclient import TestClient
 
@@ -143,22 +158,14 @@ def test_a_plainly_named_upload_still_reaches_the_scheduler(app, monkeypatch):
     assert data == b"png bytes" and path.endswith("episode-3_step_17_cam_0.png")
 
 
-def test_a_path_on_the_server_is_not_taken_for_an_image(app, monkeypatch, tmp_path):
+def test_a_path_on_the_server_is_not_taken_for_an_image(app, forwarded, tmp_path):
     """A JSON (or websocket) observation whose image is a string path travelled to the bridge as is, and
     the bridge reads local paths (sglang's offline clients send them): any caller could have the server
     open its files, and tell from the answer which exist, which it may read and which are images (an
     image it runs on). Only the uploads this request made are paths the server reads."""
-    from sglang.multimodal_gen.runtime.entrypoints.action import protocol as action_protocol
     from starlette.testclient import TestClient
 
     asgi, auth = app
-    forwarded = []
-
-    async def forward(req, *args, **kwargs):
-        forwarded.append(req)
-        raise ValueError("forwarded")
-
-    monkeypatch.setattr(action_protocol.async_scheduler_client, "forward", forward)
     private = tmp_path / "private.png"
     private.write_bytes(b"not for callers")
     client = TestClient(asgi)
@@ -170,7 +177,7 @@ def test_a_path_on_the_server_is_not_taken_for_an_image(app, monkeypatch, tmp_pa
     assert forwarded == []  # before: each went to the bridge, which opened it
 
 
-def test_an_image_over_the_bridges_pixel_limit_is_refused_before_it_is_decoded(app, monkeypatch):
+def test_an_image_over_the_bridges_pixel_limit_is_refused_before_it_is_decoded(app, forwarded):
     """sglang decodes a b64_json image in the HTTP server itself (PIL, then convert("RGB")), up to PIL's own
     bomb limit of ~179 M pixels: ~1 GB for one request whose body, a PNG of one colour, is about a MB. A few
     at once from any token holder and the server is out of memory; the bridge refuses every image over
@@ -179,19 +186,11 @@ def test_an_image_over_the_bridges_pixel_limit_is_refused_before_it_is_decoded(a
     import io
 
     from PIL import Image
-    from sglang.multimodal_gen.runtime.entrypoints.action import protocol as action_protocol
     from starlette.testclient import TestClient
 
     from candidate_scheduler.compat.unpickle import MAX_IMAGE_PIXELS
 
     asgi, auth = app
-    forwarded = []
-
-    async def forward(req, *args, **kwargs):
-        forwarded.append(req)
-        raise ValueError("forwarded")
-
-    monkeypatch.setattr(action_protocol.async_scheduler_client, "forward", forward)
     client = TestClient(asgi)
 
     def ask(width: int, height: int):
@@ -209,23 +208,15 @@ def test_an_image_over_the_bridges_pixel_limit_is_refused_before_it_is_decoded(a
 
 
 @pytest.mark.parametrize("chunked", [False, True])
-def test_a_body_over_the_limit_is_refused_unread(app, monkeypatch, chunked):
+def test_a_body_over_the_limit_is_refused_unread(app, forwarded, monkeypatch, chunked):
     """sglang reads a request's whole body into memory (`request.json()`) however long it is: any token
     holder could send gigabytes and take the server down for everyone. A body over `MAX_BODY_BYTES` (far
     over any request the bridge can take) is refused: on its Content-Length, or once read past it."""
-    from sglang.multimodal_gen.runtime.entrypoints.action import protocol as action_protocol
     from starlette.testclient import TestClient
 
     from candidate_scheduler.compat import http as compat_http
 
     asgi, auth = app
-    forwarded = []
-
-    async def forward(req, *args, **kwargs):
-        forwarded.append(req)
-        raise ValueError("forwarded")
-
-    monkeypatch.setattr(action_protocol.async_scheduler_client, "forward", forward)
     monkeypatch.setattr(compat_http, "MAX_BODY_BYTES", 64 * 1024, raising=False)  # small, for the test
     body = (b'{"input": {"task": "pick", "observation": {"image": [[[1, 2, 3]]]}}, '
             b'"parameters": {"domain_id": 0, "raw_action_dim": 7}, "padding": "' + b"x" * (128 * 1024) + b'"}')

@@ -5,22 +5,8 @@ alert or an autoscaler reads."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry
-
-from candidate_scheduler.service.metrics import SchedulerMetrics
 from tests.unit.test_engine import Harness
-
-P = "candidate_scheduler_"
-
-
-def _with_metrics(h: Harness) -> CollectorRegistry:
-    registry = CollectorRegistry()
-    h.engine.metrics = SchedulerMetrics(registry=registry)
-    return registry
-
-
-def _value(registry, name, **labels) -> float:
-    return registry.get_sample_value(P + name, labels) or 0.0
+from tests.unit.test_metrics_engine_counts import _value, _with_metrics
 
 
 def test_candidates_of_groups_waiting_for_a_first_worker_are_queued():
