@@ -10,6 +10,7 @@ from candidate_scheduler.core.access import check_name
 from candidate_scheduler.core.margins import check_margin_quantile
 from candidate_scheduler.core.tenants import TenantPolicy
 from candidate_scheduler.core.worker_link import check_worker_id
+from candidate_scheduler.service.endpoints import tcp_host_port
 from candidate_scheduler.worker import call_rows as call_rows_rule
 
 
@@ -68,8 +69,8 @@ def dial_endpoint(text: str) -> str:
     refuses `tcp://host` (no port) only when the worker connects, as a traceback after the model loaded."""
     if text.startswith("ipc://") and len(text) > len("ipc://"):
         return text
-    host, sep, number = text.removeprefix("tcp://").rpartition(":")
-    if not text.startswith("tcp://") or not sep or not host or not number.isdigit() or not 1 <= int(number) <= 65535:
+    parts = tcp_host_port(text)
+    if parts is None or not parts[1].isdigit() or not 1 <= int(parts[1]) <= 65535:
         raise argparse.ArgumentTypeError(f"not an endpoint to connect to: {text!r} (tcp://HOST:PORT, or ipc://PATH)")
     return text
 

@@ -30,8 +30,14 @@ def is_loopback_endpoint(endpoint: str) -> bool:
     ``tcp://HOST:PORT`` (ZMQ's ``SOURCE;ADDRESS`` form included) counts as public."""
     if endpoint.startswith(("ipc://", "inproc://")):
         return True
+    parts = tcp_host_port(endpoint)
+    return parts is not None and is_loopback_host(parts[0].lower())
+
+
+def tcp_host_port(endpoint: str) -> tuple[str, str] | None:
+    """(HOST, PORT) of a plain ``tcp://HOST:PORT`` endpoint (PORT may be ``*``), or None for any other form."""
     m = _TCP.fullmatch(endpoint)
-    return m is not None and is_loopback_host(m.group(1).lower())
+    return None if m is None else (m.group(1), m.group(2))
 
 
 def is_loopback_host(host: str | None) -> bool:

@@ -112,10 +112,6 @@ def start_front(spec: FrontSpec, watch: FrontWatch | None = None) -> tuple[subpr
     return proc, address
 
 
-def _how(code: int) -> str:
-    return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-
-
 def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -192,7 +188,7 @@ class FrontWatch:
                 plan = self._plan(front, now)
                 if plan.action != "stop":  # a front that ends with serve is no news
                     self.say(f"candidate-scheduler: {front.spec.what} (pid {front.proc.pid}, {front.address}) "
-                             f"exited ({_how(code)}; its output is in serve's stdout): {plan.why}")
+                             f"exited ({processes.exit_cause(code)}; its output is in serve's stdout): {plan.why}")
             else:
                 plan = self._plan(front, now)
             if plan.action == "give_up":

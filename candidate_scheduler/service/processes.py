@@ -147,6 +147,11 @@ def stop_together(procs: list[ChildProcess], timeout_s: float = 10.0) -> None:
         raise stuck[0][1]
 
 
+def exit_cause(returncode: int) -> str:
+    """How a child ended, as an operator reads it."""
+    return f"killed by signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
+
+
 def terminate_then_kill(popens: list, timeout_s: float) -> list[tuple]:
     """SIGTERM to each at once, SIGKILL to any still running `timeout_s` later, each reaped. Returns
     (popen, TimeoutExpired) of those SIGKILL did not end within 10 s (stuck in the kernel, a GPU driver):

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from candidate_scheduler.service.processes import terminate_then_kill, tied_to_this_process
+from candidate_scheduler.service.processes import exit_cause, terminate_then_kill, tied_to_this_process
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +53,7 @@ def after_exit(returncode: int, restarts: int, max_restarts: int,
         return ExitVerdict("left", why="it was stopped by SIGTERM while it started; not started again")
     if returncode in (SIGINT_EXIT, -signal.SIGINT):
         return ExitVerdict("stopped", why="it was stopped by SIGINT; not started again")
-    cause = f"killed by signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
-    return _again(cause, restarts, max_restarts, delays_s)
+    return _again(exit_cause(returncode), restarts, max_restarts, delays_s)
 
 
 def _again(cause: str, restarts: int, max_restarts: int, delays_s: Sequence[float]) -> ExitVerdict:
