@@ -246,8 +246,8 @@ def _current_umask() -> int:
 
 
 def _check_others_cannot_write(path: Path) -> None:
-    """Refuse a key directory, or a record in it, that another user may write: one every user may write
-    (a sticky directory too: they add new files), or one another user owns (an attacker's `mkdir
+    """Refuse a key directory, or a record in it, that another user may write: one every user or its group
+    may write (a sticky directory too: they add new files), or one another user owns (an attacker's `mkdir
     /tmp/keys` before the operator's `keys /tmp/keys`: mode 0755 hides nothing from its owner). Anyone
     who can write it could authorise an admin key or a token of their own there. Root's are this user's
     to trust. A read-only mount is exempt: a Kubernetes secret volume shows 1777 modes nobody can use."""
@@ -260,6 +260,9 @@ def _check_others_cannot_write(path: Path) -> None:
     if st.st_mode & stat.S_IWOTH:
         raise KeyDirError(f"{path} is writable by every user (mode {stat.S_IMODE(st.st_mode):o}): anyone on this "
                           f"host could authorise a key or a token of their own; `chmod o-w {path}`")
+    if st.st_mode & stat.S_IWGRP:  # as sshd's StrictModes: a group's members are other users too
+        raise KeyDirError(f"{path} is writable by its group (gid {st.st_gid}, mode {stat.S_IMODE(st.st_mode):o}): "
+                          f"its members could authorise a key or a token of their own; `chmod g-w {path}`")
     me = os.geteuid()
     if st.st_uid not in (me, 0):
         raise KeyDirError(f"{path} is owned by uid {st.st_uid}, not by this user (uid {me}) or root: its owner "

@@ -1,8 +1,8 @@
 """Who may change a key directory decides who the scheduler trusts: whoever can write
 `authorized_clients/` or `authorized_tokens/` can authorise an admin key or a token of their own. So
 `keys` never writes a directory or a record other users may write, whatever the caller's umask, and
-the scheduler (and a front's `--tokens`) refuses a directory every user may write, unless it sits on a
-read-only mount (a Kubernetes secret volume)."""
+the scheduler (and a front's `--tokens`) refuses a directory every user, or its group, may write,
+unless it sits on a read-only mount (a Kubernetes secret volume)."""
 
 from __future__ import annotations
 
@@ -74,6 +74,17 @@ def test_a_key_directory_every_user_may_write_is_refused(tmp_path, where):
         Directory.load(tmp_path)
     with pytest.raises(KeyDirError, match="writable by every user"):
         load_tokens(str(tmp_path))  # what a front's --tokens reads
+
+
+@pytest.mark.parametrize("where", [".", "authorized_tokens", "authorized_clients/admin.key"])
+def test_a_key_directory_its_group_may_write_is_refused(tmp_path, where):
+    init_dir(tmp_path)
+    add_token(tmp_path, "arm", "client", "robots")
+    os.chmod(tmp_path / where, _mode(tmp_path / where) | 0o020)  # a umask-002 `mkdir`, or a `chmod g+w`
+    with pytest.raises(KeyDirError, match="writable by its group"):
+        Directory.load(tmp_path)
+    with pytest.raises(KeyDirError, match="writable by its group"):
+        load_tokens(str(tmp_path))
 
 
 def test_the_attack_a_writable_directory_lets_in(tmp_path):
