@@ -271,10 +271,14 @@ def cmd_worker(args) -> int:
                     leave_grace_s=args.leave_grace_s)
     # SIGTERM (Kubernetes, systemd): leave gracefully (docs/deployment.md); a second one stops at once
     signal.signal(signal.SIGTERM, lambda *_: worker.leave())
-    print(f"candidate-scheduler worker {worker.worker_id}: connecting to {args.scheduler}", flush=True)
+    # SIGINT stops it at once (a terminal's Ctrl-C reaches `up`'s workers too), in one line, no traceback
+    signal.signal(signal.SIGINT, lambda *_: worker.interrupt())
     try:
+        print(f"candidate-scheduler worker {worker.worker_id}: connecting to {args.scheduler}", flush=True)
         worker.serve()
-    except KeyboardInterrupt:  # SIGINT stops it at once (a terminal's Ctrl-C reaches `up`'s workers too): no traceback
+    except KeyboardInterrupt:  # raised by interrupt() only before the sockets open
+        pass
+    if worker.interrupted:
         print(f"candidate-scheduler worker {worker.worker_id}: stopped (SIGINT)", flush=True)
         return 130
     if worker.left_reason is not None:

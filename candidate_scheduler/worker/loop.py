@@ -156,6 +156,8 @@ class Worker:
         self.leave_grace_s = leave_grace_s  # how long a leave (SIGTERM, or an operator's) waits for what it holds
         self._leave_asked_s: float | None = None  # a leave was asked, with this grace (the I/O thread acts on it)
         self._signalled = False  # a SIGTERM asked it: a second one stops at once
+        self.interrupted = False  # a SIGINT stopped it (interrupt())
+        self._links_open = False  # serve opens sockets: a SIGINT must stop it (raised mid-connect, ctx.term hung)
         self._departure: Departure | None = None  # LEAVING sent: when we may go (I/O thread only)
         self.left_reason: str | None = None  # why we went, once LEFT is sent
         self.registered = threading.Event()
@@ -311,6 +313,7 @@ class Worker:
 
             self.profile = warm_up(self.adapter, self.capacity, self.warmup_shapes, self.step_delay_s)
             log.info("warm-up profile: %s", self.profile)
+        self._links_open = True
         wake = self.ctx.socket(zmq.PAIR)
         compute = sock = None
         try:  # a failed start (a key directory without keys, an endpoint ZMQ refuses) leaves nothing running
@@ -332,8 +335,8 @@ class Worker:
             raise WorkerFailed("the worker's compute thread died (the log has why); it left the scheduler")
 
     def _io_loop(self, sock, wake, compute: threading.Thread) -> None:
-        if self._leave_asked_s is not None:
-            return  # told to go during the warm-up: nobody has heard of us, and nobody should now
+        if self._leave_asked_s is not None or self._stop.is_set():
+            return  # told to go during the warm-up or the connect: nobody has heard of us, and nobody should now
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(wake, zmq.POLLIN)
@@ -547,6 +550,13 @@ class Worker:
     def _ask_leave(self, grace_s: float | None = None) -> None:
         if self._leave_asked_s is None:
             self._leave_asked_s = max(0.0, float(self.leave_grace_s if grace_s is None else grace_s))
+
+    def interrupt(self) -> None:
+        """SIGINT, from its handler: KeyboardInterrupt before the sockets open (nothing to close), else stop."""
+        self.interrupted = True
+        if not self._links_open:
+            raise KeyboardInterrupt
+        self.stop()
 
     def stop(self) -> None:
         self._stop.set()
