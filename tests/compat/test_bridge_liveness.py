@@ -151,6 +151,7 @@ def test_requests_still_being_planned_at_shutdown_are_answered(monkeypatch):
         await serving
         answered = c.poll(2000)
         error = _error(c) if answered else None
+        release.set()  # the stuck planning thread ends now: asyncio.run's exit joins it (30 s otherwise)
         b.close()
         c.close()
         return answered, error

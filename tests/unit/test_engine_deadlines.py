@@ -159,6 +159,23 @@ def test_the_warm_up_profiles_each_shapes_fixed_cost_and_every_reply_shows_its_f
     assert f == {"label": LABEL, "rows": 8, "predicted_s": pytest.approx(predicted), "measured_s": pytest.approx(1.25)}
 
 
+def test_a_workers_step_delay_is_in_its_profile_but_not_slept(monkeypatch):
+    """`--step-delay` (the null worker's GPU stand-in) slows every step, so the profile carries it; the
+    warm-up slept it nine times (27 s before a 3 s-step worker registered) to measure what it asked for."""
+    import time
+    import types
+
+    from candidate_scheduler.worker import profile
+    from candidate_scheduler.worker.null_adapter import NullAdapter
+
+    slept = []
+    monkeypatch.setattr(profile, "time", types.SimpleNamespace(perf_counter=time.perf_counter, sleep=slept.append))
+    records = profile.warm_up(NullAdapter(8), 8, [(64, 64)], step_delay_s=3.0)
+    steps = [s for _label, rows, s in records if rows > 0]
+    assert len(steps) == 3 and all(3.0 <= s < 3.5 for s in steps)
+    assert slept == []
+
+
 def test_a_shapes_fixed_cost_leaves_out_what_only_its_first_start_pays():
     import time
 
