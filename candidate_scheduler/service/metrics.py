@@ -96,6 +96,9 @@ FRONT_APIS = ("compat", "openpi", OTHER)
 SECONDS_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0,
 )
+# A group's waits run on to an hour: an RL step's thousands of groups queue for minutes, and with the
+# last edge at 60 s every quantile of such a backlog read "over a minute".
+WAIT_SECONDS_BUCKETS = (*SECONDS_BUCKETS, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 # Powers of two: candidate counts and batch capacities are usually powers of two, so a bucket edge
 # lands exactly on the common values (le is inclusive).
 COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -148,14 +151,14 @@ METRICS = (
     _define(Histogram, "group_candidates", "Candidates requested per well-formed group.", COUNT_BUCKETS),
     _define(Histogram, "group_microbatches", "Physical slices an admitted group was split into (1 = atomic).",
             MICROBATCH_BUCKETS),
-    _define(Histogram, "group_latency_seconds", "Receipt to answer, per group, by outcome.", SECONDS_BUCKETS,
+    _define(Histogram, "group_latency_seconds", "Receipt to answer, per group, by outcome.", WAIT_SECONDS_BUCKETS,
             outcome=OUTCOMES),
     # Queue.
     _define(Gauge, "queued_groups", "Groups admitted or waiting for a worker, none of whose slices has started yet "
             "(a group running on a worker is not queued)."),
     _define(Gauge, "queued_candidates", "Candidates in slices not yet dispatched, and of groups waiting for a "
             "first worker (queued_groups counts those too)."),
-    _define(Histogram, "queue_wait_seconds", "Receipt to first dispatch, per group.", SECONDS_BUCKETS),
+    _define(Histogram, "queue_wait_seconds", "Receipt to first dispatch, per group.", WAIT_SECONDS_BUCKETS),
     # Physical batches: counted at dispatch; stage timings arrive with the worker's result.
     _define(Counter, "physical_batches_total", "Physical batches dispatched to workers."),
     _define(Gauge, "prefetch_margin_max_seconds",
@@ -183,7 +186,7 @@ METRICS = (
             SECONDS_BUCKETS),
     # Step-level batching: groups joining running batches, time to first step, forwards by rows.
     _define(Counter, "groups_joined_total", "Slices that joined a worker's running batch at a step boundary."),
-    _define(Histogram, "first_step_seconds", "Receipt to the group's first denoise step, per group.", SECONDS_BUCKETS),
+    _define(Histogram, "first_step_seconds", "Receipt to the group's first denoise step, per group.", WAIT_SECONDS_BUCKETS),
     _define(Histogram, "forward_rows", "Candidate rows per denoise step of a worker's running batch (one "
             "transformer forward, in calls of at most the worker's --call-rows), as workers report them.",
             COUNT_BUCKETS),
@@ -241,7 +244,7 @@ METRICS = (
     _define(Counter, "tenant_candidates_total", "Candidates served to groups answered done, by tenant.",
             tenant=CONFIGURED_TENANTS),
     _define(Histogram, "tenant_queue_wait_seconds", "Receipt to first dispatch, per group, by tenant.",
-            SECONDS_BUCKETS, tenant=CONFIGURED_TENANTS),
+            WAIT_SECONDS_BUCKETS, tenant=CONFIGURED_TENANTS),
     _define(Counter, "resubmissions_total",
             "Submissions of a request id its owner already sent: waiting on the group in flight, or answered "
             "from the kept replies (never run twice).", outcome=RESUBMISSIONS),

@@ -73,9 +73,11 @@ def test_counters_are_exposed_with_total_suffix(registry, sm):
             assert f"{fam.name}_total" in text
 
 
-def test_latency_buckets_span_one_millisecond_to_a_minute():
+def test_latency_buckets_span_one_millisecond_to_a_minute_and_a_groups_waits_an_hour():
     assert m.SECONDS_BUCKETS[0] == 0.001 and m.SECONDS_BUCKETS[-1] == 60.0
     assert list(m.SECONDS_BUCKETS) == sorted(m.SECONDS_BUCKETS)
+    assert m.WAIT_SECONDS_BUCKETS[0] == 0.001 and m.WAIT_SECONDS_BUCKETS[-1] == 3600.0
+    assert list(m.WAIT_SECONDS_BUCKETS) == sorted(set(m.WAIT_SECONDS_BUCKETS))
     assert m.COUNT_BUCKETS[0] == 1 and m.COUNT_BUCKETS[-1] == 256
     assert m.OCCUPANCY_BUCKETS[0] == 0.1 and m.OCCUPANCY_BUCKETS[-1] == 1.0
 
@@ -167,7 +169,9 @@ def test_group_completed_by_outcome(registry, sm):
     sm.group_completed("overloaded")  # no latency given: counted, not timed
     assert value(registry, "groups_completed_total", outcome="done") == 1
     assert buckets(registry, "group_latency_seconds", "0.25", "0.5", outcome="done") == [0, 1]
-    assert buckets(registry, "group_latency_seconds", "60.0", "+Inf", outcome="expired") == [0, 1]
+    assert buckets(registry, "group_latency_seconds", "60.0", "120.0", outcome="expired") == [0, 1]
+    sm.queue_wait(400.0)  # a backlog of minutes reads as minutes, not as "over a minute"
+    assert buckets(registry, "queue_wait_seconds", "60.0", "300.0", "600.0", "+Inf") == [0, 0, 1, 1]
     assert value(registry, "groups_completed_total", outcome="overloaded") == 1
     assert value(registry, "group_latency_seconds_count", outcome="overloaded") == 0
 
