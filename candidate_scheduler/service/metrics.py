@@ -186,7 +186,8 @@ METRICS = (
             SECONDS_BUCKETS),
     # Step-level batching: groups joining running batches, time to first step, forwards by rows.
     _define(Counter, "groups_joined_total", "Slices that joined a worker's running batch at a step boundary."),
-    _define(Histogram, "first_step_seconds", "Receipt to the group's first denoise step, per group.", WAIT_SECONDS_BUCKETS),
+    _define(Histogram, "first_step_seconds", "Receipt to the group's first denoise step, per group.",
+            WAIT_SECONDS_BUCKETS),
     _define(Histogram, "forward_rows", "Candidate rows per denoise step of a worker's running batch (one "
             "transformer forward, in calls of at most the worker's --call-rows), as workers report them.",
             COUNT_BUCKETS),
