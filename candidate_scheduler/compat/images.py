@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import logging
 import os
 import stat
 from typing import Any
@@ -20,6 +21,8 @@ from candidate_scheduler import protocol
 from candidate_scheduler.compat.errors import CompatError
 from candidate_scheduler.compat.unpickle import MAX_ARRAY_BYTES, MAX_IMAGE_PIXELS, PILImageStub
 from candidate_scheduler.core.request import MAX_OBSERVATIONS_PER_GROUP
+
+log = logging.getLogger("candidate_scheduler.compat")
 
 MAX_IMAGE_FILE_BYTES = MAX_ARRAY_BYTES
 # The formats an observation image may be read as. PIL tries every plugin it has otherwise: EPS runs
@@ -116,7 +119,7 @@ def _open_image(source: str | bytes | bytearray):
         elif source.startswith(("http://", "https://")):
             raise CompatError("the compat bridge does not fetch image URLs; send the image itself")
         else:
-            raw = _read_local_file(source)
+            return _open_path(source)
     else:
         raw = bytes(source)
     if len(raw) > MAX_IMAGE_FILE_BYTES:
@@ -131,6 +134,17 @@ def _open_image(source: str | bytes | bytearray):
     except Exception as exc:
         raise CompatError(f"cannot decode the observation image: {type(exc).__name__}") from None
     return pil
+
+
+def _open_path(path: str):
+    """A server path a client named (sglang's image_path). Every way it fails gets one answer: told apart,
+    a missing file, a protected one, a directory and a file that is no image said which server paths
+    exist. The reason goes to the bridge's log."""
+    try:
+        return _open_image(_read_local_file(path))
+    except CompatError as exc:
+        log.info("observation image path %r refused: %s", path[:200], exc)
+        raise CompatError(f"observation image path {path[:200]!r} is not a readable image file") from None
 
 
 def observations(image_path: Any) -> tuple[np.ndarray, bool]:

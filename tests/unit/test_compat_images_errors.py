@@ -41,3 +41,22 @@ def test_an_image_pil_cannot_finish_is_a_typed_error(image):
 def test_good_images_still_decode():
     assert image_to_rgb_array(_pickled_pil("P", b"\x01" * 12, palette=[1, 2, 3] * 2)).shape == (3, 4, 3)
     assert image_to_rgb_array(_png_with_exif(Image.Exif().tobytes())).shape == (3, 4, 3)
+
+
+def test_a_server_path_that_is_no_readable_image_gets_one_answer_however_it_fails(tmp_path):
+    """Told apart, the answers said which server paths exist: a missing file, a directory, a file that is no
+    image, an unreadable one (a FIFO here: a device would block)."""
+    import os
+
+    from candidate_scheduler.compat.images import image_to_rgb_array
+
+    (tmp_path / "notes.txt").write_text("not an image")
+    (tmp_path / "folder").mkdir()
+    os.mkfifo(tmp_path / "fifo")
+    answers = set()
+    for name in ("missing.png", "folder", "notes.txt", "fifo"):
+        with pytest.raises(CompatError) as refused:
+            image_to_rgb_array(str(tmp_path / name))
+        answers.add(str(refused.value).replace(name, "NAME"))
+    assert len(answers) == 1, answers
+    assert "not a readable image file" in answers.pop()

@@ -429,7 +429,7 @@ def test_observation_formats(tmp_path):
     np.testing.assert_array_equal(image_to_rgb_array(safe_loads(pickle.dumps(pal))), np.asarray(pal.convert("RGB")))
     with pytest.raises(CompatError, match="does not fetch image URLs"):
         image_to_rgb_array("https://example.com/x.png")
-    with pytest.raises(CompatError, match="not a readable file"):
+    with pytest.raises(CompatError, match="not a readable image file"):
         image_to_rgb_array(str(tmp_path / "missing.png"))
     with pytest.raises(CompatError, match="uint8"):
         image_to_rgb_array(rgb.astype(np.float32))
