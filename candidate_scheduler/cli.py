@@ -169,7 +169,7 @@ def _add_worker_args(p: argparse.ArgumentParser, with_scheduler: bool) -> None:
                        help="the scheduler's worker link")
         p.add_argument("--worker-id", type=worker_id, default=None, help="this worker's id (None: host-pid-random)")
         p.add_argument("--step-delay", type=not_negative, default=0.0, help="test knob: sleep this long before each denoise step")
-        p.add_argument("--curve-dir", default=None, help="CURVE keys (client.key_secret, server.key) for a remote scheduler")
+        p.add_argument("--curve-dir", default=None, help="CURVE keys (worker.key_secret, server.key) for a remote scheduler")
         p.add_argument("--leave-grace-s", type=grace_seconds, default=25.0,
                        help="on SIGTERM, take no new work and finish what the worker holds for up to this long "
                             "before going; what is left then is retried elsewhere (0: go at once). Keep it below "

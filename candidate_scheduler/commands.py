@@ -243,9 +243,9 @@ def _check_worker_inputs(args) -> None:
     except ValueError as exc:
         raise server.StartupRefused(f"--warmup-shapes: {exc}") from None
     if getattr(args, "curve_dir", None) and hasattr(args, "scheduler"):
-        from candidate_scheduler.service.keys import WORKER_KEY, ClientKeys
+        from candidate_scheduler.service.keys import ClientKeys, worker_key_name
 
-        ClientKeys.load(args.curve_dir, WORKER_KEY)  # what worker/link.py reads; KeyDirError: one line
+        ClientKeys.load(args.curve_dir, worker_key_name(args.curve_dir))  # as worker/link.py; KeyDirError: one line
 
 
 def cmd_worker(args) -> int:

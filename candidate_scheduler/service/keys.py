@@ -8,9 +8,11 @@ DIR/NAME.token                        NAME's bearer token (openpi websocket, HTT
 DIR/authorized_tokens/NAME.json       the token's SHA-256, role and tenant (the token itself is not kept)
 ```
 
-`keys DIR` with no names writes the scheduler's pair, a worker pair named `client` (the name the worker
+`keys DIR` with no names writes the scheduler's pair, a worker pair named `worker` (the name the worker
 looks for: `worker --curve-dir DIR`) and an `admin` pair, each only if missing. A public key with no
-role metadata is a worker's (what `keys` wrote before roles existed).
+role metadata is a worker's (what `keys` wrote before roles existed). Until 2026-12-06 the worker pair
+was named `client`, which invited handing it to a robot (a worker key receives every tenant's
+observations); a directory that holds it is still read as before (`worker_key_name`).
 
 `keys` writes nothing other users may write, whatever the umask, nor into a directory another user
 owns, and `Directory.load` refuses a directory or record every user may write or another user (not
@@ -46,7 +48,8 @@ from candidate_scheduler.core.access import DEFAULT_TENANT, Principal, Role, che
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 SERVER = "server"
-WORKER_KEY = "client"  # the worker's pair: the name `worker --curve-dir DIR` has always read
+WORKER_KEY = "worker"  # the worker's pair: what `worker --curve-dir DIR` reads (worker_key_name)
+LEGACY_WORKER_KEY = "client"  # its name in directories written before 2026-12-06
 ADMIN_KEY = "admin"
 OPENPI_FRONT, SGLANG_BRIDGE = "openpi-front", "sglang-bridge"  # serve authorises its fronts as these (commands._serve)
 FRONT_NAMES = (OPENPI_FRONT, SGLANG_BRIDGE)
@@ -208,11 +211,23 @@ def _init_dir(d: Path) -> list[str]:
             zmq.auth.create_certificates(str(d), SERVER)
         wrote.append(f"{d}/server.key[_secret]")
     for name, role in ((WORKER_KEY, Role.WORKER), (ADMIN_KEY, Role.ADMIN)):
-        # present once authorised: a secret moved to the hosts that use it is not missing
-        if not any(os.path.lexists(p) for p in (d / f"{name}.key_secret", d / "authorized_clients" / f"{name}.key")):
+        # present once authorised: a secret moved to the hosts that use it is not missing; an older
+        # directory's worker pair goes by its old name
+        names = (name, LEGACY_WORKER_KEY) if name == WORKER_KEY else (name,)
+        if not any(os.path.lexists(p) for n in names
+                   for p in (d / f"{n}.key_secret", d / "authorized_clients" / f"{n}.key")):
             add_key(d, name, role)
             wrote.append(f"{d}/{name}.key[_secret] ({role.value})")
     return wrote
+
+
+def worker_key_name(key_dir: str | os.PathLike) -> str:
+    """The name of the worker pair a worker's key directory holds: `worker`, or `client` in a copy made
+    before 2026-12-06 (when it holds no `worker.key_secret`)."""
+    d = Path(key_dir).expanduser()
+    if not (d / f"{WORKER_KEY}.key_secret").exists() and (d / f"{LEGACY_WORKER_KEY}.key_secret").exists():
+        return LEGACY_WORKER_KEY
+    return WORKER_KEY
 
 
 # Bits masked off whatever the caller's umask: nobody else may write the directories and the records

@@ -15,7 +15,6 @@ the link cannot take now depends on what it is:
 
 from __future__ import annotations
 
-import os
 from collections import deque
 
 import zmq
@@ -32,11 +31,9 @@ def connect(ctx: zmq.Context, endpoint: str, identity: str, curve_dir: str | Non
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
         if curve_dir is not None:
-            from zmq.auth import load_certificate
+            from candidate_scheduler.service.keys import ClientKeys, worker_key_name
 
-            pub, sec = load_certificate(os.path.join(curve_dir, "client.key_secret"))
-            server_pub, _ = load_certificate(os.path.join(curve_dir, "server.key"))
-            sock.curve_publickey, sock.curve_secretkey, sock.curve_serverkey = pub, sec, server_pub
+            ClientKeys.load(curve_dir, worker_key_name(curve_dir)).apply(sock)
         sock.connect(endpoint)
     except BaseException:
         sock.close()

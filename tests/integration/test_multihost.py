@@ -62,7 +62,7 @@ def remote(hosts, keys, tmp_path_factory):
                             "--http-port", str(HTTP_PORT), "--tokens", str(keys)], "http")
         worker_keys = logs / "worker-keys"  # what the worker host is given: the server's public key, its pair
         worker_keys.mkdir()
-        for name in ("server.key", "client.key_secret"):
+        for name in ("server.key", "worker.key_secret"):
             (worker_keys / name).write_bytes((keys / name).read_bytes())
         on_worker.worker(type("H", (), {"worker": hosts.scheduler_seen_from("worker", sched.worker), "workers": []}),
                          "null", 8, "--curve-dir", str(worker_keys), step_delay=0.02)

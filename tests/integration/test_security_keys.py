@@ -55,7 +55,7 @@ def test_every_refusal_at_start_is_one_line_with_the_fix(tmp_path):
 
 def test_zap_domains_keep_workers_and_clients_on_their_own_sockets(services, keys):
     sched = services.scheduler("--curve-dir", str(keys))
-    worker_as_client = Client(sched.request, sched.control, timeout_s=2, keys=ClientKeys.load(keys, "client"))
+    worker_as_client = Client(sched.request, sched.control, timeout_s=2, keys=ClientKeys.load(keys, "worker"))
     # a worker's key is refused at the handshake on the client sockets: the send either queues and the
     # reply never comes, or (once ZMQ has dropped the refused pipe) finds no peer to queue for
     with pytest.raises((TimeoutError, SchedulerUnavailable)):
@@ -64,7 +64,7 @@ def test_zap_domains_keep_workers_and_clients_on_their_own_sockets(services, key
     robot_dir = Path(services.tmp_path) / "robot-as-worker"
     robot_dir.mkdir()
     (robot_dir / "server.key").write_bytes((keys / "server.key").read_bytes())
-    (robot_dir / "client.key_secret").write_bytes((keys / "robot.key_secret").read_bytes())
+    (robot_dir / "worker.key_secret").write_bytes((keys / "robot.key_secret").read_bytes())
     services.worker(sched, "null", 8, 0.0, "--curve-dir", str(robot_dir))
     time.sleep(2.0)  # nothing to wait for: a client's key must not register a worker
     with sched.client() as admin:

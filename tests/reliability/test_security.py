@@ -251,7 +251,7 @@ def test_remote_worker_link_refuses_workers_without_keys(services, reliability, 
     for d in (good, other):
         subprocess.run(CLI + ["keys", str(d)], check=True, capture_output=True, env=ENV, cwd=ROOT)
     rogue.mkdir()  # a worker with its own key pair that nobody authorised, and the real server key
-    shutil.copy(other / "client.key_secret", rogue / "client.key_secret")
+    shutil.copy(other / "worker.key_secret", rogue / "worker.key_secret")
     shutil.copy(good / "server.key", rogue / "server.key")
     sched = services.scheduler("--worker-host", "0.0.0.0", "--curve-dir", str(good))
     port = sched.worker.rsplit(":", 1)[1]
@@ -260,7 +260,7 @@ def test_remote_worker_link_refuses_workers_without_keys(services, reliability, 
     unauthorised = services.worker(sched, "null", 8, 0.0, "--curve-dir", str(rogue))
     ev_keyless = _handshake_events(sched.worker)
     srv_pub, _ = zmq.auth.load_certificate(str(good / "server.key"))
-    cli_pub, cli_sec = zmq.auth.load_certificate(str(other / "client.key_secret"))
+    cli_pub, cli_sec = zmq.auth.load_certificate(str(other / "worker.key_secret"))
     ev_rogue = _handshake_events(sched.worker, (cli_pub, cli_sec, srv_pub))
     assert "HANDSHAKE_FAILED_PROTOCOL" in ev_keyless or "HANDSHAKE_FAILED_NO_DETAIL" in ev_keyless, ev_keyless
     assert "HANDSHAKE_FAILED_AUTH" in ev_rogue, ev_rogue

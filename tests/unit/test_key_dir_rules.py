@@ -49,7 +49,7 @@ def test_the_names_serve_gives_its_fronts_are_not_handed_out(tmp_path):
 def test_a_key_handed_out_is_not_replaced_when_its_secret_left_this_host(tmp_path):
     init_dir(tmp_path)
     add_key(tmp_path, "trainer", "client", "rl")
-    before = {n: _public_of(tmp_path, n) for n in ("client", "admin", "trainer")}
+    before = {n: _public_of(tmp_path, n) for n in ("worker", "admin", "trainer")}
     for name in before:  # handed out: the secret moved to the worker hosts, the operator, the trainer
         (tmp_path / f"{name}.key_secret").unlink()
     assert init_dir(tmp_path) == []  # `keys DIR --client bot` runs this first: nothing to write
@@ -67,7 +67,7 @@ def test_secret_files_are_private(tmp_path):
         add_token(tmp_path / "k", "arm", "client", "default")
     finally:
         os.umask(old)
-    for name in ("server.key_secret", "client.key_secret", "admin.key_secret", "bot.key_secret", "arm.token"):
+    for name in ("server.key_secret", "worker.key_secret", "admin.key_secret", "bot.key_secret", "arm.token"):
         mode = stat.S_IMODE((tmp_path / "k" / name).stat().st_mode)
         assert mode & 0o077 == 0, (name, oct(mode))
 
@@ -167,3 +167,35 @@ def test_one_public_key_under_two_names_is_refused_at_load(tmp_path):
     assert 'role = "admin"' in (tmp_path / "authorized_clients" / "zz-admin.key").read_text()
     with pytest.raises(KeyDirError, match="'robot1' and 'zz-admin'"):
         Directory.load(tmp_path)
+
+
+def test_the_worker_pair_is_named_worker_and_an_older_directorys_client_pair_still_serves(tmp_path, monkeypatch):
+    """A pair named `client` was easily handed to a robot, and a worker key receives every tenant's
+    observations: `keys` names it `worker` now. A directory written before keeps its `client` pair, which
+    workers still read, and `keys` adds no second worker pair to it."""
+    import zmq
+    import zmq.auth
+
+    from candidate_scheduler.core.access import Role
+    from candidate_scheduler.service.keys import ClientKeys, worker_key_name
+    from candidate_scheduler.worker import link
+
+    new = tmp_path / "new"
+    init_dir(new)
+    assert (new / "worker.key_secret").exists() and not (new / "client.key_secret").exists()
+    assert Directory.load(new).get("worker").role is Role.WORKER and worker_key_name(new) == "worker"
+
+    old = tmp_path / "old"
+    init_dir(old)
+    for path in (old / "worker.key_secret", old / "worker.key", old / "authorized_clients" / "worker.key"):
+        path.rename(path.with_name(path.name.replace("worker", "client")))  # as `keys` wrote it before
+    assert init_dir(old) == [] and not (old / "worker.key_secret").exists()
+    assert worker_key_name(old) == "client"
+    applied = []  # a socket's CURVE keys cannot be read back: what the link applies is recorded
+    real_apply = ClientKeys.apply
+    monkeypatch.setattr(ClientKeys, "apply", lambda keys, sock: (applied.append(keys.public), real_apply(keys, sock)))
+    ctx = zmq.Context()
+    link.connect(ctx, "tcp://127.0.0.1:9", "w1", str(old)).close(0)
+    ctx.term()
+    public, _ = zmq.auth.load_certificate(str(old / "authorized_clients" / "client.key"))
+    assert applied == [public]

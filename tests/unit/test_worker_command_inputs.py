@@ -19,7 +19,7 @@ def test_a_worker_with_a_key_directory_it_cannot_read_says_so_in_one_line(tmp_pa
                      "--scheduler", "tcp://127.0.0.1:1", "--warmup-shapes", ""])
     assert code == 2
     err = capsys.readouterr().err
-    assert f"candidate-scheduler worker: error: cannot read the keys of 'client' in {tmp_path / 'no-keys'}" in err
+    assert f"candidate-scheduler worker: error: cannot read the keys of 'worker' in {tmp_path / 'no-keys'}" in err
     assert "Traceback" not in err
 
 

@@ -12,6 +12,7 @@ import threading
 import pytest
 import zmq
 
+from candidate_scheduler.service.keys import KeyDirError
 from candidate_scheduler.worker.loop import Worker
 from candidate_scheduler.worker.null_adapter import NullAdapter
 
@@ -45,7 +46,7 @@ def test_a_failed_connect_raises_and_leaves_no_thread_nor_context(case, tmp_path
         worker = Worker("tcp://127.0.0.1", NullAdapter(4), worker_id="w", warmup_shapes=[])  # no port
     before = _worker_threads()  # another test's, if any
     raised = _serve_in_thread(worker)
-    assert isinstance(raised, (OSError, zmq.ZMQError)), raised
+    assert isinstance(raised, (KeyDirError, zmq.ZMQError)), raised
     for thread in _worker_threads() - before:
         thread.join(5)  # they end at once; the join only spares a slow machine a false failure
     assert not _worker_threads() - before
