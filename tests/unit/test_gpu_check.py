@@ -209,6 +209,17 @@ def test_the_sphinx_stand_in_says_sphinx_is_not_installed():
     assert Path(SCRIPTS / "gpu_shims" / "sphinx" / "__init__.py").exists()
 
 
+def _still_the_sleep(pid: int) -> bool:
+    """`sleep 60` alive at `pid`: not gone, not a zombie awaiting its reaper, and not another process that
+    took the pid since (pid_max is 32,768 here, and a busy test run wraps it in minutes)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return state != "Z" and argv[:2] == [b"sleep", b"60"]
+
+
 def test_a_phase_past_its_cap_is_killed_with_what_it_started(tmp_path):
     from candidate_scheduler.bench.gpu_check import run_capped
 
@@ -217,9 +228,7 @@ def test_a_phase_past_its_cap_is_killed_with_what_it_started(tmp_path):
     # cap leaves a loaded machine time to start Python and the child before the kill (1.5 s did not once)
     script = f"import subprocess, time; p = subprocess.Popen(['sleep', '60']); open({str(marker)!r}, 'w').write(str(p.pid)); time.sleep(60)"
     assert run_capped([sys.executable, "-c", script], tmp_path / "log", 4.0, {"PATH": "/usr/bin:/bin"}) == "timeout"
-    child = int(marker.read_text())
-    state = Path(f"/proc/{child}/stat")
-    assert not state.exists() or state.read_text().split()[2] == "Z"  # gone, or a zombie awaiting its reaper
+    assert not _still_the_sleep(int(marker.read_text()))
     assert run_capped([sys.executable, "-c", "print('ok')"], tmp_path / "log2", 30, {"PATH": "/usr/bin:/bin"}) == 0
     assert (tmp_path / "log2").read_text().strip() == "ok"
 
