@@ -11,9 +11,11 @@ the queue's side of it (the fair-queue clock, the unstarted set), which a group'
 from __future__ import annotations
 
 from candidate_scheduler.core.group import Group, refusal
-from candidate_scheduler.core.messages import CancelRows, Reply
+from candidate_scheduler.core.messages import CancelRows, GroupResult, Reply
+from candidate_scheduler.core.resubmission import array_bytes
 
 INTERNAL_ERROR = "internal_error"  # the code of every answer to a fault inside the engine
+REPLY_TOO_LARGE = "reply_too_large"  # a reply its client's link could not take: the group fails instead
 
 
 class Endings:
@@ -35,7 +37,7 @@ class Endings:
         try:
             if reply is not None:
                 try:
-                    result = g.result(reply)
+                    result = self._fitted(rid, g.result(reply))
                 except Exception as exc:  # noqa: BLE001 - the reply could not be built: still one answer
                     e.report_fault("reply", exc, answered=(rid,))  # counted and logged as every fault
                     result = refusal(rid, "failed", INTERNAL_ERROR,
@@ -55,6 +57,17 @@ class Endings:
                 e.finished.popitem(last=False)
             if result is not None:  # the reply went out: counted, even if keeping it raised after
                 self._count(g, result)
+
+    def _fitted(self, rid: str, result: GroupResult) -> GroupResult:
+        """A reply its client's link could not take fails its group here, where the group is counted, kept
+        for a resubmission and said by STATUS (when only the shell's check of the encoded bytes caught it,
+        the client was told `reply_too_large` while the metrics and STATUS said done)."""
+        limit, size = self.engine.reply_limit_bytes, array_bytes(result)
+        if limit is None or size <= limit:
+            return result
+        return refusal(rid, "failed", REPLY_TOO_LARGE,
+                       f"the reply's arrays are {size} bytes, over the {limit} a reply may carry: ask for fewer "
+                       "candidates, or for the reduced action only (return_candidates false)")
 
     def _count(self, g: Group, result) -> None:
         e = self.engine

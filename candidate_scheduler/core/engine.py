@@ -77,8 +77,9 @@ _PLANNING_ATTEMPTS = 4  # planning passes per event when one raises on a group (
 
 class Engine:
     def __init__(self, config: EngineConfig | None = None, metrics: Any | None = None, first_batch_id: int = 1,
-                 stopwatch=None):
+                 stopwatch=None, reply_limit_bytes: int | None = None):
         self.config = config or EngineConfig()
+        self.reply_limit_bytes = reply_limit_bytes  # what a reply's arrays may weigh: the shell's link (endings.py)
         self.metrics = metrics if metrics is not None else NoMetrics()
         self.groups: dict[str, Group] = {}
         self.waiting: collections.OrderedDict[str, None] = collections.OrderedDict()  # no worker yet

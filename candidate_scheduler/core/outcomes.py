@@ -25,7 +25,7 @@ import enum
 import re
 
 from candidate_scheduler.core.access import FORBIDDEN
-from candidate_scheduler.core.endings import INTERNAL_ERROR
+from candidate_scheduler.core.endings import INTERNAL_ERROR, REPLY_TOO_LARGE
 from candidate_scheduler.core.errors import ERROR_CODES
 from candidate_scheduler.core.group import REJECT_CODES
 from candidate_scheduler.core.group_state import ERROR_CANCELLED, ERROR_DEADLINE_EXCEEDED, ERROR_RETRIES_EXHAUSTED
@@ -38,7 +38,7 @@ MODEL_ERROR = "model_error"
 # The codes the scheduler's own answers carry: never believed from a worker
 SCHEDULER_CODES = ERROR_CODES | REJECT_CODES | frozenset({
     INTERNAL_ERROR, FORBIDDEN, ERROR_CANCELLED, ERROR_DEADLINE_EXCEEDED, ERROR_RETRIES_EXHAUSTED, "shutting_down",
-    "overloaded", "tenant_overloaded", "duplicate_request_id", "draining", "stopping", "reply_too_large",
+    "overloaded", "tenant_overloaded", "duplicate_request_id", "draining", "stopping", REPLY_TOO_LARGE,
     "unknown_worker", "reducer_error"})
 _WORKER_CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 # A worker's error message goes into the group's reply (and the retry log): a traceback fits, a message

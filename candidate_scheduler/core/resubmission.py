@@ -48,7 +48,7 @@ class ReplyCache:
         self.bytes -= self._weights.pop(request_id, 0)
         self._kept[request_id] = (owners, fingerprint, result)
         self._kept.move_to_end(request_id)
-        self._weights[request_id] = weight = _weight(result)
+        self._weights[request_id] = weight = array_bytes(result)
         self.bytes += weight
         while self._kept and (len(self._kept) > self.size or self.bytes > self.max_bytes):
             gone, _ = self._kept.popitem(last=False)
@@ -62,7 +62,7 @@ class ReplyCache:
         return kept[1], kept[2]
 
 
-def _weight(result: Any) -> int:
+def array_bytes(result: Any) -> int:
     """The bytes of a reply's arrays (its candidates, action, rollout); the rest is small. (Read field by
     field: it runs for every group answered.)"""
     total = 0

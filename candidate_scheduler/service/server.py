@@ -47,6 +47,7 @@ from candidate_scheduler.core.access import (
     check_name,
     denied,
 )
+from candidate_scheduler.core.endings import REPLY_TOO_LARGE
 from candidate_scheduler.core.engine import INTERNAL_ERROR, Engine, EngineConfig
 from candidate_scheduler.core.graceful_stop import GracefulStop, Verdict, serving_workers
 from candidate_scheduler.core.group import refusal
@@ -62,6 +63,10 @@ DEFAULT_CONTROL_PORT = 5556
 DEFAULT_WORKER_PORT = 5557
 DEFAULT_COMPAT_PORT = 5558
 _BURST = 64  # messages read from one socket before the others get a turn
+# What a reply's arrays may weigh: the message limit, less room for its other fields (seeds, metrics, an
+# error text: kilobytes). Over it the engine fails the group, and counts it so; `_send` still checks the
+# encoded bytes, for a reply that would slip between the two.
+REPLY_ARRAY_LIMIT = protocol.MAX_MESSAGE_BYTES - 2**20
 
 
 @dataclass
@@ -109,7 +114,7 @@ class Scheduler:
         self.config = config
         self.engine = Engine(config.engine, metrics,
                              first_batch_id=int.from_bytes(os.urandom(6), "big") + 1,
-                             stopwatch=time.perf_counter)
+                             stopwatch=time.perf_counter, reply_limit_bytes=REPLY_ARRAY_LIMIT)
         self.incarnation = os.urandom(8).hex()  # said in every PONG (protocol.Pong)
         self.metrics = self.engine.metrics
         self._owns_ctx = ctx is None
@@ -372,7 +377,7 @@ class Scheduler:
             size = sum(len(f) for f in frames[1:])
             if size > protocol.MAX_MESSAGE_BYTES:  # the client's socket would drop it, and with it its connection,
                 # for good (libzmq does not reconnect after a protocol error): a typed failure instead
-                big = refusal(msg.result.request_id, "failed", "reply_too_large",
+                big = refusal(msg.result.request_id, "failed", REPLY_TOO_LARGE,
                               f"the reply is {size} bytes, over the {protocol.MAX_MESSAGE_BYTES}-byte message limit: "
                               "ask for fewer candidates, or for the reduced action only (return_candidates false)")
                 frames = protocol.reply_frames(ref.identity, ref.delimited, protocol.Kind.RESULT,
