@@ -26,6 +26,7 @@ from candidate_scheduler.arg_types import (
 )
 from candidate_scheduler.core.access import DEFAULT_TENANT, Role
 from candidate_scheduler.service import server
+from candidate_scheduler.service.endpoints import tcp_endpoint
 from candidate_scheduler.service.keys import KeyDirError
 from candidate_scheduler.service.server import StartupRefused
 
@@ -165,7 +166,7 @@ def _add_scheduler_args(p: argparse.ArgumentParser) -> None:
 def _add_worker_args(p: argparse.ArgumentParser, with_scheduler: bool) -> None:
     if with_scheduler:
         p.add_argument("--scheduler", type=dial_endpoint,
-                       default=commands.tcp_endpoint(server.DEFAULT_HOST, server.DEFAULT_WORKER_PORT),
+                       default=tcp_endpoint(server.DEFAULT_HOST, server.DEFAULT_WORKER_PORT),
                        help="the scheduler's worker link")
         p.add_argument("--worker-id", type=worker_id, default=None, help="this worker's id (None: host-pid-random)")
         p.add_argument("--step-delay", type=not_negative, default=0.0, help="test knob: sleep this long before each denoise step")

@@ -12,13 +12,10 @@ from pathlib import Path
 
 from candidate_scheduler.gc_tuning import tune_gc
 from candidate_scheduler.service import server
+from candidate_scheduler.service.endpoints import tcp_endpoint
 from candidate_scheduler.service.keys import ENV_KEYS, OPENPI_FRONT, SGLANG_BRIDGE
 
 DEFAULT_MODEL = ".cache/tiny-cosmos3"
-
-
-def tcp_endpoint(host: str, port: int) -> str:
-    return f"tcp://{host}:{port}"
 
 
 def _config(args) -> server.SchedulerConfig:

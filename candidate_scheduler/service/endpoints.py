@@ -1,4 +1,5 @@
-"""ZMQ endpoints: binding (port 0 picks a free port) and telling a loopback address from a network one."""
+"""ZMQ endpoints: writing one from a host and port, binding (port 0 picks a free port), dialling IPv6,
+and telling a loopback address from a network one."""
 
 from __future__ import annotations
 
@@ -12,6 +13,20 @@ import zmq
 # urlparse's hostname of "tcp://127.0.0.1:1;0.0.0.0:5555" is loopback while ZMQ listens on 0.0.0.0:
 # anything that is not plainly one host and one port counts as public.
 _TCP = re.compile(r"tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(\d+|\*)")
+
+
+def tcp_endpoint(host: str, port: int | str) -> str:
+    """tcp://HOST:PORT; an IPv6 address goes in brackets (``tcp://::1:5555`` is no endpoint ZMQ reads)."""
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"tcp://{host}:{port}"
+
+
+def dual_stack(sock: zmq.Socket) -> zmq.Socket:
+    """Let `sock` bind and dial IPv6 addresses as well as IPv4 ones: a ZMQ socket refuses them unless
+    asked (an IPv6-only cluster, `serve --host ::1`)."""
+    sock.setsockopt(zmq.IPV6, 1)
+    return sock
 
 
 def bind_socket(sock: zmq.Socket, endpoint: str) -> str:

@@ -55,3 +55,11 @@ def test_addresses_are_not_looked_up(monkeypatch):
     assert not is_loopback_host("0.0.0.0") and not is_loopback_host("::") and not is_loopback_host("")
     assert not is_loopback_host("robot-gateway")  # any other name is public, without asking
     assert asked == []
+
+
+def test_an_ipv6_host_makes_an_endpoint_in_brackets_that_reads_as_loopback():
+    from candidate_scheduler.service.endpoints import is_loopback_endpoint, tcp_endpoint
+
+    assert tcp_endpoint("::1", 5555) == "tcp://[::1]:5555" and is_loopback_endpoint(tcp_endpoint("::1", 0))
+    assert tcp_endpoint("[::1]", 5555) == "tcp://[::1]:5555" and tcp_endpoint("10.0.0.1", 1) == "tcp://10.0.0.1:1"
+    assert not is_loopback_endpoint(tcp_endpoint("::", 5555))  # every IPv6 interface
