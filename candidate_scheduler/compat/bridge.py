@@ -54,7 +54,7 @@ from candidate_scheduler.compat.replies import reply_for_result
 from candidate_scheduler.compat.unpickle import MAX_PICKLE_BYTES, safe_loads
 from candidate_scheduler.service.async_client import AsyncClient
 from candidate_scheduler.service.client import DEFAULT_LIVENESS_S
-from candidate_scheduler.service.endpoints import dual_stack, is_loopback_endpoint
+from candidate_scheduler.service.endpoints import ipv6_for, is_loopback_endpoint
 from candidate_scheduler.service.keys import ENV_KEYS, ClientKeys
 from candidate_scheduler.service.replies import ClientClosed, SchedulerUnavailable, ServiceError
 
@@ -136,7 +136,7 @@ class Bridge:
                   "It is unauthenticated. Payloads are read through an allow-list unpickler, but anyone\n"
                   "who reaches this port can submit work and shut this bridge down.\n" + "!" * 78,
                   file=sys.stderr, flush=True)
-        router = dual_stack(self.ctx.socket(zmq.ROUTER))
+        router = ipv6_for(self.ctx.socket(zmq.ROUTER), cfg.bind)
         router.setsockopt(zmq.LINGER, 1000)
         router.setsockopt(zmq.MAXMSGSIZE, int(cfg.max_message_bytes))
         if cfg.bind.startswith("tcp://") and cfg.bind.endswith(":0"):
@@ -153,7 +153,7 @@ class Bridge:
         # run's incarnation) and a dropped connection, so no forwarded request waits forever
         self.client = AsyncClient(cfg.scheduler, keys, liveness_s=cfg.liveness_s, control=cfg.control)
         if cfg.control is not None:
-            control = dual_stack(self.ctx.socket(zmq.DEALER))
+            control = ipv6_for(self.ctx.socket(zmq.DEALER), cfg.control)
             control.setsockopt(zmq.LINGER, 500)
             if keys is not None:
                 keys.apply(control)

@@ -15,7 +15,7 @@ import numpy as np
 import zmq
 
 from candidate_scheduler import protocol
-from candidate_scheduler.service.endpoints import dual_stack
+from candidate_scheduler.service.endpoints import ipv6_for
 from candidate_scheduler.service.keys import ClientKeys
 from candidate_scheduler.service.next_run import NOT_RUN_BY_A_STOPPING_SCHEDULER, NextRun
 from candidate_scheduler.service.replies import (  # noqa: F401 - the names callers import from here
@@ -71,7 +71,7 @@ class Sent(NamedTuple):
 
 
 def client_socket(ctx: zmq.Context, endpoint: str, keys: ClientKeys | None) -> zmq.Socket:
-    sock = dual_stack(ctx.socket(zmq.DEALER))
+    sock = ipv6_for(ctx.socket(zmq.DEALER), endpoint)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
     if keys is not None:

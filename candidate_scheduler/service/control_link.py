@@ -13,13 +13,13 @@ import zmq
 import zmq.asyncio
 
 from candidate_scheduler import protocol
-from candidate_scheduler.service.endpoints import dual_stack
+from candidate_scheduler.service.endpoints import ipv6_for
 from candidate_scheduler.service.keys import ClientKeys
 from candidate_scheduler.service.replies import ClientClosed
 
 
 def _dealer(ctx: zmq.asyncio.Context, endpoint: str, keys: ClientKeys | None) -> zmq.asyncio.Socket:
-    sock = dual_stack(ctx.socket(zmq.DEALER))
+    sock = ipv6_for(ctx.socket(zmq.DEALER), endpoint)
     sock.setsockopt(zmq.LINGER, 0)
     if keys is not None:
         keys.apply(sock)

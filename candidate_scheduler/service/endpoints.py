@@ -1,4 +1,4 @@
-"""ZMQ endpoints: writing one from a host and port, binding (port 0 picks a free port), dialling IPv6,
+"""ZMQ endpoints: writing one from a host and port, binding (port 0 picks a free port), IPv6 addresses,
 and telling a loopback address from a network one."""
 
 from __future__ import annotations
@@ -22,10 +22,12 @@ def tcp_endpoint(host: str, port: int | str) -> str:
     return f"tcp://{host}:{port}"
 
 
-def dual_stack(sock: zmq.Socket) -> zmq.Socket:
-    """Let `sock` bind and dial IPv6 addresses as well as IPv4 ones: a ZMQ socket refuses them unless
-    asked (an IPv6-only cluster, `serve --host ::1`)."""
-    sock.setsockopt(zmq.IPV6, 1)
+def ipv6_for(sock: zmq.Socket, endpoint: str | None) -> zmq.Socket:
+    """Turn on ZMQ's IPV6 option when `endpoint` names an IPv6 address (``tcp://[::1]:5555``): without it
+    ZMQ refuses one. Only then: with it a host name may resolve to its IPv6 address first, and
+    ``tcp://localhost:5555`` would dial ::1 where the scheduler listens on 127.0.0.1."""
+    if endpoint is not None and endpoint.startswith("tcp://["):
+        sock.setsockopt(zmq.IPV6, 1)
     return sock
 
 

@@ -52,7 +52,7 @@ from candidate_scheduler.core.engine import INTERNAL_ERROR, Engine, EngineConfig
 from candidate_scheduler.core.graceful_stop import GracefulStop, Verdict, serving_workers
 from candidate_scheduler.core.group import refusal
 from candidate_scheduler.core.request_scope import scoped_id
-from candidate_scheduler.service.endpoints import bind_socket, dual_stack, is_loopback_endpoint, is_loopback_host
+from candidate_scheduler.service.endpoints import bind_socket, ipv6_for, is_loopback_endpoint, is_loopback_host
 from candidate_scheduler.service.keys import CLIENTS_DOMAIN, WORKERS_DOMAIN, Authenticator, ClientKeys, Directory
 
 log = logging.getLogger(__name__)
@@ -149,7 +149,7 @@ class Scheduler:
                         ", ".join(public))
 
         def router(name: str) -> zmq.Socket:
-            sock = dual_stack(self.ctx.socket(zmq.ROUTER))
+            sock = ipv6_for(self.ctx.socket(zmq.ROUTER), endpoints[name])
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
             sock.setsockopt(zmq.ROUTER_MANDATORY, 0)

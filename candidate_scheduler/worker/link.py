@@ -20,11 +20,11 @@ from collections import deque
 import zmq
 
 from candidate_scheduler import protocol
-from candidate_scheduler.service.endpoints import dual_stack
+from candidate_scheduler.service.endpoints import ipv6_for
 
 
 def connect(ctx: zmq.Context, endpoint: str, identity: str, curve_dir: str | None) -> zmq.Socket:
-    sock = dual_stack(ctx.socket(zmq.DEALER))
+    sock = ipv6_for(ctx.socket(zmq.DEALER), endpoint)
     sock.setsockopt(zmq.LINGER, 0)
     try:  # closed if it cannot connect: the raised error's traceback keeps it open, and `ctx.term()` waits for it
         sock.setsockopt(zmq.IDENTITY, identity.encode())

@@ -1,6 +1,6 @@
 """`serve --host ::1`: the scheduler, a worker and a client over IPv6 loopback. It was refused as public
 (`tcp://::1:PORT` is no endpoint ZMQ reads, so it was not seen as loopback), and a ZMQ socket binds or
-dials an IPv6 address only when asked (`endpoints.dual_stack`)."""
+dials an IPv6 address only when asked (`endpoints.ipv6_for`)."""
 
 from __future__ import annotations
 

@@ -63,3 +63,21 @@ def test_an_ipv6_host_makes_an_endpoint_in_brackets_that_reads_as_loopback():
     assert tcp_endpoint("::1", 5555) == "tcp://[::1]:5555" and is_loopback_endpoint(tcp_endpoint("::1", 0))
     assert tcp_endpoint("[::1]", 5555) == "tcp://[::1]:5555" and tcp_endpoint("10.0.0.1", 1) == "tcp://10.0.0.1:1"
     assert not is_loopback_endpoint(tcp_endpoint("::", 5555))  # every IPv6 interface
+
+
+def test_only_an_ipv6_address_turns_on_zmqs_ipv6_option():
+    """With it a name may resolve to its IPv6 address first: `tcp://localhost:5555` would dial ::1 where the
+    scheduler listens on 127.0.0.1. So names and IPv4 addresses keep the option off."""
+    import zmq
+
+    from candidate_scheduler.service.endpoints import ipv6_for
+
+    ctx = zmq.Context()
+    try:
+        for endpoint, on in (("tcp://[::1]:5555", 1), ("tcp://[::]:0", 1), ("tcp://localhost:5555", 0),
+                             ("tcp://127.0.0.1:5555", 0), (None, 0)):
+            sock = ipv6_for(ctx.socket(zmq.DEALER), endpoint)
+            assert sock.getsockopt(zmq.IPV6) == on, endpoint
+            sock.close(0)
+    finally:
+        ctx.term()
