@@ -16,6 +16,7 @@ from candidate_scheduler.core.resubmission import array_bytes
 
 INTERNAL_ERROR = "internal_error"  # the code of every answer to a fault inside the engine
 REPLY_TOO_LARGE = "reply_too_large"  # a reply its client's link could not take: the group fails instead
+REPLY_TOO_LARGE_HINT = "ask for fewer candidates, or for the reduced action only (return_candidates false)"
 
 
 class Endings:
@@ -62,12 +63,15 @@ class Endings:
         """A reply its client's link could not take fails its group here, where the group is counted, kept
         for a resubmission and said by STATUS (when only the shell's check of the encoded bytes caught it,
         the client was told `reply_too_large` while the metrics and STATUS said done)."""
-        limit, size = self.engine.reply_limit_bytes, array_bytes(result)
-        if limit is None or size <= limit:
+        limit = self.engine.reply_limit_bytes
+        if limit is None:
+            return result
+        size = array_bytes(result)
+        if size <= limit:
             return result
         return refusal(rid, "failed", REPLY_TOO_LARGE,
-                       f"the reply's arrays are {size} bytes, over the {limit} a reply may carry: ask for fewer "
-                       "candidates, or for the reduced action only (return_candidates false)")
+                       f"the reply's arrays are {size} bytes, over the {limit} a reply may carry: "
+                       + REPLY_TOO_LARGE_HINT)
 
     def _count(self, g: Group, result) -> None:
         e = self.engine

@@ -47,7 +47,7 @@ from candidate_scheduler.core.access import (
     check_name,
     denied,
 )
-from candidate_scheduler.core.endings import REPLY_TOO_LARGE
+from candidate_scheduler.core.endings import REPLY_TOO_LARGE, REPLY_TOO_LARGE_HINT
 from candidate_scheduler.core.engine import INTERNAL_ERROR, Engine, EngineConfig
 from candidate_scheduler.core.graceful_stop import GracefulStop, Verdict, serving_workers
 from candidate_scheduler.core.group import refusal
@@ -379,7 +379,7 @@ class Scheduler:
                 # for good (libzmq does not reconnect after a protocol error): a typed failure instead
                 big = refusal(msg.result.request_id, "failed", REPLY_TOO_LARGE,
                               f"the reply is {size} bytes, over the {protocol.MAX_MESSAGE_BYTES}-byte message limit: "
-                              "ask for fewer candidates, or for the reduced action only (return_candidates false)")
+                              + REPLY_TOO_LARGE_HINT)
                 frames = protocol.reply_frames(ref.identity, ref.delimited, protocol.Kind.RESULT,
                                                convert.result_to_wire(big, ref.request_id))
             self.request_sock.send_multipart(frames)
