@@ -24,6 +24,7 @@ from candidate_scheduler.arg_types import (
     tenant_weight,
     worker_id,
 )
+from candidate_scheduler.compat.header_timeout import DEFAULT_HEADER_TIMEOUT_S
 from candidate_scheduler.core.access import DEFAULT_TENANT, Role
 from candidate_scheduler.service import server
 from candidate_scheduler.service.endpoints import tcp_endpoint
@@ -339,6 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--insecure", action="store_true",
                    help="without --tokens, allow a non-loopback --http-host anyway: anyone who reaches it can "
                         "submit work (loud warning)")
+    p.add_argument("--header-timeout", type=positive_seconds, default=DEFAULT_HEADER_TIMEOUT_S, metavar="SECONDS",
+                   help="close a connection that has not sent a request's whole head (request line and headers) "
+                        "this long after it opened or after its last response (slowloris)")
     return parser
 
 

@@ -533,7 +533,7 @@ def cmd_http(args) -> int:
     from candidate_scheduler.compat.http import run_http_server
 
     run_http_server(args.compat_port, args.model, args.http_host, args.http_port, tokens=tokens,
-                    insecure=bool(args.insecure))
+                    insecure=bool(args.insecure), header_timeout_s=args.header_timeout)
     return 0
 
 

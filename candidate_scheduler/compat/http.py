@@ -39,6 +39,7 @@ import numpy as np
 
 from candidate_scheduler import protocol
 from candidate_scheduler.compat.errors import CompatError
+from candidate_scheduler.compat.header_timeout import DEFAULT_HEADER_TIMEOUT_S, install_header_timeout
 from candidate_scheduler.compat.images import IMAGE_FORMATS, MAX_OBSERVATIONS
 from candidate_scheduler.compat.mapping import CANDIDATE_SPEC_KEY, parse_candidate_spec
 from candidate_scheduler.compat.unpickle import MAX_IMAGE_PIXELS
@@ -425,13 +426,16 @@ def make_http_server_args(compat_endpoint_port: int, model_dir: str, host: str =
 
 
 def run_http_server(compat_endpoint_port: int, model_dir: str, host: str = "127.0.0.1", port: int = 30000,
-                    *, tokens=None, insecure: bool = False, **server_kwargs: Any) -> None:
+                    *, tokens=None, insecure: bool = False, header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+                    **server_kwargs: Any) -> None:
     """Run sglang's own FastAPI server (blocking) with the compat bridge as its scheduler, so
     ``POST /v1/actions/generations`` (and /v1/actions/metadata, the websocket) are served by
     candidate_scheduler. `tokens`: a key directory (`service.keys.Directory`) whose bearer tokens every
     route but the health probes requires (`TokenAuth`); None: no authentication, which off loopback
     needs `insecure` (ValueError otherwise, before anything listens: the CLI's rule, for callers from
-    Python too). Extra keyword arguments go to sglang's ServerArgs (e.g. warmup_mode, batching_max_size)."""
+    Python too). `header_timeout_s`: a connection that has not sent a request's whole head that long after
+    it opened, or after its last response, is closed (compat/header_timeout.py). Extra keyword arguments
+    go to sglang's ServerArgs (e.g. warmup_mode, batching_max_size)."""
     if tokens is None and not insecure and not is_loopback_host(host):
         raise ValueError(f"refusing to serve HTTP on {host} without tokens: pass tokens=Directory, bind loopback, "
                          "or insecure=True to let anyone who reaches it submit work")
@@ -439,6 +443,7 @@ def run_http_server(compat_endpoint_port: int, model_dir: str, host: str = "127.
     install_http_shims()
     install_no_offline_broker()
     install_app_guards(tokens)
+    install_header_timeout(header_timeout_s)
     from sglang.multimodal_gen.runtime.launch_server import launch_http_server_only
 
     launch_http_server_only(sa)

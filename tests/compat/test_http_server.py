@@ -29,6 +29,9 @@ SAMPLING = {"height": 64, "width": 64, "steps": 2, "horizon": 4, "guidance_scale
             "domain_id": 0, "raw_action_dim": 7, "fps": 5}
 
 
+HEADER_TIMEOUT_S = 3.0  # the server's (compat/header_timeout.py): short, for the test of it
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -64,7 +67,8 @@ def http_server(compat, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("http") / "http.log"
     code = ("from candidate_scheduler.compat.http import run_http_server; "
             f"run_http_server({compat.port}, {str(compat.model_dir)!r}, '127.0.0.1', {port}, warmup_mode='server', "
-            f"input_save_path={str(log_path.parent / 'uploads')!r}, log_level='warning')")
+            f"input_save_path={str(log_path.parent / 'uploads')!r}, log_level='warning', "
+            f"header_timeout_s={HEADER_TIMEOUT_S})")
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT, env=ENV, cwd=ROOT)
     base = f"http://127.0.0.1:{port}"
@@ -124,6 +128,19 @@ def test_health_after_server_warmup_and_metadata(http_server):
     assert "warmup failed" not in log_path.read_text().lower()
     status, body = _get(f"{base}/v1/actions/metadata")
     assert status == 200 and json.loads(body)["policy_family"] == "cosmos3"
+
+
+def test_a_request_head_never_finished_is_closed_at_the_header_timeout(base_url):
+    """Through sglang's own launcher: a connection that never ends its head does not hold the server."""
+    host, port = base_url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port))) as conn:
+        t0 = time.monotonic()
+        conn.sendall(b"POST /v1/actions/generations HTTP/1.1\r\nHost: x\r\n")
+        conn.settimeout(HEADER_TIMEOUT_S + 10)
+        while conn.recv(4096):
+            pass
+        assert HEADER_TIMEOUT_S * 0.9 <= time.monotonic() - t0 < HEADER_TIMEOUT_S + 10
+    assert _get(f"{base_url}/health")[0] == 200  # and it goes on serving
 
 
 def test_count_one_action(base_url, compat):
