@@ -20,7 +20,7 @@ from candidate_scheduler.core.errors import CandidateContractError
 from candidate_scheduler.core.group import Group
 from candidate_scheduler.core.messages import Reply
 from candidate_scheduler.core.request import Submission, check_request_id, validate
-from candidate_scheduler.core.resubmission import same_request
+from candidate_scheduler.core.resubmission import MAX_WAITERS, same_request
 
 # A group answered before its deadline leaves its entry in the deadline heap until the deadline passes (up
 # to MAX_DEADLINE_S, an hour): past twice the groups in flight plus this many, those entries are dropped.
@@ -61,6 +61,7 @@ class Intake:
                 # could not tell apart from a lost reply, or in a loop) must not pile up copies of the reply.
                 if client != g.client and client not in g.waiters:
                     g.waiters.append(client)
+                    del g.waiters[:-MAX_WAITERS]
                 e.metrics.resubmission("in_flight")
                 return None
             return refuse("invalid", "duplicate_request_id", f"request {sub.request_id!r} is already in flight",

@@ -23,6 +23,10 @@ from typing import Any
 import numpy as np
 
 DEFAULT_REPLIES_KEPT = 1024
+# Connections a group in flight answers besides its sender's (`Group.waiters`). A client that reconnects
+# resubmits from a new connection each time, so a long group behind a flapping link collects one per
+# reconnect, nearly all of them gone; past this many the oldest is forgotten, the newest kept.
+MAX_WAITERS = 16
 # and at most this many bytes of their arrays: 1,024 replies with candidates or rollouts (latents at every
 # step) can weigh gigabytes; past it the oldest go, and a resubmission of one runs again (the same bits)
 DEFAULT_REPLIES_KEPT_BYTES = 256 * 2**20

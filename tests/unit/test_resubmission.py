@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from candidate_scheduler.core.access import Principal, Role
-from candidate_scheduler.core.resubmission import ReplyCache
+from candidate_scheduler.core.resubmission import MAX_WAITERS, ReplyCache
 from tests.unit.test_engine import Harness, submission
 
 ALICE = Principal("alice", "robots", Role.CLIENT)
@@ -199,6 +199,20 @@ def test_resubmissions_from_the_destination_already_waiting_add_no_second_reply(
     assert len(h.engine.groups["g"].waiters) == 1
     h.run_all()
     assert len(_replies_to(h, "first", "g")) == 1 and len(_replies_to(h, "again", "g")) == 1
+
+
+def test_a_group_behind_a_flapping_link_keeps_its_newest_waiters_only():
+    """Each reconnect resubmits from a new connection: the newest MAX_WAITERS of them and the sender are
+    answered, the older ones (gone, nearly always) are forgotten instead of piling up."""
+    h = _recording()
+    _send(h, "g", ALICE, "sender", count=3)
+    for i in range(3 * MAX_WAITERS):
+        _send(h, "g", ALICE, f"reconnect{i}", count=3)
+    assert len(h.engine.groups["g"].waiters) == MAX_WAITERS
+    h.run_all()
+    answered = [i for i in range(3 * MAX_WAITERS) if _replies_to(h, f"reconnect{i}", "g")]
+    assert answered == list(range(2 * MAX_WAITERS, 3 * MAX_WAITERS))
+    assert len(_replies_to(h, "sender", "g")) == 1
 
 
 def test_the_shell_treats_two_submits_from_one_connection_as_one_destination():
