@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     from candidate_scheduler.bench.load_plan import ARMS, DEFAULT_ARMS
     from candidate_scheduler.bench.settings import NS_FULL, SHAPES
 
-    p = argparse.ArgumentParser(prog="python -m candidate_scheduler.bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m candidate_scheduler.bench", description=__doc__.split("\n\n")[0].replace("\n", " "))
     p.add_argument("--model", default=str(DEFAULT_MODEL), help="Cosmos3 checkpoint directory (default: the tiny one)")
     p.add_argument("--smoke", action="store_true",
                    help="a short run for CI: method benchmark 1 repeat, small shape, N in {1, 8}; with --load, a "
