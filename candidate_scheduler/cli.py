@@ -343,6 +343,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--header-timeout", type=positive_seconds, default=DEFAULT_HEADER_TIMEOUT_S, metavar="SECONDS",
                    help="close a connection that has not sent a request's whole head (request line and headers) "
                         "this long after it opened or after its last response (slowloris)")
+    p.add_argument("--tls-cert", metavar="FILE", default=None,
+                   help="serve https:// (and wss://) only, with this PEM certificate chain; needs --tls-key. Off "
+                        "loopback, tokens without TLS cross the network in the clear")
+    p.add_argument("--tls-key", metavar="FILE", default=None, help="the PEM private key of --tls-cert (unencrypted)")
     return parser
 
 

@@ -514,7 +514,17 @@ def cmd_http(args) -> int:
     StartupRefused, one line, before sglang is imported."""
     from candidate_scheduler.service.endpoints import is_loopback_host
     from candidate_scheduler.service.keys import load_tokens
+    from candidate_scheduler.service.tls import TlsError, cleartext_token_warning, pair_refusal, server_context
 
+    why = pair_refusal(args.tls_cert, args.tls_key)
+    if why is not None:
+        raise server.StartupRefused(why)
+    tls = None if args.tls_cert is None else (args.tls_cert, args.tls_key)
+    if tls is not None:
+        try:
+            server_context(*tls)
+        except TlsError as exc:
+            raise server.StartupRefused(str(exc)) from None
     tokens = None
     if args.tokens is not None:
         tokens = load_tokens(args.tokens)  # KeyDirError: one line
@@ -522,6 +532,9 @@ def cmd_http(args) -> int:
             print(f"candidate-scheduler http: note: no tokens in {args.tokens}/authorized_tokens: every request "
                   f"but the health probes is refused (`candidate-scheduler keys {args.tokens} --token NAME`, "
                   "then restart)", file=sys.stderr, flush=True)
+        if tls is None and not is_loopback_host(args.http_host):
+            print(f"candidate-scheduler http: {cleartext_token_warning('the HTTP server', args.http_host)}",
+                  file=sys.stderr, flush=True)
     elif not is_loopback_host(args.http_host):
         if not args.insecure:
             raise server.StartupRefused(
@@ -533,7 +546,7 @@ def cmd_http(args) -> int:
     from candidate_scheduler.compat.http import run_http_server
 
     run_http_server(args.compat_port, args.model, args.http_host, args.http_port, tokens=tokens,
-                    insecure=bool(args.insecure), header_timeout_s=args.header_timeout)
+                    insecure=bool(args.insecure), header_timeout_s=args.header_timeout, tls=tls)
     return 0
 
 

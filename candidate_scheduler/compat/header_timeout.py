@@ -11,8 +11,8 @@ Apache's `RequestReadTimeout header=`). A request whose head has arrived is not 
 by the app (the routes read it whole, behind the token check and the body limit of `ServedRoutes`),
 and a websocket, once upgraded, belongs to another protocol object that this timer leaves alone.
 
-`install_header_timeout` makes sglang's `launch_http_server_only` start uvicorn with such a protocol
-(this process only; idempotent)."""
+compat/http.py's `install_uvicorn_options` has sglang's `launch_http_server_only` start uvicorn with
+such a protocol."""
 
 from __future__ import annotations
 
@@ -80,19 +80,3 @@ def protocol_class(seconds: float, base: type[asyncio.Protocol] | None = None) -
 def _peer(client) -> str:
     return f"{client[0]}:{client[1]}" if client else "an unknown peer"
 
-
-def install_header_timeout(seconds: float = DEFAULT_HEADER_TIMEOUT_S) -> None:
-    """sglang's `launch_http_server_only` calls `uvicorn.run(app, ...)` without a protocol: run it with
-    `protocol_class(seconds)` (this process only; installing again replaces the timeout)."""
-    from sglang.multimodal_gen.runtime import launch_server
-
-    cls = protocol_class(seconds)
-    uvicorn = launch_server.uvicorn
-    original = getattr(uvicorn.run, "__wrapped__", uvicorn.run)
-
-    def run(app, **kwargs):
-        kwargs.setdefault("http", cls)
-        return original(app, **kwargs)
-
-    run.__wrapped__ = original
-    uvicorn.run = run

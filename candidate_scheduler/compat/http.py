@@ -39,7 +39,7 @@ import numpy as np
 
 from candidate_scheduler import protocol
 from candidate_scheduler.compat.errors import CompatError
-from candidate_scheduler.compat.header_timeout import DEFAULT_HEADER_TIMEOUT_S, install_header_timeout
+from candidate_scheduler.compat.header_timeout import DEFAULT_HEADER_TIMEOUT_S, protocol_class
 from candidate_scheduler.compat.images import IMAGE_FORMATS, MAX_OBSERVATIONS
 from candidate_scheduler.compat.mapping import CANDIDATE_SPEC_KEY, parse_candidate_spec
 from candidate_scheduler.compat.unpickle import MAX_IMAGE_PIXELS
@@ -47,6 +47,7 @@ from candidate_scheduler.core.embodiments import EMBODIMENT_TO_DOMAIN_ID, resolv
 from candidate_scheduler.core.reducers import BUILTIN_REDUCERS
 from candidate_scheduler.core.spec import SeedPolicy
 from candidate_scheduler.service.endpoints import is_loopback_host
+from candidate_scheduler.service.tls import server_context
 
 _SHIMS_INSTALLED = False
 OPEN_PATHS = frozenset({"/liveness", "/health"})  # GET without a token: liveness and readiness probes
@@ -384,6 +385,22 @@ def install_app_guards(tokens=None) -> None:
     launch_server.create_app = create_app
 
 
+def install_uvicorn_options(**options: Any) -> None:
+    """sglang's `launch_http_server_only` calls `uvicorn.run(app, ...)` with a fixed set of options: add
+    `options` (the protocol with a header timeout, TLS files) to that call (this process only;
+    installing again replaces them)."""
+    from sglang.multimodal_gen.runtime import launch_server
+
+    uvicorn = launch_server.uvicorn
+    original = getattr(uvicorn.run, "__wrapped__", uvicorn.run)
+
+    def run(app, **kwargs):
+        return original(app, **{**kwargs, **options})
+
+    run.__wrapped__ = original
+    uvicorn.run = run
+
+
 def install_no_offline_broker() -> None:
     """Keep sglang's "offline broker" from starting (this process only; idempotent). sglang's HTTP server
     also binds a REP socket on 127.0.0.1:port+1 that ``pickle.loads`` whatever a local process sends (any
@@ -427,23 +444,29 @@ def make_http_server_args(compat_endpoint_port: int, model_dir: str, host: str =
 
 def run_http_server(compat_endpoint_port: int, model_dir: str, host: str = "127.0.0.1", port: int = 30000,
                     *, tokens=None, insecure: bool = False, header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
-                    **server_kwargs: Any) -> None:
+                    tls: tuple[str, str] | None = None, **server_kwargs: Any) -> None:
     """Run sglang's own FastAPI server (blocking) with the compat bridge as its scheduler, so
     ``POST /v1/actions/generations`` (and /v1/actions/metadata, the websocket) are served by
     candidate_scheduler. `tokens`: a key directory (`service.keys.Directory`) whose bearer tokens every
     route but the health probes requires (`TokenAuth`); None: no authentication, which off loopback
     needs `insecure` (ValueError otherwise, before anything listens: the CLI's rule, for callers from
     Python too). `header_timeout_s`: a connection that has not sent a request's whole head that long after
-    it opened, or after its last response, is closed (compat/header_timeout.py). Extra keyword arguments
-    go to sglang's ServerArgs (e.g. warmup_mode, batching_max_size)."""
+    it opened, or after its last response, is closed (compat/header_timeout.py). `tls`: (certificate,
+    key) PEM files to serve https:// and wss:// only (read here first: TlsError, one line, before
+    anything listens; service/tls.py). Extra keyword arguments go to sglang's ServerArgs (e.g.
+    warmup_mode, batching_max_size)."""
     if tokens is None and not insecure and not is_loopback_host(host):
         raise ValueError(f"refusing to serve HTTP on {host} without tokens: pass tokens=Directory, bind loopback, "
                          "or insecure=True to let anyone who reaches it submit work")
+    options: dict[str, Any] = {"http": protocol_class(header_timeout_s)}
+    if tls is not None:
+        server_context(*tls)  # a wrong file is one line now, not uvicorn's traceback after sglang's start-up
+        options.update(ssl_certfile=tls[0], ssl_keyfile=tls[1])
     sa = make_http_server_args(compat_endpoint_port, model_dir, host, port, **server_kwargs)
     install_http_shims()
     install_no_offline_broker()
     install_app_guards(tokens)
-    install_header_timeout(header_timeout_s)
+    install_uvicorn_options(**options)
     from sglang.multimodal_gen.runtime.launch_server import launch_http_server_only
 
     launch_http_server_only(sa)

@@ -13,7 +13,9 @@
 
 from __future__ import annotations
 
+import http.client
 import json
+import os
 import re
 import socket
 import subprocess
@@ -31,13 +33,14 @@ from candidate_scheduler.service.client import Client, synthetic_image
 from candidate_scheduler.service.openpi import msgpack_numpy
 from candidate_scheduler.service.processes import ChildProcess
 from tests.conftest import Services, wait_for
+from tests.tls_files import CERT, KEY, client_context
 
 from . import openpi_client_env
 from .conftest import ENV, ROOT
 
 pytestmark = pytest.mark.sglang
 
-OPENPI_LINE = re.compile(r"candidate-scheduler: openpi policy\s+(ws://\S+)")
+OPENPI_LINE = re.compile(r"candidate-scheduler: openpi policy\s+(wss?://\S+)")
 READY = re.compile(r"openpi front: listening on (ws://\S+)")
 HOLD_STEPS = 60  # x the worker's 0.03 s step delay: a group that stays in flight ~2 s
 STEP_DELAY_S = 0.03
@@ -110,10 +113,12 @@ class Secured:
 
 @pytest.fixture(scope="module")
 def secured(key_dir, tmp_path_factory):
-    """`serve --curve-dir DIR --openpi-port 0` (tokens: the key directory's, by default) and a null worker."""
+    """`serve --curve-dir DIR --openpi-port 0` (tokens: the key directory's, by default) over TLS, as a
+    front for robots on other hosts runs, and a null worker."""
     services = Services(tmp_path_factory.mktemp("secured"))
     try:
-        handle = services.scheduler("--curve-dir", str(key_dir), "--openpi-port", "0", metrics=True)
+        handle = services.scheduler("--curve-dir", str(key_dir), "--openpi-port", "0", "--openpi-tls-cert", CERT,
+                                    "--openpi-tls-key", KEY, metrics=True)
         url = next(m.group(1) for line in handle.proc.lines if (m := OPENPI_LINE.search(line)))
         services.worker(handle, "null", 8, STEP_DELAY_S, "--curve-dir", str(key_dir))
         s = Secured(handle, url, key_dir)
@@ -132,13 +137,17 @@ def robot(tmp_path_factory):
     (d / "robot.py").write_text(ROBOT)
     n = iter(range(1_000_000))
 
-    def run(url: str, attempts: list[dict], background: bool = False):
+    def run(url: str, attempts: list[dict], background: bool = False, trusts_the_certificate: bool = True):
         job = d / f"job-{next(n)}.json"
         job.write_text(json.dumps([{"steps": 2, **a} for a in attempts]))
         cmd = [str(python), str(d / "robot.py"), url, str(job)]
+        # openpi's client verifies wss:// against Python's default trust store, which SSL_CERT_FILE names
+        env = {k: v for k, v in os.environ.items() if k not in ("SSL_CERT_FILE", "SSL_CERT_DIR")}
+        if trusts_the_certificate:
+            env["SSL_CERT_FILE"] = CERT
         if background:
-            return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+            return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
         assert proc.returncode == 0, proc.stderr[-3000:]
         return [json.loads(line) for line in proc.stdout.splitlines()]
 
@@ -146,6 +155,7 @@ def robot(tmp_path_factory):
 
 
 def test_openpi_client_with_its_api_key_gets_actions_counted_against_its_tenant(secured, key_dir, robot):
+    assert secured.openpi_url.startswith("wss://")
     [quick] = robot(secured.openpi_url, [{"api_key": token(key_dir, "robot-a")}])
     assert quick["ok"] and quick["shape"] == [4, 7] and quick["seed"] == 3, quick
     # a group held in flight (slow steps): the scheduler counts it against robot-a's tenant, fleet-a
@@ -179,14 +189,27 @@ def test_openpi_client_without_or_with_a_wrong_key_is_refused_401(secured, key_d
     assert stats["groups_in_flight"] == 0 and not any(t["in_flight"] for t in stats["tenants"].values())
     # a bearer header works too, and /healthz needs no token
     with websockets.sync.client.connect(secured.openpi_url, compression=None, max_size=None, additional_headers={
-            "Authorization": f"Bearer {token(key_dir, 'web-c')}"}) as ws:
+            "Authorization": f"Bearer {token(key_dir, 'web-c')}"}, ssl=client_context()) as ws:
         meta = msgpack_numpy.unpackb(ws.recv(timeout=10))
         assert meta["scheduler"]["reachable"] is True
         ws.send(msgpack_numpy.packb({"observation/image": synthetic_image(), "seed": 1, "sampling": {"steps": 2}}))
         reply = msgpack_numpy.unpackb(ws.recv(timeout=30))
         assert reply["candidate_seeds"] == [1], reply
-    with urllib.request.urlopen(secured.openpi_url.replace("ws://", "http://") + "/healthz", timeout=5) as r:
+    with urllib.request.urlopen(secured.openpi_url.replace("wss://", "https://") + "/healthz", timeout=5,
+                                context=client_context()) as r:
         assert r.status == 200
+
+
+def test_over_tls_the_front_speaks_nothing_in_the_clear_and_robots_check_its_certificate(secured, key_dir, robot):
+    """A robot sending its token in the clear to the TLS port gets no answer; one that does not trust the
+    certificate refuses it before sending the token."""
+    before = _received(secured.handle.metrics)
+    with pytest.raises((websockets.exceptions.InvalidMessage, websockets.exceptions.InvalidHandshake, OSError)):
+        websockets.sync.client.connect(secured.openpi_url.replace("wss://", "ws://"), open_timeout=10,
+                                       additional_headers={"Authorization": f"Bearer {token(key_dir, 'web-c')}"})
+    [untrusted] = robot(secured.openpi_url, [{"api_key": token(key_dir, "robot-a")}], trusts_the_certificate=False)
+    assert not untrusted["ok"] and untrusted["error_type"] == "SSLCertVerificationError", untrusted
+    assert _received(secured.handle.metrics) == before
 
 
 def test_standalone_front_with_tokens_in_front_of_a_keyless_scheduler(fake_scheduler, key_dir, tmp_path):
@@ -213,6 +236,23 @@ def test_standalone_front_with_tokens_in_front_of_a_keyless_scheduler(fake_sched
         front.stop()
 
 
+def test_tokens_off_loopback_without_tls_say_they_travel_in_the_clear(fake_scheduler, key_dir, tmp_path):
+    """Off loopback, a front taking tokens without TLS starts with a note naming the fix; with TLS, none."""
+    for tls in ([], ["--tls-cert", CERT, "--tls-key", KEY]):
+        front = ChildProcess([sys.executable, "-m", "candidate_scheduler.service.openpi", "--scheduler-request",
+                              fake_scheduler.request_endpoint, "--bind", "0.0.0.0", "--port", "0", "--tokens",
+                              str(key_dir), *tls], tmp_path / f"front{len(tls)}.log", env=ENV, cwd=ROOT)
+        try:
+            url = front.wait_line(re.compile(r"openpi front: listening on (wss?://\S+)"), 30).group(1)
+            notes = [line for line in front.lines if "in the clear" in line]
+            if tls:
+                assert url.startswith("wss://") and notes == [], front.lines
+            else:
+                assert url.startswith("ws://") and len(notes) == 1 and "--tls-cert FILE --tls-key FILE" in notes[0]
+        finally:
+            front.stop()
+
+
 # ---- sglang's HTTP server -----------------------------------------------------------------------------------
 
 
@@ -220,7 +260,7 @@ def _http(url: str, body: dict | None = None, auth: str | None = None, timeout: 
     headers = {"Content-Type": "application/json", **({"Authorization": auth} if auth else {})}
     req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(), headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        with urllib.request.urlopen(req, timeout=timeout, context=client_context()) as r:
             return r.status, json.loads(r.read() or b"{}")
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"{}")
@@ -228,19 +268,21 @@ def _http(url: str, body: dict | None = None, auth: str | None = None, timeout: 
 
 @pytest.fixture(scope="module")
 def http_with_tokens(fake_bridge, compat_model_dir, key_dir, tmp_path_factory):
-    """`candidate-scheduler http --tokens DIR` on the fake scheduler's bridge; yields (base url, process).
+    """`candidate-scheduler http --tokens DIR` over TLS (`--tls-cert`, `--tls-key`) on the fake scheduler's
+    bridge; yields (base url, process).
     Port+1 is taken while it starts: sglang's offline broker would bind it, die, and leave /health at
     503 for good (a CI run lost 180 s to that)."""
     port = _free_port()
     log_path = tmp_path_factory.mktemp("http-tokens") / "http.log"
     cmd = [sys.executable, "-m", "candidate_scheduler.cli", "http", "--compat-port", str(fake_bridge.port),
-           "--model", str(compat_model_dir), "--http-port", str(port), "--tokens", str(key_dir)]
+           "--model", str(compat_model_dir), "--http-port", str(port), "--tokens", str(key_dir),
+           "--tls-cert", CERT, "--tls-key", KEY]
     neighbour = socket.socket()
     neighbour.bind(("127.0.0.1", port + 1))
     neighbour.listen()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=ENV, cwd=ROOT)
-    base = f"http://127.0.0.1:{port}"
+    base = f"https://127.0.0.1:{port}"
     try:
         def healthy():
             if proc.poll() is not None:
@@ -286,14 +328,25 @@ def test_sglang_http_needs_a_bearer_token(http_with_tokens, fake_compat, key_dir
     assert _http(f"{base}/v1/actions/metadata")[0] == 401
     assert _http(f"{base}/liveness")[0] == 200
     with pytest.raises(websockets.exceptions.InvalidStatus) as refused:  # the action websocket's handshake too
-        websockets.sync.client.connect(base.replace("http://", "ws://") + "/v1/actions/realtime",
-                                       open_timeout=10)
+        websockets.sync.client.connect(base.replace("https://", "wss://") + "/v1/actions/realtime",
+                                       open_timeout=10, ssl=client_context())
     assert refused.value.response.status_code == 401
     assert fake.since(mark) == []  # nothing reached the scheduler
     status, resp = _http(url, _body(_image(41), "pick", 5, "tok-ok"), f"Bearer {token(key_dir, 'web-c')}")
     assert status == 200 and resp["data"][0]["action"]["shape"] == [4, 7], resp
     status, _ = _http(f"{base}/v1/actions/metadata", auth=f"Api-Key {token(key_dir, 'robot-a')}")
     assert status == 200
+
+
+def test_sglang_http_over_tls_answers_nothing_in_the_clear(http_with_tokens, fake_compat, key_dir):
+    from .test_http_server import _body, _image
+
+    base, _ = http_with_tokens
+    mark = fake_compat.fake.mark()
+    with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):
+        _http(base.replace("https://", "http://") + "/v1/actions/generations", _body(_image(41), "pick", 5, "clear"),
+              f"Bearer {token(key_dir, 'web-c')}", timeout=10)
+    assert fake_compat.fake.since(mark) == []
 
 
 # ---- refusals: a non-loopback bind without tokens -----------------------------------------------------------

@@ -14,7 +14,7 @@ import pytest
 import uvicorn
 import websockets.sync.client
 
-from candidate_scheduler.compat.header_timeout import install_header_timeout, protocol_class
+from candidate_scheduler.compat.header_timeout import protocol_class
 
 TIMEOUT_S = 0.4
 
@@ -127,13 +127,23 @@ def test_the_timeout_must_be_positive():
 
 
 @pytest.mark.sglang
-def test_installed_sglangs_launcher_runs_uvicorn_with_it(monkeypatch):
+def test_sglangs_launcher_runs_uvicorn_with_it_and_the_tls_files(monkeypatch):
+    """run_http_server up to sglang's `uvicorn.run` call: the protocol with the timeout and, with `tls`,
+    the files, on top of sglang's own options."""
     from sglang.multimodal_gen.runtime import launch_server
+
+    from candidate_scheduler.compat import http
+    from tests.tls_files import CERT, KEY
 
     calls = []
     monkeypatch.setattr(launch_server.uvicorn, "run", lambda app, **kw: calls.append(kw))
-    install_header_timeout(2.5)
-    install_header_timeout(1.5)  # again: replaces the timeout, does not wrap the wrapper
-    launch_server.uvicorn.run("app", host="127.0.0.1")
-    assert len(calls) == 1 and calls[0]["http"].header_timeout_s == 1.5
-    assert launch_server.uvicorn.run.__wrapped__ is not None
+    monkeypatch.setattr(launch_server, "launch_http_server_only",
+                        lambda sa: launch_server.uvicorn.run("app", host=sa, port=1))
+    monkeypatch.setattr(http, "make_http_server_args", lambda *a, **k: "127.0.0.1")
+    for hook in ("install_http_shims", "install_no_offline_broker", "install_app_guards"):
+        monkeypatch.setattr(http, hook, lambda *a, **k: None)
+    http.run_http_server(1, "/nonexistent", header_timeout_s=2.5)
+    http.run_http_server(1, "/nonexistent", header_timeout_s=1.5, tls=(CERT, KEY))  # again: replaced, not wrapped
+    first, second = calls
+    assert first["http"].header_timeout_s == 2.5 and "ssl_certfile" not in first and first["port"] == 1
+    assert second["http"].header_timeout_s == 1.5 and (second["ssl_certfile"], second["ssl_keyfile"]) == (CERT, KEY)

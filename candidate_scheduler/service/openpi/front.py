@@ -21,6 +21,8 @@ tenant's limits and fair share apply and it may cancel and query those groups to
 scheduler on loopback, which names every local caller its admin and knows no principals) the groups are
 the front's own; the token still decides who gets in. `GET /healthz` needs no token. Without tokens
 the front listens off loopback only when told so (`FrontConfig.insecure`, the command line's --insecure).
+With `FrontConfig.tls` (the front's `--tls-cert` and `--tls-key`) it serves wss:// and https:// only,
+so a token does not cross the network in the clear (service/tls.py).
 
 Frame limits: frames up to `max_frame_bytes` are read; over it, up to twice that, the frame is read
 and refused with a text frame (the connection stays); past twice that, the websocket library closes
@@ -40,6 +42,7 @@ import collections
 import http
 import itertools
 import logging
+import ssl
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -89,6 +92,7 @@ class FrontConfig:
     tokens: Directory | None = None  # bearer tokens every connection needs (None: no authentication)
     keys: ClientKeys | None = None  # this front's CURVE keys, for a scheduler that requires them
     insecure: bool = False  # the user said --insecure: a bind off loopback without tokens is allowed
+    tls: ssl.SSLContext | None = None  # serve wss:// (service/tls.py: server_context); None: ws://
     # a call the scheduler did not run because it was stopping goes to its next run (the robot sees a slower
     # answer across an upgrade, not an error); off in a front that stops with its scheduler (`serve --openpi-port`)
     resubmit: bool = True
@@ -139,9 +143,10 @@ class OpenpiFront:
             max_queue=1,
             process_request=self._process_request,
             logger=logging.getLogger(WEBSOCKETS_LOGGER),
+            ssl=cfg.tls,
         )
         host, port = self._server.sockets[0].getsockname()[:2]
-        self.url = f"ws://{_url_host(host)}:{port}"
+        self.url = f"{'wss' if cfg.tls is not None else 'ws'}://{_url_host(host)}:{port}"
         return self.url
 
     async def serve_forever(self) -> None:

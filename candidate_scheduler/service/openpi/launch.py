@@ -29,6 +29,7 @@ from candidate_scheduler.arg_types import port, positive_int, positive_seconds
 from candidate_scheduler.service.endpoints import is_loopback_host
 from candidate_scheduler.service.keys import ENV_KEYS, ClientKeys
 from candidate_scheduler.service.openpi import observation
+from candidate_scheduler.service.tls import TlsError, cleartext_token_warning, pair_refusal, server_context
 
 DEFAULT_PORT = 8000  # openpi's serve_policy.py default
 
@@ -112,6 +113,11 @@ def add_openpi_arguments(parser: argparse.ArgumentParser) -> None:
                              "--insecure")
     parser.add_argument("--openpi-allow-nonlocal", action="store_true",
                         help="deprecated: what --insecure now says for the openpi websocket")
+    parser.add_argument("--openpi-tls-cert", metavar="FILE", default=None,
+                        help="serve the openpi websocket over TLS (wss://) with this PEM certificate chain; needs "
+                             "--openpi-tls-key. Off loopback, tokens without TLS cross the network in the clear")
+    parser.add_argument("--openpi-tls-key", metavar="FILE", default=None,
+                        help="the PEM private key of --openpi-tls-cert (unencrypted)")
     add_default_arguments(parser, "openpi-")
 
 
@@ -162,12 +168,20 @@ def bind_refusal(host: str, tokens: str | None, insecure: bool, tokens_flag: str
 
 def openpi_bind(args: argparse.Namespace) -> tuple[str, str | None, bool]:
     """(host, tokens dir, insecure) of the front `serve` starts; StartupRefused (one line) when it may
-    not bind there. `serve` asks before it binds anything, so a refusal leaves nothing half started."""
+    not bind there, or its TLS files cannot serve. `serve` asks before it binds anything, so a refusal
+    leaves nothing half started."""
     host = getattr(args, "openpi_host", None) or getattr(args, "host", None) or "127.0.0.1"
     curve_dir = getattr(args, "curve_dir", None)
     tokens = getattr(args, "openpi_tokens", None) or curve_dir
     insecure = bool(getattr(args, "insecure", False) or getattr(args, "openpi_allow_nonlocal", False))
     why = bind_refusal(host, tokens, insecure, "--openpi-tokens DIR (or --curve-dir DIR)")
+    cert, key = getattr(args, "openpi_tls_cert", None), getattr(args, "openpi_tls_key", None)
+    why = why or pair_refusal(cert, key, "--openpi-tls-cert", "--openpi-tls-key")
+    if why is None and cert is not None and getattr(args, "openpi_port", None) is not None:
+        try:  # read here too: a bad file is this one line, not a front that exits after serve has bound
+            server_context(cert, key)
+        except TlsError as exc:
+            why = str(exc)
     if why is None and curve_dir is not None and not _same_dir(tokens, curve_dir):
         # the front submits on behalf of the token's holder, whom the scheduler looks up in ITS directory:
         # names from another one are refused there, or land in that directory's tenant of the same name
@@ -187,7 +201,7 @@ def _same_dir(a: str, b: str) -> bool:
 def spawn_openpi_front(args: argparse.Namespace, bound: dict[str, str], keys: ClientKeys | None = None,
                        timeout_s: float = 60.0, fronts=None) -> tuple[subprocess.Popen | None, str | None]:
     """Start the front (its own process, like the sglang compat bridge) when `args.openpi_port` is set,
-    and wait until it listens. Returns (process, "ws://host:port"), or (None, None) when off. Its
+    and wait until it listens. Returns (process, "ws://host:port", or wss:// with TLS), or (None, None) when off. Its
     output after the listening line is relayed to this process's stdout. `keys`: the front's CURVE
     pair for the scheduler's sockets (`Scheduler.proxy_keys`), handed over in its environment.
     Tokens: `--openpi-tokens`, else `--curve-dir`; a non-loopback bind without them needs `--insecure`
@@ -205,9 +219,11 @@ def spawn_openpi_front(args: argparse.Namespace, bound: dict[str, str], keys: Cl
         cmd += ["--tokens", str(tokens)]
     elif insecure:
         cmd.append("--insecure")
+    if getattr(args, "openpi_tls_cert", None) is not None:
+        cmd += ["--tls-cert", args.openpi_tls_cert, "--tls-key", args.openpi_tls_key]
     cmd += defaults_argv(args)
     env = None if keys is None else {ENV_KEYS: keys.to_env()}
-    spec = FrontSpec("openpi", "the openpi front", cmd, r"listening on (ws://\S+)", "--port", thread_name="openpi-log",
+    spec = FrontSpec("openpi", "the openpi front", cmd, r"listening on (wss?://\S+)", "--port", thread_name="openpi-log",
                      timeout_s=timeout_s, env=env, hint="see its output above")
     return start_front(spec, fronts)
 
@@ -232,6 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "can submit work (loud warning)")
     p.add_argument("--allow-nonlocal", dest="insecure", action="store_true",
                    help="deprecated alias of --insecure")
+    p.add_argument("--tls-cert", metavar="FILE", default=None,
+                   help="serve over TLS (wss://, and https:// for /healthz) with this PEM certificate chain; needs "
+                        "--tls-key. Off loopback, tokens without TLS cross the network in the clear")
+    p.add_argument("--tls-key", metavar="FILE", default=None, help="the PEM private key of --tls-cert (unencrypted)")
     p.add_argument("--no-resubmit", dest="resubmit", action="store_false",
                    help="answer a call the scheduler did not run because it was stopping with an error, instead "
                         "of sending it to the scheduler's next run (within --request-timeout); `serve "
@@ -255,10 +275,17 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from candidate_scheduler.service.keys import KeyDirError, load_tokens
 
-    why = bind_refusal(args.bind, args.tokens, args.insecure)
+    why = bind_refusal(args.bind, args.tokens, args.insecure) or pair_refusal(args.tls_cert, args.tls_key)
     if why is not None:
         print(f"candidate_scheduler openpi: error: {why}", file=sys.stderr)
         return 2
+    tls = None
+    if args.tls_cert is not None:
+        try:
+            tls = server_context(args.tls_cert, args.tls_key)
+        except TlsError as exc:
+            print(f"candidate_scheduler openpi: error: {exc}", file=sys.stderr)
+            return 2
     tokens = keys = None
     try:
         if args.tokens is not None:
@@ -277,6 +304,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"candidate_scheduler openpi: note: no tokens in {args.tokens}/authorized_tokens: every connection "
               f"is refused (`candidate-scheduler keys {args.tokens} --token NAME`, then restart)",
               file=sys.stderr, flush=True)
+    if tokens is not None and tls is None and not is_loopback_host(args.bind):
+        print(f"candidate_scheduler openpi: {cleartext_token_warning('the openpi websocket', args.bind)}",
+              file=sys.stderr, flush=True)
     if tokens is None and not is_loopback_host(args.bind):
         print("!" * 78 + f"\nWARNING: the openpi websocket is bound to NON-LOOPBACK {args.bind} WITHOUT tokens "
               "(--insecure):\nanyone who reaches this port can submit work.\n" + "!" * 78, file=sys.stderr, flush=True)
@@ -290,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         port=args.port, defaults=defaults, model_name=args.model_name or "cosmos3",
         max_frame_bytes=args.max_frame_bytes or DEFAULT_MAX_FRAME_BYTES,
         max_connections=args.max_connections or DEFAULT_MAX_CONNECTIONS, request_timeout_s=args.request_timeout,
-        tokens=tokens, keys=keys, resubmit=args.resubmit, insecure=args.insecure,
+        tokens=tokens, keys=keys, resubmit=args.resubmit, insecure=args.insecure, tls=tls,
     )
 
     async def run() -> None:
