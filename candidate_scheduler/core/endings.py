@@ -11,10 +11,10 @@ the queue's side of it (the fair-queue clock, the unstarted set), which a group'
 from __future__ import annotations
 
 from candidate_scheduler.core.group import Group, refusal
+from candidate_scheduler.core.group_state import INTERNAL_ERROR
 from candidate_scheduler.core.messages import CancelRows, GroupResult, Reply
 from candidate_scheduler.core.resubmission import array_bytes
 
-INTERNAL_ERROR = "internal_error"  # the code of every answer to a fault inside the engine
 REPLY_TOO_LARGE = "reply_too_large"  # a reply its client's link could not take: the group fails instead
 REPLY_TOO_LARGE_HINT = "ask for fewer candidates, or for the reduced action only (return_candidates false)"
 
@@ -22,6 +22,19 @@ REPLY_TOO_LARGE_HINT = "ask for fewer candidates, or for the reduced action only
 class Endings:
     def __init__(self, engine):
         self.engine = engine
+        e = engine
+        # Forgetting a group, step by step (each reads the engine's attributes when it runs). Every step runs
+        # even if one before it raised: a step skipped left an ended group queued (every planning pass that
+        # picked it raised again) or its tenant's count held for good.
+        self._forget_steps = (
+            lambda g: e.groups.get(g.request_id) is g and e.groups.pop(g.request_id),
+            lambda g: e.waiting.pop(g.request_id, None),
+            lambda g: e.pending.discard_group(g.request_id),
+            lambda g: e.elastic.discard(g.request_id),
+            lambda g: self.leaves_queue(g, started=False),
+            lambda g: e.tenants.forgot(g.request_id, g.tenant),
+            lambda g: e.held.pop(g.request_id, None),  # its workers were told to stop (end): answers match by batch id
+        )
 
     def end(self, g: Group) -> None:
         """Send the group's one reply and forget it. Workers still running its slices are told to stop."""
@@ -84,16 +97,16 @@ class Endings:
             e.metrics.deadline_miss()
 
     def forget(self, g: Group) -> None:
-        e = self.engine
-        rid = g.request_id
-        if e.groups.get(rid) is g:
-            del e.groups[rid]
-        e.waiting.pop(rid, None)
-        e.pending.discard_group(rid)
-        e.elastic.discard(rid)
-        self.leaves_queue(g, started=False)
-        e.tenants.forgot(rid, g.tenant)
-        e.held.pop(rid, None)  # its workers were told to stop (end); their answers are matched by batch id
+        """Every trace of the group gone from the engine's queues; if a step raised, the first fault is raised
+        after all of them ran."""
+        fault = None
+        for step in self._forget_steps:
+            try:
+                step(g)
+            except Exception as exc:  # noqa: BLE001 - raised on below, once the other steps have run
+                fault = fault or exc
+        if fault is not None:
+            raise fault
 
     def leaves_queue(self, g: Group, started: bool) -> None:
         e = self.engine

@@ -30,7 +30,6 @@ import contextlib
 import dataclasses
 import heapq
 import math
-import traceback
 from typing import Any
 
 from candidate_scheduler.core import deadlines, schedule
@@ -41,6 +40,7 @@ from candidate_scheduler.core.cost_model import CostModel
 from candidate_scheduler.core.elastic_index import ElasticEntry, ElasticIndex
 from candidate_scheduler.core.endings import INTERNAL_ERROR, Endings  # noqa: F401 - INTERNAL_ERROR re-exported
 from candidate_scheduler.core.engine_config import EngineConfig  # noqa: F401 - re-exported (its users import it here)
+from candidate_scheduler.core.faults import Faults
 from candidate_scheduler.core.fleet_rows import FleetRows
 from candidate_scheduler.core.fleet_terms import FleetTerms
 from candidate_scheduler.core.group import Group, refusal
@@ -51,7 +51,6 @@ from candidate_scheduler.core.messages import (
     ControlAnswer,
     GiveBack,
     Heartbeat,
-    InternalFault,
     Leaving,
     Left,
     Registration,
@@ -64,7 +63,6 @@ from candidate_scheduler.core.no_metrics import NoMetrics
 from candidate_scheduler.core.pending import PendingIndex
 from candidate_scheduler.core.planning import Unit, dispatch_class, step_class
 from candidate_scheduler.core.request import Submission
-from candidate_scheduler.core.request_scope import SEPARATOR, redacted
 from candidate_scheduler.core.resubmission import ReplyCache
 from candidate_scheduler.core.snapshot import GroupView, PlanningSnapshot
 from candidate_scheduler.core.tenants import Tenants
@@ -130,6 +128,7 @@ class Engine:
         self.control = Control(self)
         self.intake = Intake(self)
         self.endings = Endings(self)
+        self.faults = Faults(self)
         self.tenants = Tenants(self.config.tenants, fair=self.config.fair_queueing, remember=self.config.finished_memory)
         self.replies = ReplyCache(self.config.replies_kept, self.config.replies_kept_bytes)  # for resubmissions
         self.now = 0.0
@@ -162,43 +161,8 @@ class Engine:
         return Guard(self.report_fault, event, request_ids)
 
     def report_fault(self, event: str, exc: BaseException, request_ids=(), answered=()) -> None:
-        """An exception inside an event: counted, logged with its traceback (InternalFault), and the groups
-        of `request_ids` answered internal_error; `answered`: groups already answered so (named in the log)."""
-        text = f"{type(exc).__name__}: {exc}"
-        self.counters["internal_errors"] += 1
-        ids = tuple(dict.fromkeys(request_ids))
-        # the text may name any group, not only those it fails; a fault is rare, so every live id is looked for
-        named = (*ids, *self.groups) if self.scoped_ids and SEPARATOR in text else ()
-        failed = tuple(rid for rid in ids if rid and self._fail_internal(rid, event, redacted(text, rid, named)))
-        self.outbox.append(InternalFault(event, text, "".join(traceback.format_exception(exc)), (*answered, *failed)))
-        with contextlib.suppress(Exception):
-            self.metrics.internal_error(event)
-
-    def _fail_internal(self, rid: str, event: str, text: str) -> bool:
-        g = self.groups.get(rid)
-        if g is None or g.reply_taken:
-            return False
-        message = f"internal error while handling {event}: {text}"
-        try:
-            if not g.finished:
-                g.fail(INTERNAL_ERROR, message)
-            self.end(g)
-        except Exception:  # noqa: BLE001 - the last resort: forget it and answer it plainly
-            if not g.reply_taken:
-                g.take_reply()
-                answer = refusal(rid, "failed", INTERNAL_ERROR, message)
-                self.outbox.append(Reply(g.client, answer))
-                self.outbox.extend(Reply(waiter, answer) for waiter in g.waiters)  # its resubmissions too
-                with contextlib.suppress(Exception):  # an answer sent is an answer counted, as Endings.end does
-                    self.metrics.group_completed("failed", self.now - g.received_at)
-                    self.metrics.tenant_group(g.tenant, "failed", 0)
-            # its slices still out are the ended group's (Endings.end marks them as it tells their workers):
-            # else a late result of one is taken for a new group's slice under the same id
-            for batch_id in self.held.get(rid, ()):
-                if (a := self.assignments.get(batch_id)) is not None:
-                    a.cancelled.add(rid)
-            self.endings.forget(g)
-        return True
+        """An exception inside an event: counted, logged, and `request_ids` answered (core/faults.py)."""
+        self.faults.report(event, exc, request_ids, answered)
 
     # ---- submissions ------------------------------------------------------------------------------------
 
@@ -242,10 +206,14 @@ class Engine:
                field: str | None = None, tenant: str | None = None) -> list:
         """Answer a group that is not admitted (the shell calls this too, for undecodable contents);
         `tenant`: of the principal that sent it, whose answers are counted per tenant, refusals included."""
-        self.metrics.group_completed(status, 0.0)
-        if tenant is not None:
-            self.metrics.tenant_group(tenant, status, 0)
-        return [Reply(client, refusal(request_id, status, code, message, field))]
+        out: list = [Reply(client, refusal(request_id, status, code, message, field))]
+        try:
+            self.metrics.group_completed(status, 0.0)
+            if tenant is not None:
+                self.metrics.tenant_group(tenant, status, 0)
+        except Exception as exc:  # noqa: BLE001 - the answer goes all the same; the fault is reported beside it
+            out.append(self.faults.message("refuse", exc, (request_id,)))
+        return out
 
     def rows_changed(self) -> None:
         """A worker came or went, or the rows one may hold changed (capacity, memory): sizes are stale."""
@@ -365,12 +333,15 @@ class Engine:
     def plan_and_apply(self) -> None:
         """The planning pass that ends every event: plan, apply, and plan once more after resizes. A pass
         that raises fails the group it was deciding about and runs again without it (a few times at most:
-        a fault it cannot pin on a group waits for the next event)."""
+        a fault it cannot pin on a group rebuilds the fleet's rows and views once, then waits for the next
+        event)."""
+        rebuilt = False
         for _attempt in range(_PLANNING_ATTEMPTS):
-            if not len(self.pending) or not self.workers or not self._can_place():
-                return
             trace = schedule.Trace()
             try:
+                # inside the try: a fault in the check escaped the event and took its replies with it
+                if not len(self.pending) or not self.workers or not self._can_place():
+                    return
                 self._fit_slices()
                 plan = self._schedule_pass(elastic=True, trace=trace)
                 if plan.resizes:
@@ -381,7 +352,13 @@ class Engine:
             except Exception as exc:  # noqa: BLE001 - blame the group the pass was deciding about
                 self.report_fault("schedule", exc, (trace.request_id,) if trace.request_id else ())
                 if trace.request_id is None:
-                    return
+                    if rebuilt:
+                        return
+                    # a fault it cannot pin on a group may be state derived from the workers gone stale (the
+                    # rows of a worker that left, still counted): rebuilt from them, the pass is tried again
+                    rebuilt = True
+                    with contextlib.suppress(Exception):
+                        self.rows_changed()
 
     def _wake_at(self) -> float | None:
         """When the shell must plan next with nothing happening (a timed send or start), and which workers a
@@ -546,7 +523,8 @@ class Engine:
                         self.end(g)
         for w in [*self.workers.values(), *self.leaving.values()]:
             if now - w.last_seen > self.config.heartbeat_timeout_s:
-                self.link.lost(w, "heartbeat_timeout", "tick")
+                with self.guard("tick"):  # one worker's fault leaves the others' timeouts to be judged
+                    self.link.lost(w, "heartbeat_timeout", "tick")
         self.metrics.queue_depth(self.queued_groups(), self.queued_candidates())
         self.link.publish_due_margins()
         self.metrics.live_workers(len(self.workers))

@@ -70,6 +70,7 @@ ALLOWED_TRANSITIONS: Mapping[GroupStatus, frozenset[GroupStatus]] = {
 ERROR_RETRIES_EXHAUSTED = "retries_exhausted"
 ERROR_DEADLINE_EXCEEDED = "deadline_exceeded"
 ERROR_CANCELLED = "cancelled"
+INTERNAL_ERROR = "internal_error"  # the code of every answer to a fault inside the engine
 
 
 class IllegalTransition(RuntimeError):
@@ -190,7 +191,17 @@ class GroupState:
             self.first_started_at = now
         elif is_finished(new):
             self.finished_at = now
-            self._reply = self._build_reply(new, error)
+            try:
+                self._reply = self._build_reply(new, error)
+            except Exception as exc:
+                # An ended group must have a reply, or nothing ever answers it (Endings takes the reply, once,
+                # and forgets the group): it fails with the fault as its answer, and the fault is raised on
+                # for the engine's guard to report.
+                self.status = GroupStatus.FAILED
+                self._reply = self._build_reply(GroupStatus.FAILED, {
+                    "code": INTERNAL_ERROR, "field": None,
+                    "message": f"the reply could not be built: {type(exc).__name__}: {exc}"})
+                raise
 
     # --- lifecycle --------------------------------------------------------------------------------
 

@@ -97,8 +97,8 @@ class Intake:
         group.tenant = tenant
         group.fingerprint = fingerprint
         e.groups[rid] = group
+        stored.append(group)  # at once: kept and not in `stored`, a fault left it in flight and unanswered
         e.tenants.kept(rid, tenant, owners)
-        stored.append(group)
         e.serial += 1
         group.serial = e.serial
         e.metrics.candidates_per_group(request.spec.count)

@@ -95,14 +95,18 @@ class WorkerLink:
             reg.worker_id, identity, capability, min(reg.capacity, capability.max_candidates_per_batch), reg.device,
             e.now, memory_budget_bytes=max(0, int(reg.memory_budget_bytes)),
             conditions_aside=reg.conditioning == "thread", registered_rows=reg.capacity, on_stale=e.views.stale)
-        e.cost.forget(reg.worker_id)
-        e.forget_cost(reg.worker_id)
-        for label, rows, seconds in reg.profile:  # rows 0: a group's fixed cost at that shape (worker/profile.py)
-            if rows == 0:
-                e.cost.observe_fixed(reg.worker_id, label, seconds)
-            else:
-                e.cost.observe_forward(reg.worker_id, label, rows, seconds)
-        e.rows_changed()
+        # Kept, the worker is acknowledged and the groups waiting for one admitted whatever raises in between:
+        # else the worker waits for an answer, and they for a registration that may never come.
+        with e.guard("register"):
+            e.cost.forget(reg.worker_id)
+            e.forget_cost(reg.worker_id)
+            for label, rows, seconds in reg.profile:  # rows 0: a group's fixed cost at that shape (worker/profile.py)
+                if rows == 0:
+                    e.cost.observe_fixed(reg.worker_id, label, seconds)
+                else:
+                    e.cost.observe_forward(reg.worker_id, label, rows, seconds)
+        with e.guard("register"):
+            e.rows_changed()
         e.outbox.append(AckRegistration(identity, reg.worker_id, e.config.heartbeat_interval_s))
         for rid in list(e.waiting):
             e.waiting.pop(rid)
@@ -411,18 +415,24 @@ class WorkerLink:
     def _forget_worker(self, worker: WorkerState, event: str) -> list[Assignment]:
         """Out of the engine, live or leaving; what it held, taken back (the caller retries it)."""
         e = self.engine
+        # What it held is taken first, and each step after on its own: whatever raises, the caller still
+        # retries all of it (a fault here once left its groups running on a worker that was gone, for good).
+        held = list(worker.assignments.values())
         live = e.workers.pop(worker.worker_id, None) is not None
         e.leaving.pop(worker.worker_id, None)
         e.prefetch_margin.pop(worker.worker_id, None)
-        e.cost.forget(worker.worker_id)  # ids carry host, pid and a uuid: a restart never reuses one
-        e.forget_cost(worker.worker_id)
-        if live:  # a leaving worker's rows left the fleet when it said so
-            e.rows_changed()
-        held = list(worker.assignments.values())
         for a in held:
-            self.drop(a)
-            worker.release(a.batch_id)
-        with e.guard(event):  # bookkeeping: whatever raises here, the caller still retries what it held
+            with e.guard(event):
+                self.drop(a)
+                worker.release(a.batch_id)
+            e.assignments.pop(a.batch_id, None)  # whatever raised above, none of it is out on a worker any more
+        with e.guard(event):
+            e.cost.forget(worker.worker_id)  # ids carry host, pid and a uuid: a restart never reuses one
+            e.forget_cost(worker.worker_id)
+        with e.guard(event):
+            if live:  # a leaving worker's rows left the fleet when it said so
+                e.rows_changed()
+        with e.guard(event):
             if e.cache_bytes.pop(worker.worker_id, None) is not None:
                 e.metrics.conditioning_cache_bytes_in_use(sum(e.cache_bytes.values()))
             if e.config.prefetch and e.config.prefetch_lead_s < math.inf:  # the gauge forgets its margin too

@@ -260,6 +260,11 @@ class Scheduler:
                 if handled or (wake is not None and time.monotonic() >= wake):
                     self._guarded(self.engine.plan, time.monotonic())
                 if time.monotonic() >= next_tick:
+                    # Every worker message already here is read before heartbeats are judged: after a stall,
+                    # beats queued behind the burst limit (a fleet of more than _BURST workers) would have made
+                    # live workers look dead, and their slices retried, each retry an attempt.
+                    if self._pump(self.worker_sock, self._on_worker, limit=None):
+                        self._guarded(self.engine.plan, time.monotonic())
                     self._guarded(self.engine.tick, time.monotonic())
                     next_tick = time.monotonic() + self.config.tick_s
         finally:
@@ -420,8 +425,8 @@ class Scheduler:
         principal, why = acting_for(sender, msg.on_behalf, lookup)
         why = why or denied(principal, Action.SUBMIT)
         if why is not None:
-            self.metrics.forbidden(Action.SUBMIT.value)
-            return self._refuse_submit(client, msg, principal.tenant, "rejected", FORBIDDEN, why)
+            self._refuse_submit(client, msg, principal.tenant, "rejected", FORBIDDEN, why)
+            return self._record(self.metrics.forbidden, Action.SUBMIT.value)
         via = sender.name if principal is not sender else None
         try:
             sub = convert.submission_from_wire(msg, self._scope(sender))
@@ -444,8 +449,17 @@ class Scheduler:
                        message: str) -> None:
         """A SUBMIT refused before the engine sees it: counted as received (by its API) and answered, for
         the sender's tenant, as the engine's own refusals are."""
-        self.metrics.group_received(msg.api)
+        self._record(self.metrics.group_received, msg.api)
         self._run(self.engine.refuse, client, msg.request_id, status, code, message, tenant=tenant)
+
+    def _record(self, metric, *args) -> None:
+        """A metric the shell records beside an answer: one that raises is logged and counted, and the answer
+        still goes (a SUBMIT refused here, or a forbidden control request, was left to its client's timeout)."""
+        try:
+            metric(*args)
+        except Exception:  # noqa: BLE001 - a metrics backend's fault must not cost a client its answer
+            log.exception("recording a metric failed; the service keeps serving")
+            self.engine.counters["handler_errors"] += 1
 
     def _read_client(self, sock, socket_name: str, frames: list[bytes], allowed) -> tuple | None:
         """A client's message, read from the request or the control socket: an unreadable one is
@@ -507,7 +521,7 @@ class Scheduler:
         # message no right covers is refused to everyone rather than let through
         why = f"no right covers {kind.name}" if action is None else denied(principal, action)
         if why is not None:
-            self.metrics.forbidden(action.value if action is not None else "other")
+            self._record(self.metrics.forbidden, action.value if action is not None else "other")
             answer, out = messages.ControlAnswer(ok=False, error=why, error_code=FORBIDDEN), []
         else:
             try:

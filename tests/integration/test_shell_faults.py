@@ -137,3 +137,87 @@ def test_a_control_request_that_raises_is_answered_internal_error_and_the_loop_s
     monkeypatch.undo()
     assert c.submit(IMAGE, "pick", count=1, seed=6).ok
     assert c.stats()["handler_errors"] == 1 and not failed
+
+
+def test_a_submission_the_shell_refuses_is_answered_when_its_metric_raises(in_process, monkeypatch):
+    """The shell's own refusals (forbidden, undecodable arrays) counted the group before answering it: a
+    metrics backend that raised there left the SUBMIT unanswered, to its client's timeout."""
+    sched, c, failed = in_process
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("injected: metrics backend")
+
+    monkeypatch.setattr(sched.metrics, "group_received", broken, raising=False)
+    bad = make_request(IMAGE, "pick")
+    images = protocol.Array(bad.images.dtype, bad.images.shape, bad.images.data[:-4])  # undecodable
+    r = c.wait(c.send(msgspec.structs.replace(bad, images=images)), timeout_s=10)
+    assert r.status == "invalid"
+    monkeypatch.undo()
+    assert c.submit(IMAGE, "pick", count=1, seed=7).ok and c.stats()["handler_errors"] == 1 and not failed
+
+
+def test_heartbeats_queued_behind_a_burst_are_read_before_workers_are_judged(monkeypatch):
+    """A fleet of more than a burst's worth of workers (the loop reads 64 messages from a socket at a time)
+    and a loop that stalls past the heartbeat timeout: every worker's heartbeat is waiting when the loop
+    comes back, and none of them may be judged dead before it is read."""
+    import time
+
+    import zmq
+
+    from candidate_scheduler.core.engine import EngineConfig
+    from candidate_scheduler.service import server
+    from tests.reliability.helpers import null_capability
+
+    n, timeout_s = 3 * server._BURST // 2, 1.0
+    sched = Scheduler(SchedulerConfig(request_endpoint="tcp://127.0.0.1:0", control_endpoint="tcp://127.0.0.1:0",
+                                      worker_endpoint="tcp://127.0.0.1:0", metrics_port=None,
+                                      engine=EngineConfig(heartbeat_timeout_s=timeout_s, heartbeat_interval_s=0.2)))
+    bound = sched.bind()
+    thread = threading.Thread(target=sched.serve, daemon=True)
+    thread.start()
+    ctx = zmq.Context()
+    workers = []
+    client = Client(bound["request"], bound["control"], timeout_s=30)
+    try:
+        for i in range(n):
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(bound["worker"])
+            sock.send_multipart(protocol.encode(protocol.Kind.REGISTER,
+                                                protocol.RegisterMsg(f"w{i}", null_capability(8), 8)))
+            workers.append(sock)
+
+        def beat() -> None:
+            for i, sock in enumerate(workers):
+                sock.send_multipart(protocol.encode(protocol.Kind.HEARTBEAT, protocol.HeartbeatMsg(f"w{i}")))
+
+        deadline = time.monotonic() + 30
+        while len(client.stats()["workers"]) < n:
+            assert time.monotonic() < deadline, "the workers did not register"
+            beat()
+            time.sleep(0.1)
+        # the loop stalls (a slow control request) for longer than the timeout; every worker beats meanwhile
+        status = sched.engine.status
+
+        def slow_status(*args, **kwargs):
+            time.sleep(1.5 * timeout_s)
+            return status(*args, **kwargs)
+
+        monkeypatch.setattr(sched.engine, "status", slow_status)
+        stall = threading.Thread(target=lambda: client.control(protocol.Kind.STATUS, protocol.StatusRequest("g"),
+                                                               timeout_s=10))
+        stall.start()
+        time.sleep(timeout_s)
+        beat()
+        stall.join(10)
+        monkeypatch.undo()
+        time.sleep(0.3)  # a few ticks
+        stats = client.stats()
+        assert len(stats["workers"]) == n, f"{n - len(stats['workers'])} live workers judged dead"
+    finally:
+        client.close()
+        for sock in workers:
+            sock.close()
+        ctx.term()
+        sched.stop_now.set()
+        thread.join(10)
