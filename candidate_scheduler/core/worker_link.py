@@ -90,11 +90,19 @@ class WorkerLink:
             return
         old = e.worker_of(reg.worker_id)
         if old is not None:
+            if old.identity == identity and old.registration == reg and reg.worker_id in e.workers:
+                # The same live process asking again on the same connection: it repeats an unanswered REGISTER every
+                # few seconds, so a stalled scheduler reads two. Taken for a restart, the second failed the
+                # work sent in between (the worker still ran it) and spent its attempts. It is answered again.
+                old.last_seen = e.now
+                e.outbox.append(AckRegistration(identity, reg.worker_id, e.config.heartbeat_interval_s))
+                return
             self.lost(old, "reregistered", "register")
         e.workers[reg.worker_id] = WorkerState(
             reg.worker_id, identity, capability, min(reg.capacity, capability.max_candidates_per_batch), reg.device,
             e.now, memory_budget_bytes=max(0, int(reg.memory_budget_bytes)),
-            conditions_aside=reg.conditioning == "thread", registered_rows=reg.capacity, on_stale=e.views.stale)
+            conditions_aside=reg.conditioning == "thread", registered_rows=reg.capacity, on_stale=e.views.stale,
+            registration=reg)
         # Kept, the worker is acknowledged and the groups waiting for one admitted whatever raises in between:
         # else the worker waits for an answer, and they for a registration that may never come.
         with e.guard("register"):

@@ -67,6 +67,7 @@ class WorkerState:
     # (core/fleet_rows.py), where other workers may hold them; its capacity stays for every other shape
     refused_labels: frozenset[str] = frozenset()
     said_leaving: bool = False  # it said LEAVING (an operator's leave is asked again until it does)
+    registration: Any = field(default=None, repr=False, compare=False)  # the REGISTER it came with, as read
     # told the worker's id when its view goes stale: the engine rebuilds only those views (Engine.snapshot)
     on_stale: Any = field(default=None, repr=False, compare=False)
 

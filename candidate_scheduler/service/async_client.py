@@ -206,6 +206,9 @@ class AsyncClient:
         except asyncio.CancelledError:
             self._raise_if_closed()
             raise
+        except zmq.ZMQError:
+            self._raise_if_closed()
+            raise
         finally:  # answered, given up or cancelled (asyncio.wait_for): a reply that comes later has no taker
             if self._futures.get(rid) is fut:
                 del self._futures[rid]
@@ -231,7 +234,11 @@ class AsyncClient:
         while True:
             if self._drops != drops:
                 drops = self._drops
-                if await self._same_run(sent_to):
+                # a reply already read (or read while the probe below waited) is this group's answer: a resend
+                # would run it again once the scheduler's kept replies no longer hold it
+                if fut.done():
+                    return fut.result()
+                if await self._same_run(sent_to) and not fut.done():
                     raise ConnectionDropped(f"the connection to {self.endpoint} dropped after {rid!r} was sent; "
                                             "its reply may be lost: send it again under its id")
             # another run answers (a PONG to any waiter's probe says so): decided now, not at the next silence,
@@ -305,7 +312,7 @@ class AsyncClient:
         self._check_open()
         try:
             pong = await self._pinger.ping(timeout_s)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, zmq.ZMQError):
             self._raise_if_closed()
             raise
         if pong is None:
@@ -332,7 +339,7 @@ class AsyncClient:
             return True
         except TimeoutError:
             return False
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, zmq.ZMQError):
             self._raise_if_closed()
             raise
         finally:  # answered, timed out or cancelled: a PONG that comes later has nobody to wake
@@ -344,9 +351,10 @@ class AsyncClient:
             raise ClientClosed(f"the client of {self.endpoint} is closed")
 
     def _raise_if_closed(self) -> None:
-        """Called with a CancelledError in hand: ClientClosed when `close` caused it, not the caller. Closing
-        a pyzmq socket cancels the futures of its pending sends and receives (a send waiting for room in the
-        queue, a STATUS waiting for its reply), and that cancellation reached the caller as its own."""
+        """Called with a CancelledError (or a ZMQError) in hand: ClientClosed when `close` caused it, not the
+        caller. Closing a pyzmq socket cancels the futures of its pending sends and receives (a send waiting
+        for room in the queue, a STATUS waiting for its reply), and that cancellation reached the caller as
+        its own; a send that began after the close (a call started just before it) raised ZMQError."""
         task = asyncio.current_task()
         if self._closed and (task is None or not task.cancelling()):
             raise ClientClosed(f"the client of {self.endpoint} was closed") from None

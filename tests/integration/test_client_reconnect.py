@@ -8,6 +8,7 @@ that still answers: it is answered once, from the group still running or the rep
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -76,3 +77,27 @@ def test_an_async_client_sends_again_what_a_dropped_connection_was_to_answer(ser
         assert r.status == "done" and r.resent == ["reconnected"]
         np.testing.assert_array_equal(r.candidates, expected_candidates(10 + i, 2, steps=STEPS))
     assert unclaimed == 0
+
+
+def test_an_async_client_takes_a_reply_that_came_before_the_drop_was_noticed(services):
+    """The reply was already on its way in when a drop was seen (the loop was busy meanwhile): it is the
+    group's answer. Before, the drop won, the reply was thrown away and the group sent again -- to run a
+    second time once the scheduler's kept replies no longer hold it."""
+    sched = fleet(services)
+
+    async def scenario():
+        c = AsyncClient(sched.request, control=sched.control, liveness_s=0.5)
+        try:
+            task = asyncio.ensure_future(c.submit(IMAGE, "pick", count=2, seed=21, steps=1, return_candidates=True))
+            await asyncio.sleep(0.05)  # sent; its caller waits for the answer
+            time.sleep(1.0)  # the loop is busy: the reply arrives, unread
+            c._drops += 1  # and a drop is seen first, as the socket monitor's task reports it
+            woken, c._next_drop = c._drop_future(), None
+            woken.set_result(None)
+            return await asyncio.wait_for(task, 30)
+        finally:
+            c.close()
+
+    r = asyncio.run(scenario())
+    assert r.status == "done" and r.resent == []
+    np.testing.assert_array_equal(r.candidates, expected_candidates(21, 2, steps=1))

@@ -195,3 +195,19 @@ def test_an_ask_of_a_control_link_closed_meanwhile_raises_client_closed():
 
     outcomes = asyncio.run(scenario())
     assert all(isinstance(o, ClientClosed) for o in outcomes), outcomes
+
+
+@pytest.mark.parametrize("with_control", [False, True])
+def test_a_call_closed_before_its_first_send_raises_client_closed(with_control):
+    """close() right after a submit started, before its first PING was sent: that send then ran on a closed
+    socket and raised ZMQError (a front answered its robot "internal error" and logged a traceback)."""
+
+    async def scenario():
+        c = AsyncClient(_nobody(), control=_nobody() if with_control else None, liveness_s=1.0)
+        call = asyncio.ensure_future(c.submit(IMAGE, "pick"))
+        await asyncio.sleep(0)  # started: its liveness PING is about to be sent
+        c.close()
+        with pytest.raises(ClientClosed):
+            await asyncio.wait_for(call, 5)
+
+    asyncio.run(scenario())

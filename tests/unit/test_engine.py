@@ -220,14 +220,32 @@ def test_engine_retries_from_snapshots_after_a_worker_is_lost():
     assert h.reply("g").status == "done" and h.reply("g").metrics["retries"] == 1
 
 
+def _register_as(h: Harness, pid: int) -> list:
+    return h.take(h.engine.register(b"w1", Registration("w1", capability(8), 8, pid=pid), h.now))
+
+
 def test_engine_worker_reregistering_fails_over_its_work():
     h = Harness()
-    h.register("w1")
+    _register_as(h, pid=100)
     h.submit("g", count=2)
-    h.register("w1")  # it restarted under its id: its batch is gone
+    _register_as(h, pid=200)  # it restarted under its id (another process): its batch is gone
     assert len(h.work) == 2 and h.work[1].slices[0].dispatch.attempt == 2
     h.answer(h.work[1])
     assert h.reply("g").status == "done"
+
+
+def test_engine_a_repeated_register_from_the_same_process_is_answered_again_not_taken_for_a_restart():
+    """A worker repeats an unanswered REGISTER every few seconds: a scheduler that stalled reads two, the
+    second after it sent work. That work is still the worker's; the second REGISTER is answered again."""
+    h = Harness()
+    first = _register_as(h, pid=100)
+    h.submit("g", count=2)
+    again = _register_as(h, pid=100)
+    assert [type(m).__name__ for m in first] == [type(m).__name__ for m in again] == ["AckRegistration"]
+    assert len(h.work) == 1 and list(h.engine.workers["w1"].assignments) == [h.work[0].batch_id]
+    h.answer(h.work[0])
+    r = h.reply("g")
+    assert r.status == "done" and r.metrics["retries"] == 0 and h.engine.counters["late_results_discarded"] == 0
 
 
 def test_engine_detects_a_batch_lost_on_the_link():

@@ -84,7 +84,7 @@ def test_a_worker_registering_again_is_sent_the_shape_again():
     h.take(h.engine.submit(("client", "a"), submission("a", count=1, sampling=BIG), h.now))
     _oom(h, h.work[0])
     assert h.reply("a").error_code == "out_of_memory"
-    h.take(h.engine.register(b"w1", Registration("w1", capability(8), 8), h.now))  # e.g. restarted
+    h.take(h.engine.register(b"w1", Registration("w1", capability(8), 8, pid=2), h.now))  # restarted
     h.take(h.engine.submit(("client", "b"), submission("b", count=1, sampling=BIG), h.now))
     h.run_all()
     assert h.reply("b").status == "done"
