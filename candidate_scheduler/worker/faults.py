@@ -113,6 +113,13 @@ class FaultSpec:
         return ",".join(items)
 
 
+def _failed(outputs: list, fault: BaseException) -> list:
+    """Every output of the assignment (an undecodable group has an output and no item) that would have
+    succeeded answered with `fault`; one already failed for good (a bad request) or cancelled stays as it is:
+    replaced, a bad request was retried as a worker fault and ended `retries_exhausted`."""
+    return [error_output(o.request_id, fault) if o.status == "ok" else o for o in outputs]
+
+
 @dataclass
 class FaultyAdapter:
     """Wraps `inner`; `spec` is a FaultSpec or its text form. `injected` counts faults by kind."""
@@ -143,15 +150,13 @@ class FaultyAdapter:
         if self.spec.oom_rows is not None and rows > self.spec.oom_rows:
             self._note("oom", items, f"{rows} rows > {self.spec.oom_rows}")
             fault = OutOfMemory(f"injected: {rows} rows do not fit (oom_rows={self.spec.oom_rows})")
-            # one per output, not per readable item: an undecodable group has an output and no item
-            return [error_output(o.request_id, fault) for o in outputs]
+            return _failed(outputs, fault)
         kind = self._draw()
         if kind is None:
             return outputs
         if kind == "raise":
             self._note(kind, items, "")
-            fault = InjectedFault("injected fault: the adapter raised")
-            return [error_output(o.request_id, fault) for o in outputs]
+            return _failed(outputs, InjectedFault("injected fault: the adapter raised"))
         if kind == "malformed":
             kind = self._rng.choice(MALFORMED_KINDS)
         outputs = list(outputs)

@@ -104,6 +104,8 @@ class Preparer:
             batch_id, index, token = key
             try:
                 result = Prepared(batch_id, index, group=self.start(item), token=token)
-            except Exception as exc:  # noqa: BLE001 - the compute thread answers the group with it
+            except BaseException as exc:  # noqa: BLE001 - the compute thread answers the group with it
+                # BaseException too (a library's SystemExit): this thread ending would leave the group, and every
+                # later one, waiting for a delivery that never comes, while the worker beats on, listing them
                 result = Prepared(batch_id, index, error=exc, token=token)
             self._deliver(result)

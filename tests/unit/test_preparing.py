@@ -553,3 +553,24 @@ def test_two_forwards_out_of_memory_in_a_row_are_two_incidents():
         (a,) = batch.take_done()
         incidents.append(a.wire_report()["oom_step"])
     assert incidents[0] != incidents[1]
+
+
+def test_a_start_that_raises_system_exit_is_delivered_as_its_error_and_the_thread_goes_on():
+    """A library's SystemExit in one group's start ended the conditioning thread: nothing noticed, and that
+    group and every later one waited for good while the worker heartbeat them as held."""
+    delivered: queue.Queue = queue.Queue()
+
+    def start(item):
+        if item == "exits":
+            raise SystemExit(3)
+        return f"started {item}"
+
+    prep = Preparer(start, delivered.put)
+    try:
+        prep.submit(1, 0, "exits")
+        prep.submit(2, 0, "next")
+        first, second = delivered.get(timeout=5), delivered.get(timeout=5)
+        assert isinstance(first.error, SystemExit) and first.batch_id == 1
+        assert second.error is None and second.group == "started next"
+    finally:
+        prep.close()
