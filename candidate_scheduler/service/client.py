@@ -201,6 +201,11 @@ class Client:
     def _await_reply(self, request_id: str, deadline: float) -> None:
         """Until the group's reply is in `_pending`; `wait`'s errors."""
         heard = time.monotonic()
+        sent = self._sent_to.get(request_id)
+        if self.liveness_s is not None and sent is not None and sent.incarnation == "":
+            # sent after a first PING that nobody answered: that silence counts, so a scheduler that is not
+            # there is said after one more PING (2 x liveness_s in all, as AsyncClient), not a silence and a PING
+            heard -= self.liveness_s
         while request_id not in self._pending:
             if self._dropped_since_sent(request_id):
                 while self._read_one(time.monotonic() + 0.001):  # what came before the drop, first

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from candidate_scheduler import protocol
-from candidate_scheduler.service.client import Client, make_request
+from candidate_scheduler.service.client import Client, SchedulerUnavailable, make_request
 from tests.unit.test_client_replies import Played, result
 
 IMAGE = np.zeros((8, 8, 3), np.uint8)
@@ -33,6 +33,17 @@ def test_a_first_submit_keeps_to_its_timeout_when_nobody_answers(with_control):
         assert time.monotonic() - started < 0.8
         assert c._incarnation is None  # the PING cut short says nothing of the scheduler: asked again next time
         assert c._sent_to == {} and c._pending == {}
+
+
+@pytest.mark.parametrize("with_control", [False, True])
+def test_a_first_submit_to_no_scheduler_is_unavailable_after_two_pings_not_three(with_control):
+    """The first send's PING went unanswered, then the wait kept a whole silence of its own before a
+    second PING: 3 x liveness_s (9 s at the default), against AsyncClient's 2 x."""
+    with Client(_nobody(), _nobody() if with_control else None, liveness_s=0.5) as c:
+        started = time.monotonic()
+        with pytest.raises(SchedulerUnavailable):
+            c.submit(IMAGE, "pick", timeout_s=30)
+        assert time.monotonic() - started < 1.4  # 2 x 0.5 s, with room; 1.5 s before
 
 
 def test_a_request_over_the_limit_fails_before_the_first_ping():
