@@ -185,8 +185,8 @@ class Client:
         self._gave_up.pop(request_id, None)
         try:
             self._await_reply(request_id, time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s))
-        except TimeoutError:
-            if request_id in self._sent_to:  # still awaited: a reply that comes meanwhile is late
+        except (TimeoutError, SchedulerUnavailable):  # ConnectionDropped among them
+            if request_id in self._sent_to:  # still awaited: a reply that comes meanwhile is late (its bytes capped)
                 self._gave_up[request_id] = None
             raise
         self._sent_to.pop(request_id, None)
