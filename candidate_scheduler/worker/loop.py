@@ -2,13 +2,12 @@
 
 Two threads, so heartbeats and cancels keep flowing while the model computes:
 
-- the I/O thread owns the ZMQ DEALER: it registers, sends heartbeats (listing every assignment it holds
-  and the forwards run since the last one), receives BATCH and JOIN (decoded there and handed to the
-  compute thread, which admits them as its rows allow: running.py) and
-  CANCEL_ROWS (recorded in a lock-guarded map the compute thread reads at each step boundary, and woken
-  for when it waits for the conditioning thread with nothing to step), and
-  forwards results that the compute thread pushes through an inproc PAIR (so a result leaves at once,
-  not at the next poll tick);
+- the I/O thread owns the ZMQ DEALER: it registers, sends heartbeats (listing every assignment it holds and
+  the forwards run since the last one), receives BATCH and JOIN (decoded there and handed to the compute
+  thread, which admits them as its rows allow: running.py) and CANCEL_ROWS (recorded in a lock-guarded map
+  the compute thread reads at each step boundary, and woken for when it waits for the conditioning thread
+  with nothing to step), and forwards results that the compute thread pushes through an inproc PAIR (so a
+  result leaves at once, not at the next poll tick);
 - the compute thread owns the running batch (running.py): at every step boundary it admits the
   assignments that arrived, drops cancelled groups, runs one denoise step of everything running, and
   answers each assignment as soon as all its groups are done -- a short group never waits for a long one;
@@ -17,23 +16,22 @@ Two threads, so heartbeats and cancels keep flowing while the model computes:
   pathway never stall the groups already running; started groups come back through the compute thread's
   inbox. With nothing running, the compute thread starts them itself (running.py says why).
 
-If the scheduler forgets us (restart, or it declared us dead), it answers WORKER_STOP("reregister")
-and we register again; ZMQ reconnects the TCP link by itself. What we held then is dropped, unanswered:
-that scheduler retries it elsewhere, or is a new one that never heard of it, and either way it would
-discard the answers as late while its own first assignments waited behind that work. Answers carry the
-epoch (one per REREGISTER) they were computed in, and the I/O thread drops those of an earlier one.
+If the scheduler forgets us (restart, or it declared us dead), it answers WORKER_STOP("reregister") and we
+register again (ZMQ reconnects by itself). What we held is then dropped, unanswered: that scheduler retries it
+elsewhere, or is a new one that never heard of it, and either way would discard the answers as late while its
+own first assignments waited behind that work. Answers carry the epoch (one per REREGISTER) they were computed
+in, and the I/O thread drops those of an earlier one.
 
 Sends never block (link.py): a scheduler that has been away for minutes must not stall the I/O thread.
 
-The compute thread never dies of a worker bug: whatever escapes a turn of its loop is logged with its
-traceback, and every assignment it holds is answered (`worker_error` for the groups without an output,
-which the scheduler retries) before it goes on with an empty running batch. Should it die anyway, the
-I/O thread notices and leaves (LEFT), so the scheduler retries what we held at once instead of reading
-heartbeats that list it forever; `serve` then raises `WorkerFailed`.
+The compute thread never dies of a worker bug: whatever escapes a turn of its loop is logged with its traceback,
+and every assignment it holds is answered (`worker_error` for the groups without an output, which the scheduler
+retries) before it goes on with an empty running batch. Should it die anyway, the I/O thread notices and leaves
+(LEFT), so the scheduler retries what we held at once, not after heartbeats list it forever (`WorkerFailed`).
 
 `leave(grace_s)` (SIGTERM, or WORKER_STOP("leave") when an operator asks the scheduler) goes
 gracefully: LEAVING, finish what the scheduler says we owe, LEFT (leaving.py). A second SIGTERM, or
-`stop()`, stops at once.
+`stop()`, stops at once: after STOP_WAIT_S, a step still running (a wedged device) is left behind.
 """
 
 from __future__ import annotations
@@ -76,6 +74,7 @@ UNANSWERED_WARN_S = 10.0  # REGISTER unanswered this long is said in the log (an
 _MAX_FORWARD_RECORDS = 1024  # per heartbeat; older ones are dropped rather than growing without bound
 _TAG = struct.Struct(">QQ")  # (assignment id, epoch) in front of each answer on the inproc pipe
 COMPUTE_FAILED = "compute_failed"  # LEFT's reason when the compute thread died
+STOP_WAIT_S = 5.0  # how long a stop waits for the step in progress to end
 
 
 class WorkerFailed(RuntimeError):
@@ -92,8 +91,7 @@ _POKE = _Poke()
 
 @dataclass(frozen=True)
 class Reset:
-    """For the compute thread: the scheduler forgot us; let go of everything held, unanswered. What it
-    answers from now on belongs to `epoch`."""
+    """For the compute thread: the scheduler forgot us; let go of everything held, unanswered (from now on, `epoch`)."""
 
     epoch: int
 
@@ -326,11 +324,14 @@ class Worker:
             self._stop.set()
             self._inbox.put(None)
             if compute is not None:
-                compute.join(timeout=5)
+                compute.join(timeout=STOP_WAIT_S)
             if sock is not None:
                 sock.close()  # with its LINGER: 0, or a second for LEFT and the last results when leaving
             wake.close(0)
-            self.ctx.term()  # waits for every socket of the context to close
+            if compute is None or not compute.is_alive():
+                self.ctx.term()  # waits for every socket of the context to close
+            else:  # ctx.term would wait for the compute thread's socket, so for its step: left behind
+                log.warning("stopped with a step still running after %.0f s: its thread is left behind", STOP_WAIT_S)
         if self.left_reason == COMPUTE_FAILED:
             raise WorkerFailed("the worker's compute thread died (the log has why); it left the scheduler")
 
@@ -563,9 +564,8 @@ class Worker:
 
 
 def heartbeat_interval(sent: float) -> float:
-    """The interval a REGISTERED asks for, within [MIN, MAX]_HEARTBEAT_INTERVAL_S: a worker must not die of
-    (inf overflows the poll timeout) nor go silent on a number the scheduler sent. Beating more often than
-    asked is harmless; NaN gets the default."""
+    """The interval a REGISTERED asks for, within [MIN, MAX]_HEARTBEAT_INTERVAL_S: a worker must not die of (inf
+    overflows the poll timeout) nor go silent on a number it was sent. Beating more often is harmless; NaN: default."""
     value = float(sent)
     if math.isnan(value):
         return DEFAULT_HEARTBEAT_INTERVAL_S
