@@ -514,17 +514,12 @@ def cmd_http(args) -> int:
     StartupRefused, one line, before sglang is imported."""
     from candidate_scheduler.service.endpoints import is_loopback_host
     from candidate_scheduler.service.keys import load_tokens
-    from candidate_scheduler.service.tls import TlsError, cleartext_token_warning, pair_refusal, server_context
+    from candidate_scheduler.service.tls import TlsError, cleartext_token_warning, pair_refusal
 
     why = pair_refusal(args.tls_cert, args.tls_key)
     if why is not None:
         raise server.StartupRefused(why)
     tls = None if args.tls_cert is None else (args.tls_cert, args.tls_key)
-    if tls is not None:
-        try:
-            server_context(*tls)
-        except TlsError as exc:
-            raise server.StartupRefused(str(exc)) from None
     tokens = None
     if args.tokens is not None:
         tokens = load_tokens(args.tokens)  # KeyDirError: one line
@@ -545,8 +540,11 @@ def cmd_http(args) -> int:
               "(--insecure):\nanyone who reaches this port can submit work.\n" + "!" * 78, file=sys.stderr, flush=True)
     from candidate_scheduler.compat.http import run_http_server
 
-    run_http_server(args.compat_port, args.model, args.http_host, args.http_port, tokens=tokens,
-                    insecure=bool(args.insecure), header_timeout_s=args.header_timeout, tls=tls)
+    try:  # it reads the TLS pair before anything is imported or listens: a bad one is this one line
+        run_http_server(args.compat_port, args.model, args.http_host, args.http_port, tokens=tokens,
+                        insecure=bool(args.insecure), header_timeout_s=args.header_timeout, tls=tls)
+    except TlsError as exc:
+        raise server.StartupRefused(str(exc)) from None
     return 0
 
 
